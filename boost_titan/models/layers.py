@@ -1,0 +1,181 @@
+"""Building blocks of the boost LLaMA family: low-rank projections and normed down-projections.
+
+Everything here is single-device maths. Tensor parallelism is applied from outside by the
+plans in `boost_titan.parallelize`, which shard these modules' weights and, for
+`NormedProjections`, swap in a distributed forward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LowRankLinear(nn.Module):
+    """A d_in -> d_out projection factored through a rank-r bottleneck.
+
+    SVD-style: ``y = B(A x)``; CoLA: ``y = B(silu(A x))``. With latent crossing (LaX, every
+    block but the first) the latent also sees the same projection's latent ``h_prev`` from
+    the previous block::
+
+        h = act(LayerNorm_r(A x + G h_prev)),   y = B h
+
+    `down` (A) and `up` (B) are plain `nn.Linear` children so plans can address them by
+    FQN (``...wq.down`` / ``...wq.up``); `cross` (G) and `latent_norm` exist only with LaX.
+    """
+
+    def __init__(
+        self, d_in: int, d_out: int, rank: int, activation: str, crossing: bool = False
+    ) -> None:
+        super().__init__()
+        self.down = nn.Linear(d_in, rank, bias=False)
+        self.up = nn.Linear(rank, d_out, bias=False)
+        self.act = nn.SiLU() if activation == "silu" else nn.Identity()
+        self.cross = nn.Linear(rank, rank, bias=False) if crossing else None
+        self.latent_norm = nn.LayerNorm(rank) if crossing else None
+
+    def latent(self, z: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """The bottleneck activation h from the down-projection's output z = A x."""
+        if self.cross is not None:
+            if prev is None:
+                raise ValueError("a crossing projection needs the previous block's latent")
+            z = self.latent_norm(z + self.cross(prev))
+        return self.act(z)
+
+    def project(
+        self, x: torch.Tensor, prev: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, h): the output and the latent that the next block's crossing consumes."""
+        h = self.latent(self.down(x), prev)
+        return self.up(h), h
+
+    def forward(self, x: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        return self.project(x, prev)[0]
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """CoLA's init: A, B ~ N(0, std^2), std = r^(-1/4) (d_in + d_out)^(-1/4)."""
+        rank, d_in, d_out = self.down.out_features, self.down.in_features, self.up.out_features
+        std = rank**-0.25 * (d_in + d_out) ** -0.25
+        nn.init.normal_(self.down.weight, std=std)
+        nn.init.normal_(self.up.weight, std=std)
+        if self.cross is not None:
+            nn.init.normal_(self.cross.weight, std=rank**-0.25 * (2 * rank) ** -0.25)
+            self.latent_norm.reset_parameters()
+
+
+def down_of(projection: nn.Module) -> nn.Linear:
+    """The linear that consumes a projection's input: A for low-rank, the layer itself otherwise."""
+    return projection.down if isinstance(projection, LowRankLinear) else projection
+
+
+def latent_of(
+    projection: nn.Module, z: torch.Tensor, prev: torch.Tensor | None
+) -> torch.Tensor:
+    """Finish a projection's first half: the latent for low-rank, z itself for a full linear."""
+    return projection.latent(z, prev) if isinstance(projection, LowRankLinear) else z
+
+
+def up_of(projection: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A projection's second half: B h for low-rank; a full linear's output passes through."""
+    return projection.up(h) if isinstance(projection, LowRankLinear) else h
+
+
+def latent_or_none(projection: nn.Module, h: torch.Tensor) -> torch.Tensor | None:
+    return h if isinstance(projection, LowRankLinear) else None
+
+
+class NormedProjections(nn.RMSNorm):
+    """RMSNorm followed by the projections that share its input.
+
+    Called with projections, it returns ``(outputs, latents)``: each projection's output
+    and, for a low-rank projection, its latent ``h_p = act(A_p norm(x))`` (with LaX
+    crossing when it has one), which the next block's crossing consumes (None for a full
+    linear). With `grouped`, the shared-input first-half GEMMs (the A_p, or the full
+    weights) run as one GEMM on the concatenated weights; checkpoint keys are untouched
+    since the weights stay in their own modules. Called without projections it is a plain
+    RMSNorm. The projections are arguments, not children, so they keep their own FQNs.
+    """
+
+    def __init__(self, dim: int, eps: float, grouped: bool = True) -> None:
+        super().__init__(dim, eps=eps)
+        self.grouped = grouped
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        projections: Sequence[nn.Module] | None = None,
+        prevs: Sequence[torch.Tensor | None] | None = None,
+    ) -> torch.Tensor | tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        normed = super().forward(x)
+        if projections is None:
+            return normed
+        downs = [down_of(p) for p in projections]
+        if self.grouped:
+            fused = F.linear(normed, torch.cat([d.weight for d in downs]))
+            zs = fused.split([d.out_features for d in downs], dim=-1)
+        else:
+            zs = [d(normed) for d in downs]
+        prevs = prevs or [None] * len(projections)
+        hs = [latent_of(p, z, h) for p, z, h in zip(projections, zs, prevs)]
+        outputs = [up_of(p, h) for p, h in zip(projections, hs)]
+        return outputs, [latent_or_none(p, h) for p, h in zip(projections, hs)]
+
+
+def make_projection(
+    arch: str, d_in: int, d_out: int, rank: int, activation: str, crossing: bool
+) -> nn.Module:
+    """The linear factory: a plain linear for `fullrank`, a LowRankLinear otherwise."""
+    if arch == "fullrank":
+        return nn.Linear(d_in, d_out, bias=False)
+    return LowRankLinear(d_in, d_out, rank, activation, crossing)
+
+
+@torch.no_grad()
+def init_projection(projection: nn.Module, std: float) -> None:
+    """CoLA init for low-rank projections; truncated normal(std) for full linears."""
+    if isinstance(projection, LowRankLinear):
+        projection.init_weights()
+    else:
+        nn.init.trunc_normal_(projection.weight, std=std, a=-3 * std, b=3 * std)
+
+
+def rope_table(head_dim: int, max_seq_len: int, theta: float, device=None) -> torch.Tensor:
+    """[max_seq_len, head_dim // 2, 2] table of (cos, sin) for rotary embeddings."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    )
+    angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of x [b, s, heads, head_dim] by the positions' angles."""
+    seq_len = x.shape[1]
+    pairs = x.float().unflatten(-1, (-1, 2))
+    cos = table[:seq_len, None, :, 0]
+    sin = table[:seq_len, None, :, 1]
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA on [b, s, heads, head_dim] tensors; k/v heads repeat for GQA."""
+    repeats = q.shape[2] // k.shape[2]
+    if repeats > 1:
+        k = k.repeat_interleave(repeats, dim=2)
+        v = v.repeat_interleave(repeats, dim=2)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+    )
+    return out.transpose(1, 2)
+
+
+def depth_std(layer_id: int) -> float:
+    """TorchTitan's depth-scaled init std for full-rank output projections."""
+    return 0.02 / math.sqrt(2 * (layer_id + 1))

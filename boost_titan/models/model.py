@@ -1,0 +1,173 @@
+"""The boost LLaMA decoder: pre-norm blocks with RoPE, causal SDPA and a gated MLP.
+
+Which projection family a model uses comes from `BoostModelArgs.arch`; the module tree is
+the same for all families, so plans address the same FQNs:
+
+    tok_embeddings, layers.<i>.{attention_norm, attention.{wq,wk,wv,wo}, ffn_norm,
+    feed_forward.{w1,w2,w3}}, norm, output
+
+with ``.down`` / ``.up`` (and LaX ``.cross`` / ``.latent_norm``) under each low-rank
+projection. The model code knows nothing about parallelism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .args import BoostModelArgs
+from .layers import (
+    LowRankLinear,
+    NormedProjections,
+    apply_rope,
+    causal_attention,
+    depth_std,
+    init_projection,
+    make_projection,
+    rope_table,
+)
+
+
+def _apply(
+    projection: nn.Module, x: torch.Tensor, prev: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(output, latent) of a projection whose input is not shared."""
+    if isinstance(projection, LowRankLinear):
+        return projection.project(x, prev)
+    return projection(x), None
+
+
+class Attention(nn.Module):
+    """Multi-head (optionally grouped-query) attention with rotary embeddings."""
+
+    def __init__(self, args: BoostModelArgs, crossing: bool) -> None:
+        super().__init__()
+        shapes = args.projection_shapes()
+
+        def projection(name: str) -> nn.Module:
+            return make_projection(
+                args.arch, *shapes[name], args.effective_rank, args.activation, crossing
+            )
+
+        self.head_dim = args.head_dim
+        self.wq, self.wk, self.wv, self.wo = (projection(n) for n in ("q", "k", "v", "o"))
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: torch.Tensor
+    ) -> torch.Tensor:
+        """Causal attention over however many heads q/k/v carry (all, or a TP rank's)."""
+        b, s = q.shape[:2]
+        q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q, k, v))
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        return causal_attention(q, k, v).reshape(b, s, -1)
+
+
+class FeedForward(nn.Module):
+    """Gated MLP ``w2(gate * w3(x))``; gate = silu(w1 x), or w1 x when w1 already ends in SiLU."""
+
+    def __init__(self, args: BoostModelArgs, crossing: bool) -> None:
+        super().__init__()
+        shapes = args.projection_shapes()
+
+        def projection(name: str) -> nn.Module:
+            return make_projection(
+                args.arch, *shapes[name], args.effective_rank, args.activation, crossing
+            )
+
+        self.w1, self.w3, self.w2 = (projection(n) for n in ("gate", "up", "down"))
+        self.gate_silu = not (args.low_rank and args.activation == "silu")
+
+    def gate(self, g: torch.Tensor) -> torch.Tensor:
+        return F.silu(g) if self.gate_silu else g
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block. LaX latents of the previous block come in, this block's go out."""
+
+    def __init__(self, layer_id: int, args: BoostModelArgs) -> None:
+        super().__init__()
+        crossing = args.arch == "lax" and layer_id > 0
+        self.layer_id = layer_id
+        self.carries_latents = args.arch == "lax"
+        self.attention_norm = NormedProjections(args.dim, args.norm_eps, args.group_linears)
+        self.attention = Attention(args, crossing)
+        self.ffn_norm = NormedProjections(args.dim, args.norm_eps, args.group_linears)
+        self.feed_forward = FeedForward(args, crossing)
+
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, prevs: Sequence[torch.Tensor] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        prev = list(prevs) or [None] * 7
+        attn, mlp = self.attention, self.feed_forward
+
+        (q, k, v), (hq, hk, hv) = self.attention_norm(
+            x, (attn.wq, attn.wk, attn.wv), prev[0:3]
+        )
+        o, ho = _apply(attn.wo, attn.attend(q, k, v, rope), prev[3])
+        x = x + o
+
+        (g, u), (hg, hu) = self.ffn_norm(x, (mlp.w1, mlp.w3), prev[4:6])
+        d, hd = _apply(mlp.w2, mlp.gate(g) * u, prev[6])
+        x = x + d
+
+        latents = (hq, hk, hv, ho, hg, hu, hd) if self.carries_latents else ()
+        return x, latents
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        std = depth_std(self.layer_id)
+        for norm in (self.attention_norm, self.ffn_norm):
+            norm.reset_parameters()
+        attn, mlp = self.attention, self.feed_forward
+        for projection in (attn.wq, attn.wk, attn.wv, mlp.w1):
+            init_projection(projection, 0.02)
+        for projection in (attn.wo, mlp.w2, mlp.w3):
+            init_projection(projection, std)
+
+
+class BoostTransformer(nn.Module):
+    """Decoder-only LM. Under pipeline parallelism missing parts are None and the forward
+    passes hidden states (and LaX latents) through."""
+
+    def __init__(self, args: BoostModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
+        )
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("rope", self._rope(), persistent=False)
+
+    def _rope(self, device: torch.device | None = None) -> torch.Tensor:
+        a = self.args
+        return rope_table(a.head_dim, a.max_seq_len, a.rope_theta, device=device)
+
+    def forward(
+        self, tokens: torch.Tensor, *latents: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h, latents = layer(h, self.rope, latents)
+        if self.output is None:
+            return (h, *latents) if latents else h
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h)
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Initialise parameters in place (after `to_empty`) and rebuild the RoPE table."""
+        self.rope = self._rope(buffer_device or self.rope.device)
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight)
+        for layer in self.layers.values():
+            layer.init_weights()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:
+            std = self.args.dim**-0.5
+            nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)

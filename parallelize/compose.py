@@ -1,0 +1,102 @@
+"""The TrainSpec's parallelize function: TP plan -> activation checkpointing -> compile ->
+FSDP2 / DDP, in TorchTitan's order, configured from the job's TOML."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.models.llama3.infra.parallelize import (
+    _op_sac_save_list,
+    apply_compile,
+    apply_ddp,
+    apply_fsdp,
+)
+
+from .plans import BOOST_LAYOUT, Plan, apply_plan, btp_plan, megatron_plan, vanilla_plan
+
+STRATEGIES = ("btp", "vanilla", "megatron")
+
+# selective AC keeps collectives' outputs, so recomputation never replays a collective
+_SAC_SAVE = _op_sac_save_list | {
+    torch.ops._c10d_functional.all_reduce.default,
+    torch.ops._c10d_functional.all_gather_into_tensor.default,
+}
+
+
+def resolve_strategy(arch: str, tp_strategy: str) -> str:
+    """`auto` -> btp for low-rank archs, megatron for fullrank."""
+    if tp_strategy == "auto":
+        return "megatron" if arch == "fullrank" else "btp"
+    return tp_strategy
+
+
+def build_plan(
+    strategy: str, *, arch: str, rmsnorm: str = "online", loss_parallel: bool = True
+) -> Plan:
+    """The TP plan of our model for a strategy."""
+    crossing = arch == "lax"
+    if strategy == "megatron":
+        return megatron_plan(BOOST_LAYOUT, loss_parallel=loss_parallel)
+    if strategy == "vanilla":
+        return vanilla_plan(BOOST_LAYOUT, crossing=crossing, loss_parallel=loss_parallel)
+    if strategy == "btp":
+        return btp_plan(
+            BOOST_LAYOUT, rmsnorm=rmsnorm, crossing=crossing, loss_parallel=loss_parallel
+        )
+    raise ValueError(f"unknown TP strategy {strategy!r}")
+
+
+def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
+    """Apply TP, activation checkpointing, torch.compile and data parallelism."""
+    boost = job_config.boost
+    if parallel_dims.tp_enabled:
+        plan = build_plan(
+            resolve_strategy(boost.arch, boost.tp_strategy),
+            arch=boost.arch,
+            rmsnorm=boost.rmsnorm,
+            loss_parallel=not job_config.parallelism.disable_loss_parallel,
+        )
+        apply_plan(model, parallel_dims.get_mesh("tp"), plan)
+
+    compile_model = job_config.compile.enable and "model" in job_config.compile.components
+    if job_config.activation_checkpoint.mode != "none":
+        apply_ac(
+            model,
+            job_config.activation_checkpoint,
+            model_compile_enabled=compile_model,
+            op_sac_save_list=_SAC_SAVE,
+            base_folder=job_config.job.dump_folder,
+        )
+    if compile_model:
+        apply_compile(model, job_config.compile)
+
+    if parallel_dims.fsdp_enabled:
+        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+        training = job_config.training
+        apply_fsdp(
+            model,
+            parallel_dims.get_mesh(names),
+            param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+            pp_enabled=parallel_dims.pp_enabled,
+            cpu_offload=training.enable_cpu_offload,
+            reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
+        )
+        _force_sum_reductions_on_gloo(model)
+    elif parallel_dims.dp_replicate_enabled:
+        apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
+    return model
+
+
+def _force_sum_reductions_on_gloo(model: nn.Module) -> None:
+    """Gloo has no PREMUL_SUM: make FSDP reduce with plain SUM (grad scaling is TorchTitan's)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if torch.distributed.get_backend() != "gloo":
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)

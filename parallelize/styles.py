@@ -1,0 +1,331 @@
+"""ParallelStyles for bottleneck (low-rank) and full-rank tensor parallelism.
+
+Every style shards the module's parameters as DTensors on the TP mesh (so FSDP2, DCP
+checkpoints and resharding see ordinary DTensors) and swaps in a forward that computes on
+the local shards with explicit, autograd-aware collectives from `comm`. Activations
+between modules are plain local tensors; each style states the layout it expects in and
+leaves out:
+
+  * replicated : every rank holds the full tensor
+  * sharded    : each rank holds its contiguous slice of the last dim
+  * partial    : each rank holds a summand of the full tensor
+
+The two linear styles are the two halves of every TP scheme:
+
+==================  ==============  ============  ===========================
+scheme              down / first    up / second   sync point
+==================  ==============  ============  ===========================
+Megatron (full)     ColumnParallel  RowParallel   all-reduce at d (per pair)
+vanilla low-rank    ColumnParallel  RowParallel   all-reduce at d_out (per pair)
+BTP                 RowParallel     ColumnParallel  all-reduce at r
+==================  ==============  ============  ===========================
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
+
+from boost_titan.models.layers import down_of, latent_of, latent_or_none, up_of
+
+from . import comm
+from .norms import online_rmsnorm_down, sync_rmsnorm
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (differentiable), or the tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _dim(norm: nn.Module) -> int:
+    """The full (unsharded) hidden size a norm normalises over."""
+    return norm.normalized_shape[-1]
+
+
+def _norm_eps(norm: nn.Module, x: torch.Tensor) -> float:
+    return norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+
+
+class _ShardParams(ParallelStyle):
+    """Distributes the named parameters with the given placements and installs a forward."""
+
+    placements: dict[str, Placement] = {}
+
+    def _distribute(self, module: nn.Module, mesh: DeviceMesh) -> None:
+        for name, param in list(module.named_parameters(recurse=False)):
+            placement = self.placements.get(name, Replicate())
+            dtensor = distribute_tensor(
+                param.data, mesh, [placement], src_data_rank=self.src_data_rank
+            )
+            module.register_parameter(name, nn.Parameter(dtensor, param.requires_grad))
+
+    def _local_forward(self, module: nn.Module, group, *args, **kwargs):
+        raise NotImplementedError
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        self._distribute(module, device_mesh)
+        group = device_mesh.get_group()
+        style = self
+
+        def forward(mod, *args, **kwargs):
+            return style._local_forward(mod, group, *args, **kwargs)
+
+        module.forward = types.MethodType(forward, module)
+        return module
+
+
+def _check_type(module: nn.Module, types_: tuple[type, ...], style: str) -> None:
+    if not isinstance(module, types_):
+        names = ", ".join(t.__name__ for t in types_)
+        raise TypeError(f"{style} applies to {names}, not {type(module).__name__}")
+
+
+class ColumnParallel(_ShardParams):
+    """nn.Linear with its output features sharded (weight Shard(0)).
+
+    In: replicated. Out: sharded (or replicated with `gather_output`; or a
+    `DTensor(Shard(-1))` with `output_dtensor`, for loss-parallel cross-entropy).
+    Backward: the input grad is a partial sum; `reduce_input_grad` all-reduces it here.
+    Turn it off when the producer of the input already reduces the grad once for a group
+    of consumers (linear grouping) or reduce-scatters it.
+    """
+
+    placements = {"weight": Shard(0), "bias": Shard(0)}
+
+    def __init__(
+        self,
+        *,
+        reduce_input_grad: bool = True,
+        gather_output: bool = False,
+        output_dtensor: bool = False,
+    ) -> None:
+        super().__init__()
+        self.reduce_input_grad = reduce_input_grad
+        self.gather_output = gather_output
+        self.output_dtensor = output_dtensor
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_type(module, (nn.Linear,), "ColumnParallel")
+        self.mesh = device_mesh
+        return super()._apply(module, device_mesh)
+
+    def _local_forward(self, module, group, x):
+        x = local(x)
+        if self.reduce_input_grad:
+            x = comm.reduce_grad(x, group)
+        bias = local(module.bias) if module.bias is not None else None
+        y = F.linear(x, local(module.weight), bias)
+        if self.gather_output:
+            return comm.gather_last(y, group)
+        if self.output_dtensor:
+            return DTensor.from_local(y, self.mesh, [Shard(-1)], run_check=False)
+        return y
+
+
+class RowParallel(_ShardParams):
+    """nn.Linear with its input features sharded (weight Shard(1)).
+
+    In: sharded (or replicated with `split_input`, which takes this rank's slice).
+    Out: replicated, through one all-reduce of the partial products. Backward: no
+    collective (the replicated output grad is every partial's grad).
+    """
+
+    placements = {"weight": Shard(1), "bias": Replicate()}
+
+    def __init__(self, *, split_input: bool = False) -> None:
+        super().__init__()
+        self.split_input = split_input
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_type(module, (nn.Linear,), "RowParallel")
+        return super()._apply(module, device_mesh)
+
+    def _local_forward(self, module, group, x):
+        x = local(x)
+        if self.split_input:
+            x = comm.split_last(x, group)
+        y = comm.sum_partials(F.linear(x, local(module.weight)), group)
+        return y + local(module.bias) if module.bias is not None else y
+
+
+class Replicated(_ShardParams):
+    """Parameters replicated on every rank; the module runs on local tensors, no collective.
+
+    Supports nn.Linear, nn.Embedding, nn.LayerNorm and nn.RMSNorm. Use it only where the
+    input and its gradient are replicated too (otherwise the weight grad would be partial).
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_type(
+            module, (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm), "Replicated"
+        )
+        return super()._apply(module, device_mesh)
+
+    def _local_forward(self, module, group, x, *args):
+        w = local(module.weight) if module.weight is not None else None
+        if isinstance(module, nn.Linear):
+            bias = local(module.bias) if module.bias is not None else None
+            return F.linear(local(x), w, bias)
+        if isinstance(module, nn.Embedding):
+            return F.embedding(local(x), w)
+        if isinstance(module, nn.LayerNorm):
+            bias = local(module.bias) if module.bias is not None else None
+            return F.layer_norm(local(x), module.normalized_shape, w, bias, module.eps)
+        return F.rms_norm(local(x), module.normalized_shape, w, module.eps)
+
+
+class ShardedEmbedding(_ShardParams):
+    """nn.Embedding sharded along the embedding dim (weight Shard(1)).
+
+    In: replicated token ids. Out: the hidden state sharded along its last dim, looked up
+    locally: no collective forward or backward. This is how BTP's residual stream enters.
+    """
+
+    placements = {"weight": Shard(1)}
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_type(module, (nn.Embedding,), "ShardedEmbedding")
+        return super()._apply(module, device_mesh)
+
+    def _local_forward(self, module, group, tokens):
+        return F.embedding(local(tokens), local(module.weight))
+
+
+class ShardedRMSNorm(_ShardParams):
+    """nn.RMSNorm over a sharded hidden dim (weight Shard(0)), sync flavour.
+
+    In: sharded. Out: sharded; with `gather_output` replicated through one all-gather whose
+    backward is a reduce-scatter (the consumer is column-parallel, so its grad is partial).
+    Collectives: the [tokens, 1] sum of squares, all-reduced forward and backward.
+    """
+
+    placements = {"weight": Shard(0)}
+
+    def __init__(self, *, gather_output: bool = False) -> None:
+        super().__init__()
+        self.gather_output = gather_output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_type(module, (nn.RMSNorm,), "ShardedRMSNorm")
+        return super()._apply(module, device_mesh)
+
+    def _local_forward(self, module, group, x):
+        x = local(x)
+        y = sync_rmsnorm(x, local(module.weight), _dim(module), _norm_eps(module, x), group)
+        return comm.gather_last_reduce_scatter_grad(y, group) if self.gather_output else y
+
+
+class BottleneckNormedProjections(_ShardParams):
+    """BTP for a `NormedProjections`: sharded-input RMSNorm fused with its down-projections.
+
+    In: the hidden state, sharded. The down-projections passed at call time must be
+    row-parallel (their weights Shard(1), e.g. by `RowParallel` entries of the same plan).
+    Forward, per group: the norm and the grouped GEMM run on local shards and ONE
+    all-reduce returns the replicated low-rank latents (with `rmsnorm="online"` the RMS
+    statistic rides in it: 3r+1 / 2r+1 elements per token; `"sync"` all-reduces the
+    statistic first). Latent activations and LaX crossing then run replicated, and one
+    `reduce_grad` on the concatenated latents gives the up-projections (ColumnParallel with
+    `reduce_input_grad=False`) a single backward all-reduce. Out: the up-projections'
+    outputs, sharded, and the replicated latents. Without grouping each projection has its
+    own GEMM and collectives.
+    """
+
+    placements = {"weight": Shard(0)}
+
+    def __init__(self, *, rmsnorm: str = "online") -> None:
+        super().__init__()
+        if rmsnorm not in ("online", "sync"):
+            raise ValueError(f"rmsnorm must be online or sync, not {rmsnorm!r}")
+        self.rmsnorm = rmsnorm
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_type(module, (nn.RMSNorm,), "BottleneckNormedProjections")
+        return super()._apply(module, device_mesh)
+
+    def _local_forward(self, module, group, x, projections=None, prevs=None):
+        x = local(x)
+        weight, eps = local(module.weight), _norm_eps(module, x)
+        if projections is None:
+            return sync_rmsnorm(x, weight, _dim(module), eps, group)
+        prevs = prevs or [None] * len(projections)
+        groups = [list(projections)] if module.grouped else [[p] for p in projections]
+        latents = []
+        for group_projections in groups:
+            zs = self._down(x, weight, _dim(module), eps, group_projections, group)
+            latents += [
+                latent_of(p, z, prevs[len(latents) + i])
+                for i, (p, z) in enumerate(zip(group_projections, zs))
+            ]
+        # the ups' partial input grads are all-reduced once per group; the latents handed
+        # to the next block's crossing bypass that all-reduce (their grads are replicated)
+        for_ups = []
+        for group_projections in groups:
+            start = len(for_ups)
+            for_ups += _reduce_grad_once(latents[start : start + len(group_projections)], group)
+        outputs = [up_of(p, h) for p, h in zip(projections, for_ups)]
+        return outputs, [latent_or_none(p, h) for p, h in zip(projections, latents)]
+
+    def _down(self, x, weight, dim, eps, projections, group) -> Sequence[torch.Tensor]:
+        """Replicated z_p = A_p norm(x) for the projections, one all-reduce (+ sync stat)."""
+        downs = [local(down_of(p).weight) for p in projections]
+        stacked = torch.cat(downs) if len(downs) > 1 else downs[0]
+        if self.rmsnorm == "online":
+            z = online_rmsnorm_down(x, weight, stacked, dim, eps, group)
+        else:
+            normed = sync_rmsnorm(x, weight, dim, eps, group)
+            z = comm.sum_partials(F.linear(normed, stacked), group)
+        return z.split([d.shape[0] for d in downs], dim=-1)
+
+
+class ColumnNormedProjections(_ShardParams):
+    """Megatron / vanilla for a `NormedProjections`: replicated norm, column-parallel projections.
+
+    In: replicated hidden state. The norm output passes one `reduce_grad` (a single backward
+    all-reduce for the whole group); the projections passed at call time must be
+    column-parallel (weights Shard(0), e.g. `ColumnParallel(reduce_input_grad=False)`
+    entries). Out: each projection's output (sharded for a full linear; replicated after a
+    low-rank pair's row-parallel up) and its latent, sharded along r; with
+    `gather_latents` (vanilla LaX, whose crossing needs whole latents) the pre-activation
+    latent is all-gathered and the latent is replicated.
+    """
+
+    def __init__(self, *, gather_latents: bool = False) -> None:
+        super().__init__()
+        self.gather_latents = gather_latents
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_type(module, (nn.RMSNorm,), "ColumnNormedProjections")
+        return super()._apply(module, device_mesh)
+
+    def _local_forward(self, module, group, x, projections=None, prevs=None):
+        x = local(x)
+        normed = F.rms_norm(x, module.normalized_shape, local(module.weight), module.eps)
+        if projections is None:
+            return normed
+        normed = comm.reduce_grad(normed, group)
+        downs = [local(down_of(p).weight) for p in projections]
+        if module.grouped:
+            zs = F.linear(normed, torch.cat(downs)).split([d.shape[0] for d in downs], -1)
+        else:
+            zs = [F.linear(normed, d) for d in downs]
+        if self.gather_latents:
+            zs = [comm.gather_last(z, group) for z in zs]
+        prevs = prevs or [None] * len(projections)
+        latents = [latent_of(p, z, h) for p, z, h in zip(projections, zs, prevs)]
+        outputs = [up_of(p, h) for p, h in zip(projections, latents)]
+        return outputs, [latent_or_none(p, h) for p, h in zip(projections, latents)]
+
+
+def _reduce_grad_once(latents: list[torch.Tensor], group) -> list[torch.Tensor]:
+    """Route the latents' backward through one all-reduce of their concatenation."""
+    if len(latents) == 1:
+        return [comm.reduce_grad(latents[0], group)]
+    sizes = [h.shape[-1] for h in latents]
+    return list(comm.reduce_grad(torch.cat(latents, dim=-1), group).split(sizes, dim=-1))
