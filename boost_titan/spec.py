@@ -1,0 +1,133 @@
+"""The `boost_llama` TrainSpec: our model and plans on TorchTitan's trainer components.
+
+Importing this module registers the spec (once). `validate_job` checks a job's model and
+parallelism in one process, before any process group exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from torchtitan.components.loss import build_cross_entropy_loss
+from torchtitan.components.lr_scheduler import build_lr_schedulers
+from torchtitan.components.optimizer import build_optimizers
+from torchtitan.distributed.pipeline_parallel import pipeline_llm
+from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
+
+from boost_titan.data import build_dataloader, build_tokenizer
+from boost_titan.errors import ConfigError
+from boost_titan.models import FLAVORS, BoostModelArgs, BoostTransformer, flavor_args
+from boost_titan.parallelize.compose import STRATEGIES, parallelize_boost, resolve_strategy
+
+from .config import RMSNORM_MODES, TP_STRATEGIES
+
+SPEC_NAME = "boost_llama"
+
+
+class _FreshFlavors(Mapping):
+    """Flavor table that hands out copies: TorchTitan mutates the args it gets."""
+
+    def __getitem__(self, flavor: str) -> BoostModelArgs:
+        return flavor_args(flavor)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FLAVORS)
+
+    def __len__(self) -> int:
+        return len(FLAVORS)
+
+
+def model_args_for(job_config) -> BoostModelArgs:
+    """The flavor's args updated from the job (arch, rank, vocab from the tokenizer...)."""
+    args = flavor_args(job_config.model.flavor)
+    args.update_from_config(job_config)
+    return args
+
+
+def _require_divisible(what: str, value: int, tp: int, strategy: str) -> None:
+    if value % tp:
+        raise ConfigError(
+            f"{what} {value} is not divisible by tensor_parallel_degree {tp} "
+            f"(needed by tp_strategy {strategy}); choose a TP degree that divides it"
+        )
+
+
+def validate_parallelism(args: BoostModelArgs, boost, parallelism) -> str:
+    """Check the strategy against the arch and the shapes against the degrees; return the
+    resolved strategy."""
+    if boost.tp_strategy not in TP_STRATEGIES:
+        raise ConfigError(
+            f"unknown [boost] tp_strategy {boost.tp_strategy!r}; choose one of "
+            f"{', '.join(TP_STRATEGIES)}"
+        )
+    if boost.rmsnorm not in RMSNORM_MODES:
+        raise ConfigError(
+            f"unknown [boost] rmsnorm {boost.rmsnorm!r}; choose one of {', '.join(RMSNORM_MODES)}"
+        )
+    strategy = resolve_strategy(args.arch, boost.tp_strategy)
+    if args.arch == "fullrank" and strategy != "megatron":
+        raise ConfigError(
+            f"tp_strategy {strategy} needs a low-rank arch, but arch is fullrank; "
+            "use tp_strategy = \"megatron\" (or \"auto\")"
+        )
+    if args.arch != "fullrank" and strategy == "megatron":
+        raise ConfigError(
+            f"tp_strategy megatron is for arch fullrank, but arch is {args.arch}; "
+            "use tp_strategy = \"btp\" or \"vanilla\" (or \"auto\")"
+        )
+    tp = parallelism.tensor_parallel_degree
+    if tp > 1:
+        _require_divisible("n_heads", args.n_heads, tp, strategy)
+        _require_divisible("n_kv_heads", args.kv_heads, tp, strategy)
+        _require_divisible("vocab_size", args.vocab_size, tp, strategy)
+        _require_divisible("ffn_dim", args.ffn_dim, tp, strategy)
+        if strategy == "btp":
+            _require_divisible("dim", args.dim, tp, strategy)
+        if strategy == "vanilla":
+            _require_divisible("rank", args.effective_rank, tp, strategy)
+    pp = parallelism.pipeline_parallel_degree
+    if pp > args.n_layers:
+        raise ConfigError(
+            f"pipeline_parallel_degree {pp} exceeds the model's {args.n_layers} layers; "
+            "lower the PP degree"
+        )
+    if boost.lowrank_ac and not args.low_rank:
+        raise ConfigError("[boost] lowrank_ac needs a low-rank arch; set arch or turn it off")
+    return strategy
+
+
+def validate_job(job_config, world_size: int) -> None:
+    """Raise ConfigError for a model or parallelism setting that cannot work."""
+    if job_config.model.name != SPEC_NAME:
+        return
+    args = model_args_for(job_config)
+    validate_parallelism(args, job_config.boost, job_config.parallelism)
+    if job_config.boost.lowrank_ac and job_config.activation_checkpoint.mode != "none":
+        raise ConfigError(
+            "[boost] lowrank_ac and [activation_checkpoint] mode = "
+            f"{job_config.activation_checkpoint.mode!r} both checkpoint activations; keep one"
+        )
+
+
+def _parallelize(model, parallel_dims, job_config):
+    validate_parallelism(model.args, job_config.boost, job_config.parallelism)
+    return parallelize_boost(model, parallel_dims, job_config)
+
+
+def build_spec() -> TrainSpec:
+    return TrainSpec(
+        model_cls=BoostTransformer,
+        model_args=_FreshFlavors(),
+        parallelize_fn=_parallelize,
+        pipelining_fn=pipeline_llm,
+        build_optimizers_fn=build_optimizers,
+        build_lr_schedulers_fn=build_lr_schedulers,
+        build_dataloader_fn=build_dataloader,
+        build_tokenizer_fn=build_tokenizer,
+        build_loss_fn=build_cross_entropy_loss,
+    )
+
+
+register_train_spec(SPEC_NAME, build_spec())
+
+__all__ = ["SPEC_NAME", "STRATEGIES", "model_args_for", "validate_job"]
