@@ -1,0 +1,1 @@
+"""Analytic performance model and benchmark command line of boost-titan."""

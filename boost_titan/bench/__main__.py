@@ -1,0 +1,151 @@
+"""`python -m boost_titan.bench SUBCOMMAND ...`: the benchmark command line.
+
+Subcommands live in SUBCOMMANDS (name -> Subcommand(help, add_args, run)); a new one adds
+an entry. `add_plan_args` / `plans_from_args` give every subcommand the same model and
+parallelism options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, NamedTuple
+
+from boost_titan.bench import perfmodel
+from boost_titan.bench.gpus import GPUS
+from boost_titan.bench.plots import write_plot
+from boost_titan.bench.records import format_records, format_validation
+from boost_titan.config import ARCHS, RMSNORM_MODES
+from boost_titan.errors import ConfigError
+
+PLOT_FLAVORS = ("1B", "3B", "7B", "13B", "30B")
+
+
+class Subcommand(NamedTuple):
+    help: str
+    add_args: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _csv(text: str) -> list[str]:
+    return [item for item in text.split(",") if item]
+
+
+def _int_csv(text: str) -> list[int]:
+    try:
+        return [int(item) for item in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_plan_args(parser: argparse.ArgumentParser) -> None:
+    """Model, parallelism and batch options shared by the subcommands."""
+    parser.add_argument("--flavor", type=_csv, default=["7B"], help="flavor or comma list (sweep)")
+    parser.add_argument("--arch", default="cola", choices=ARCHS,
+                        help="low-rank arch; megatron always runs fullrank")
+    parser.add_argument("--strategy", type=_csv, default=list(perfmodel.STRATEGIES),
+                        help="comma list of megatron, vanilla, btp")
+    parser.add_argument("--tp", type=_int_csv, default=[4],
+                        help="tensor-parallel degree or comma list (sweep)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (across nodes)")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
+    parser.add_argument("--microbatches", type=int, default=4,
+                        help="micro-batches per step (accumulation / 1F1B)")
+    parser.add_argument("--dtype", default="bf16", choices=tuple(perfmodel.DTYPE_BYTES))
+    parser.add_argument("--ac", default="none", choices=perfmodel.AC_MODES, help="activation checkpointing")
+    parser.add_argument("--rmsnorm", default="online", choices=RMSNORM_MODES, help="btp's RMSNorm")
+    parser.add_argument("--group-linears", action=argparse.BooleanOptionalAction, default=True,
+                        help="group the q/k/v and gate/up down-projections")
+    parser.add_argument("--gpu", type=_csv, default=["a100", "h100"],
+                        help=f"comma list of {', '.join(GPUS)}; speedups use the first")
+
+
+def plans_from_args(ns: argparse.Namespace) -> dict:
+    """Keyword arguments of `perfmodel.sweep` from the parsed options."""
+    return dict(
+        flavors=ns.flavor, arch=ns.arch, strategies=ns.strategy, tps=ns.tp, gpus=ns.gpu,
+        pp=ns.pp, seq_len=ns.seq_len, micro_batch=ns.micro_batch, microbatches=ns.microbatches,
+        dtype=ns.dtype, ac=ns.ac, rmsnorm=ns.rmsnorm, group_linears=ns.group_linears,
+    )
+
+
+def _emit_json(payload: list[dict], target: str | None) -> None:
+    if target == "-":
+        print(json.dumps(payload, indent=1))
+    elif target:
+        with open(target, "w") as f:
+            json.dump(payload, f, indent=1)
+
+
+# ---- model -----------------------------------------------------------------------------
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    add_plan_args(parser)
+    parser.add_argument("--json", metavar="PATH|-",
+                        help="write the records as a JSON list ('-': stdout only)")
+    parser.add_argument("--plot", metavar="PATH.png", help="write the two-panel figure of this sweep")
+
+
+def _run_model(ns: argparse.Namespace) -> int:
+    records = perfmodel.sweep(**plans_from_args(ns))
+    if ns.json != "-":
+        print(format_records(records))
+    _emit_json([r.to_json() for r in records], ns.json)
+    if ns.plot:
+        write_plot(records, ns.plot)
+    return 0
+
+
+# ---- validate --------------------------------------------------------------------------
+def _add_validate_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpu", default="a100", choices=tuple(GPUS))
+    parser.add_argument("--ac", default="none", choices=perfmodel.AC_MODES)
+    parser.add_argument("--json", metavar="PATH|-")
+
+
+def _run_validate(ns: argparse.Namespace) -> int:
+    rows = perfmodel.validation_rows(ns.gpu, ns.ac)
+    if ns.json != "-":
+        print(format_validation(rows, ns.gpu))
+    _emit_json([r.to_json() for r in rows], ns.json)
+    return 0
+
+
+# ---- plot ------------------------------------------------------------------------------
+def _add_plot_args(parser: argparse.ArgumentParser) -> None:
+    add_plan_args(parser)
+    parser.set_defaults(flavor=list(PLOT_FLAVORS))
+    parser.add_argument("--out", default="docs/perf_model.png")
+
+
+def _run_plot(ns: argparse.Namespace) -> int:
+    if len(ns.tp) != 1 or set(ns.strategy) != set(perfmodel.STRATEGIES):
+        raise ConfigError("plot takes one --tp and all three strategies; use `model --plot` for other sweeps")
+    write_plot(perfmodel.sweep(**plans_from_args(ns)), ns.out)
+    print(f"wrote {ns.out}")
+    return 0
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "model": Subcommand("analytic comm/FLOPs/memory/step-time model", _add_model_args, _run_model),
+    "validate": Subcommand("model vs BOOST §6 published iteration times", _add_validate_args, _run_validate),
+    "plot": Subcommand("regenerate the model figure (1B..30B)", _add_plot_args, _run_plot),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m boost_titan.bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, command in SUBCOMMANDS.items():
+        command.add_args(sub.add_parser(name, help=command.help))
+    ns = parser.parse_args(argv)
+    try:
+        return SUBCOMMANDS[ns.command].run(ns)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
