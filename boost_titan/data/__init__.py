@@ -1,0 +1,31 @@
+"""Data and tokenizer: offline corpora fed through torchtitan's text dataloader.
+
+Importing this package sets HF_DATASETS_OFFLINE and HF_HUB_OFFLINE (unless already set),
+so `datasets` never reaches the network. It imports torchtitan: import it only after
+`boost_titan.cli.with_boost_section` has been applied to `sys.argv`.
+"""
+
+import os
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from boost_titan.data.corpus import build_dataloader  # noqa: E402
+from boost_titan.data.tokenizer import (  # noqa: E402
+    DEFAULT_TOKENIZER,
+    DEFAULT_VOCAB_SIZE,
+    build_tokenizer,
+    check_vocab_fits,
+    prepare_default_assets,
+    tokenizer_vocab_size,
+)
+
+__all__ = [
+    "DEFAULT_TOKENIZER",
+    "DEFAULT_VOCAB_SIZE",
+    "build_dataloader",
+    "build_tokenizer",
+    "check_vocab_fits",
+    "prepare_default_assets",
+    "tokenizer_vocab_size",
+]

@@ -1,0 +1,191 @@
+"""Training text, offline: this Python's stdlib sources (default) or the user's local files.
+
+Both are registered in torchtitan's `DATASETS` table, so its stock text dataset (packing,
+DP sharding, checkpointable position) and dataloader are reused unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import random
+import sysconfig
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import datasets
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.config import JobConfig
+from torchtitan.hf_datasets import DatasetConfig
+from torchtitan.hf_datasets.text_datasets import DATASETS, build_text_dataloader
+
+from boost_titan.errors import ConfigError
+
+if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS_TRUE_VALUES:
+    # `datasets` reads the variable at import (see boost_titan.data), maybe before us.
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+
+STDLIB = "stdlib"
+LOCAL = "local"
+DEFAULT_DATASETS = (STDLIB, "c4_test")
+"""Names meaning "the default": ours, and torchtitan's (whose test data is not shipped)."""
+
+SKIPPED_DIRS = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+)
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+_SUFFIXES = "/".join(BUILDERS)
+_SHUFFLE_SEED = 0
+
+
+def stdlib_root() -> str:
+    """Directory holding the running interpreter's standard-library sources."""
+    return sysconfig.get_paths()["stdlib"]
+
+
+def python_files(root: str) -> list[Path]:
+    """Every .py file under `root` outside test and third-party dirs, sorted by path."""
+    found = []
+    for parent, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+        found += [Path(parent, n) for n in names if n.endswith(".py")]
+    if not found:  # e.g. a Python shipped as bytecode only
+        raise ConfigError(
+            f"no .py sources under {root} for the default corpus and tokenizer; "
+            "pass --training.dataset_path and --model.hf_assets_path"
+        )
+    return sorted(found)
+
+
+def read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+@functools.lru_cache(maxsize=4)
+def load_python_sources(root: str) -> datasets.Dataset:
+    """One document per .py file under `root`, in a fixed shuffled order (mixes packages
+    across the contiguous DP shards)."""
+    files = python_files(root)
+    random.Random(_SHUFFLE_SEED).shuffle(files)
+    return datasets.Dataset.from_dict({"text": [read_text(p) for p in files]})
+
+
+def local_files(path: str) -> list[Path]:
+    """The non-empty supported files at `path` (a file, or a directory searched recursively)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(
+            f"training.dataset_path {path} does not exist; "
+            f"point it at a {_SUFFIXES} file or a directory of them"
+        )
+    if p.is_file() and p.suffix.lower() not in BUILDERS:
+        raise ConfigError(
+            f"training.dataset_path {path} has unsupported extension {p.suffix!r}; "
+            f"use a {_SUFFIXES} file"
+        )
+    found = [p] if p.is_file() else sorted(
+        f for f in p.rglob("*")
+        if f.is_file() and f.suffix.lower() in BUILDERS and not f.name.startswith(".")
+    )
+    files = [f for f in found if f.stat().st_size > 0]
+    if not files:
+        raise ConfigError(
+            f"training.dataset_path {path} holds no documents (no non-empty {_SUFFIXES} file); "
+            "add some text"
+        )
+    return files
+
+
+def _reason(error: BaseException) -> str:
+    """First line of the innermost cause: `datasets` wraps parser errors."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _load_files(builder: str, files: list[Path], path: str) -> datasets.Dataset:
+    # .txt: one document per blank-line-separated paragraph
+    options: dict[str, Any] = {"sample_by": "paragraph"} if builder == "text" else {}
+    try:
+        ds = datasets.load_dataset(
+            builder, data_files=[str(f) for f in files], split="train", **options
+        )
+    except Exception as e:  # parser errors surface in several types
+        raise ConfigError(
+            f"cannot read the {builder} files under {path} ({_reason(e)}); fix or remove them"
+        ) from e
+    if "text" not in ds.column_names:
+        raise ConfigError(
+            f"{builder} data under {path} has no 'text' field (found {ds.column_names}); "
+            'store each document as "text"'
+        )
+    if getattr(ds.features["text"], "dtype", None) not in ("string", "large_string"):
+        raise ConfigError(
+            f"the 'text' field under {path} is not a string; store each document as a string"
+        )
+    return ds.select_columns(["text"])
+
+
+@functools.lru_cache(maxsize=4)
+def load_local(path: str) -> datasets.Dataset:
+    """Load .jsonl/.json ("text" field), .parquet ("text" column) or .txt files, offline."""
+    groups: dict[str, list[Path]] = defaultdict(list)
+    for f in local_files(path):
+        groups[BUILDERS[f.suffix.lower()]].append(f)
+    parts = [_load_files(builder, files, path) for builder, files in sorted(groups.items())]
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _text(sample: dict[str, Any]) -> str:
+    return sample["text"]
+
+
+DATASETS[STDLIB] = DatasetConfig(
+    path=stdlib_root(), loader=load_python_sources, sample_processor=_text
+)
+DATASETS[LOCAL] = DatasetConfig(path="", loader=load_local, sample_processor=_text)
+
+
+def resolve_dataset(name: str, path: str | None) -> tuple[str, str | None]:
+    """(registered name, path) to load: a default name with a path means the local files."""
+    name = name.lower()
+    if name in DEFAULT_DATASETS:
+        name = LOCAL if path else STDLIB
+    if name not in DATASETS:
+        raise ConfigError(
+            f"unknown training.dataset {name!r}; choose one of {', '.join(sorted(DATASETS))}"
+        )
+    if name == LOCAL and not path:
+        raise ConfigError(
+            "training.dataset local needs a path; pass --training.dataset_path <file or dir>"
+        )
+    return name, path
+
+
+def check_documents(ds: datasets.Dataset, where: str, dp_world_size: int) -> None:
+    """Refuse data that would starve a rank: too few documents, or no text at all."""
+    if len(ds) < dp_world_size:
+        raise ConfigError(
+            f"{where} has {len(ds)} documents, fewer than the {dp_world_size} data-parallel "
+            "ranks; add documents"
+        )
+    if not any(t and t.strip() for batch in ds.iter(batch_size=1024) for t in batch["text"]):
+        raise ConfigError(f"every document in {where} is empty; give it some text")
+
+
+def build_dataloader(
+    dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, job_config: JobConfig
+) -> ParallelAwareDataloader:
+    """torchtitan's text dataloader over the resolved dataset, looping forever."""
+    training = job_config.training
+    name, path = resolve_dataset(training.dataset, training.dataset_path)
+    if name in (STDLIB, LOCAL):
+        config = DATASETS[name]
+        where = path or config.path
+        check_documents(config.loader(where), where, dp_world_size)
+    training = dataclasses.replace(training, dataset=name, dataset_path=path)
+    resolved = dataclasses.replace(job_config, training=training)
+    return build_text_dataloader(dp_world_size, dp_rank, tokenizer, resolved, infinite=True)

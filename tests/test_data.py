@@ -1,0 +1,249 @@
+"""Data and tokenizer: default BPE cache and determinism, HF/tiktoken loading, local files,
+one-line errors, and batches from torchtitan's dataloader."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from torchtitan.config import ConfigManager
+
+from boost_titan.data import (
+    DEFAULT_VOCAB_SIZE,
+    build_dataloader,
+    build_tokenizer,
+    check_vocab_fits,
+    prepare_default_assets,
+    tokenizer_vocab_size,
+)
+from boost_titan.data import corpus
+from boost_titan.data import tokenizer as tk
+from boost_titan.errors import ConfigError
+
+TEXT = 'def greet(name: str) -> str:\n    return f"héllo, {name}!"  # ünïcode ✓\n'
+
+
+@pytest.fixture(autouse=True)
+def caches(tmp_path_factory, monkeypatch):
+    """Keep the tokenizer and `datasets` caches out of the user's home."""
+    monkeypatch.setenv("BOOST_TITAN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.setattr(
+        datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf")
+    )
+
+
+def job_config(*args: str):
+    return ConfigManager().parse_args(
+        ["--job.custom_config_module=boost_titan.config", *args]
+    )
+
+
+def one_line_error(excinfo: pytest.ExceptionInfo) -> str:
+    message = str(excinfo.value)
+    assert message and "\n" not in message
+    return message
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+# ---- default tokenizer -------------------------------------------------------------
+def test_default_tokenizer_is_deterministic_and_cached(tmp_path, monkeypatch):
+    published = []
+    for name in ("a", "b"):
+        monkeypatch.setenv("BOOST_TITAN_CACHE", str(tmp_path / name))
+        published.append(prepare_default_assets())
+    assert published[0].name == published[1].name
+    assert published[0].name.startswith("tokenizer-")
+    assert (published[0] / "tokenizer.json").read_bytes() == (
+        published[1] / "tokenizer.json"
+    ).read_bytes()
+    assert [p.name for p in (tmp_path / "b").iterdir()] == [published[1].name]  # no temp left
+
+    def no_training():
+        raise AssertionError("retrained a cached tokenizer")
+
+    monkeypatch.setattr(tk, "train_default_tokenizer", no_training)
+    assert prepare_default_assets() == published[1]
+
+
+@pytest.mark.parametrize("assets", ["", "default", "./tests/assets/tokenizer"])
+def test_default_tokenizer_round_trip(assets):
+    config = job_config("--model.hf_assets_path", assets)
+    tok = build_tokenizer(config)
+    ids = tok.encode(TEXT)
+    assert (ids[0], ids[-1]) == (tok.bos_id, tok.eos_id)
+    assert (tok.token_to_id("<|bos|>"), tok.token_to_id("<|eos|>")) == (0, 1)
+    assert tok.decode(ids) == TEXT
+    assert tok.encode(TEXT, add_bos=False, add_eos=False) == ids[1:-1]
+    assert tok.get_vocab_size() == tokenizer_vocab_size(config) == DEFAULT_VOCAB_SIZE
+    assert max(ids) < DEFAULT_VOCAB_SIZE
+
+
+def test_hf_tokenizer_dir_and_file():
+    cached = prepare_default_assets()
+    for assets in (cached, cached / "tokenizer.json"):
+        tok = build_tokenizer(job_config("--model.hf_assets_path", str(assets)))
+        assert tok.decode(tok.encode(TEXT)) == TEXT
+        assert tok.bos_id == 0
+
+
+# ---- tiktoken ------------------------------------------------------------------------
+MERGES = [b"he", b"ll", b"hell", b"hello"]
+
+
+def write_tiktoken(path: Path) -> Path:
+    tokens = [bytes([b]) for b in range(256)] + MERGES
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(tokens)))
+    return path
+
+
+@pytest.mark.parametrize("layout", ["dir", "model", "tiktoken"])
+def test_tiktoken_file(tmp_path, layout):
+    name = {"dir": "tokenizer.model", "model": "tokenizer.model", "tiktoken": "x.tiktoken"}[layout]
+    path = write_tiktoken(tmp_path / name)
+    # torchtitan's ConfigManager refuses a path ending in tokenizer.model: set it afterwards
+    config = job_config()
+    config.model.hf_assets_path = str(tmp_path if layout == "dir" else path)
+    tok = build_tokenizer(config)
+    assert isinstance(tok, tk.TiktokenTokenizer)
+    assert (tok.bos_id, tok.eos_id) == (260, 261)
+    assert tok.get_vocab_size() == tokenizer_vocab_size(config) == 262
+    ids = tok.encode("hello <|end_of_text|>")
+    assert ids[:2] == [260, 259] and ids[-1] == 261  # "hello" is one merged token
+    assert tok.decode(ids[1:-1]) == "hello <|end_of_text|>"  # special text stays text
+    for text in (TEXT, " " * 100_000 + "hello"):  # long runs overflow tiktoken's regex
+        assert tok.decode(tok.encode(text, add_bos=False, add_eos=False)) == text
+
+
+def test_tokenizer_errors(tmp_path):
+    bad = tmp_path / "tokenizer.model"
+    bad.write_bytes(b"\n\x08\x01\x12\x03<s>\x15\x00\x00\x00\x00 protobuf-ish\n")
+    cases = {
+        str(tmp_path / "missing"): "does not exist",
+        str(bad): "SentencePiece",
+        str(write_jsonl(tmp_path / "x.jsonl", ["a"])): "no tokenizer",
+    }
+    for assets, words in cases.items():
+        with pytest.raises(ConfigError) as excinfo:
+            tk.load_tokenizer(assets)
+        assert words in one_line_error(excinfo)
+
+
+def test_check_vocab_fits():
+    check_vocab_fits(4096, 32000, "60M")
+    check_vocab_fits(128002, 0, "debug")  # 0: vocab taken from the tokenizer
+    with pytest.raises(ConfigError) as excinfo:
+        check_vocab_fits(128002, 32000, "60M")
+    assert one_line_error(excinfo).startswith(
+        "tokenizer vocab 128002 is larger than the 60M model's vocab 32000; "
+    )
+
+
+# ---- corpora ---------------------------------------------------------------------------
+def test_stdlib_corpus():
+    root = corpus.stdlib_root()
+    files = corpus.python_files(root)
+    assert files == sorted(files) and len(files) > 200
+    assert not any(corpus.SKIPPED_DIRS & set(p.relative_to(root).parts) for p in files)
+    ds = corpus.load_python_sources(corpus.stdlib_root())
+    assert ds.column_names == ["text"] and len(ds) == len(files)
+
+
+def test_local_formats(tmp_path):
+    jsonl = write_jsonl(tmp_path / "a.jsonl", ["one", "two"])
+    txt = tmp_path / "b.txt"
+    txt.write_text("para one\nline two\n\npara two\n")
+    parquet = tmp_path / "c.parquet"
+    datasets.Dataset.from_dict({"text": ["p1", "p2", "p3"], "n": [1, 2, 3]}).to_parquet(parquet)
+    assert corpus.load_local(str(jsonl))["text"] == ["one", "two"]
+    assert corpus.load_local(str(txt))["text"] == ["para one\nline two", "para two\n"]
+    assert corpus.load_local(str(parquet))["text"] == ["p1", "p2", "p3"]
+    assert sorted(corpus.load_local(str(tmp_path))["text"]) == sorted(
+        ["one", "two", "para one\nline two", "para two\n", "p1", "p2", "p3"]
+    )
+
+
+def test_dataset_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "data.csv").write_text("text\nx\n")
+    (tmp_path / "notext.jsonl").write_text('{"body": "x"}\n')
+    (tmp_path / "zero.jsonl").write_text("")
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    cases = {
+        ("local", str(tmp_path / "nope.jsonl")): "does not exist",
+        ("local", str(tmp_path / "data.csv")): "unsupported extension",
+        ("local", str(tmp_path / "empty")): "holds no",
+        ("local", str(tmp_path / "notext.jsonl")): "no 'text' field",
+        ("local", str(tmp_path / "zero.jsonl")): "holds no documents",
+        ("local", str(tmp_path / "bad.jsonl")): "cannot read the json files",
+        ("local", str(write_jsonl(tmp_path / "blank.jsonl", ["", "  \n"]))): "empty",
+        ("local", str(write_jsonl(tmp_path / "one.jsonl", ["only"]))): "fewer than the 2",
+        ("local", ""): "needs a path",
+        ("wikipedia", ""): "unknown training.dataset",
+    }
+    for (name, path), words in cases.items():
+        args = ["--training.dataset", name] + (["--training.dataset_path", path] if path else [])
+        with pytest.raises(ConfigError) as excinfo:
+            build_dataloader(2, 0, tk.load_tokenizer("default"), job_config(*args))
+        assert words in one_line_error(excinfo)
+
+
+# ---- dataloader ------------------------------------------------------------------------
+def check_batches(loader, n: int, batch: int, seq: int, vocab: int) -> list:
+    batches = list(itertools.islice(loader, n))
+    assert len(batches) == n
+    for inputs, labels in batches:
+        assert inputs["input"].shape == labels.shape == (batch, seq)
+        assert inputs["input"].dtype == labels.dtype == torch.int64
+        assert 0 <= int(inputs["input"].min()) and int(inputs["input"].max()) < vocab
+        assert (inputs["input"][:, 1:] == labels[:, :-1]).all()
+    return batches
+
+
+def test_default_dataloader():
+    config = job_config("--training.local_batch_size", "2", "--training.seq_len", "64")
+    tok = build_tokenizer(config)
+    loader = build_dataloader(2, 1, tok, config)  # torchtitan's default name maps to stdlib
+    assert loader.dataset.dataset_name == "stdlib"
+    check_batches(loader, 3, 2, 64, tokenizer_vocab_size(config))
+
+
+def test_local_dataloader_loops_forever(tmp_path):
+    path = write_jsonl(tmp_path / "tiny.jsonl", ["print('hi')", "x = 1"])
+    config = job_config(
+        "--training.dataset_path", str(path),
+        "--training.local_batch_size", "2", "--training.seq_len", "16",
+    )
+    tok = build_tokenizer(config)
+    loader = build_dataloader(1, 0, tok, config)
+    assert loader.dataset.dataset_name == "local"
+    # two tiny documents hold far fewer than the 20 * 2 * 17 tokens drawn: it re-loops
+    batches = check_batches(loader, 20, 2, 16, tok.get_vocab_size())
+    assert tok.bos_id in batches[-1][0]["input"]
+
+
+def test_dataloader_resumes_exactly(tmp_path):
+    docs = [f"doc {i}: " + "word " * (3 * i) for i in range(6)]
+    config = job_config(
+        "--training.dataset_path", str(write_jsonl(tmp_path / "d.jsonl", docs)),
+        "--training.local_batch_size", "2", "--training.seq_len", "8",
+    )
+    tok = build_tokenizer(config)
+    loader = build_dataloader(1, 0, tok, config)
+    first = iter(loader)
+    for _ in range(5):
+        next(first)
+    state = loader.state_dict()
+    expected = [labels for _, labels in itertools.islice(first, 6)]
+    resumed = build_dataloader(1, 0, tok, config)
+    resumed.load_state_dict(state)
+    got = [labels for _, labels in itertools.islice(resumed, 6)]
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
