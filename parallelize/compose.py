@@ -15,6 +15,7 @@ from torchtitan.models.llama3.infra.parallelize import (
     apply_fsdp,
 )
 
+from .lowrank_ac import apply_lowrank_ac
 from .plans import BOOST_LAYOUT, Plan, apply_plan, btp_plan, megatron_plan, vanilla_plan
 
 STRATEGIES = ("btp", "vanilla", "megatron")
@@ -70,6 +71,8 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             op_sac_save_list=_SAC_SAVE,
             base_folder=job_config.job.dump_folder,
         )
+    elif boost.lowrank_ac:
+        apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=parallel_dims.tp)
     if compile_model:
         apply_compile(model, job_config.compile)
 

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Callable, NamedTuple
 
-from boost_titan.bench import perfmodel
+from boost_titan.bench import cpu, perfmodel, trace
 from boost_titan.bench.gpus import GPUS
 from boost_titan.bench.plots import write_plot
 from boost_titan.bench.records import format_records, format_validation
@@ -127,10 +127,23 @@ def _run_plot(ns: argparse.Namespace) -> int:
     return 0
 
 
+# ---- trace -----------------------------------------------------------------------------
+def _add_trace_args(parser: argparse.ArgumentParser) -> None:
+    add_plan_args(parser)
+    trace.add_args(parser)
+
+
+def _run_trace(ns: argparse.Namespace) -> int:
+    return trace.run(ns, plans_from_args(ns))
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "model": Subcommand("analytic comm/FLOPs/memory/step-time model", _add_model_args, _run_model),
     "validate": Subcommand("model vs BOOST §6 published iteration times", _add_validate_args, _run_validate),
     "plot": Subcommand("regenerate the model figure (1B..30B)", _add_plot_args, _run_plot),
+    "trace": Subcommand("measure one block under the real TP plan (fake process group, CPU)",
+                        _add_trace_args, _run_trace),
+    "cpu": Subcommand("time training steps of each TP strategy on CPU (gloo, 1 thread per rank)", cpu.add_args, cpu.run),
 }
 
 

@@ -1,0 +1,233 @@
+"""Wall-clock training steps on this CPU: each TP strategy on the same small model.
+
+`tp` gloo processes (one thread each) build one model per strategy (megatron trains the
+fullrank twin) with the real TP plan and AdamW, then time whole steps (forward,
+loss-parallel cross-entropy, backward, optimizer step). Strategies are interleaved within
+every repetition, in a rotating order, so drifting machine load hits them alike; a step's
+time is that of the slowest rank. Warm-up repetitions are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor.parallel import loss_parallel
+
+from boost_titan.errors import ConfigError
+from boost_titan.models import BoostModelArgs, BoostTransformer
+from boost_titan.parallelize import apply_plan
+from boost_titan.parallelize.compose import build_plan
+
+STRATEGIES = ("btp", "vanilla", "megatron")
+FLAGS = {"n_heads": "--heads", "n_layers": "--layers"}
+"""Command-line flags that are not the config field's name."""
+
+
+@dataclass(frozen=True)
+class CpuConfig:
+    """The timed model and schedule (defaults: BOOST-like block with r = d/4)."""
+
+    dim: int = 1024
+    rank: int = 256
+    n_heads: int = 16
+    ffn_dim: int = 2816
+    n_layers: int = 1
+    vocab_size: int = 1024
+    seq_len: int = 512
+    micro_batch: int = 2
+    arch: str = "cola"
+    tp: int = 2
+    repeats: int = 7
+    warmup: int = 2
+
+    def model_args(self, strategy: str) -> BoostModelArgs:
+        args = BoostModelArgs(
+            dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads, ffn_dim=self.ffn_dim,
+            vocab_size=self.vocab_size, rank=self.rank, max_seq_len=self.seq_len,
+            arch="fullrank" if strategy == "megatron" else self.arch,
+        )
+        args.validate()
+        return args
+
+
+@dataclass
+class CpuRecord:
+    """Step times of one strategy. ratio_to_btp: this median / BTP's median in the same
+    run; ratio_to_btp_paired: the median over repetitions of this step / BTP's step of
+    the same repetition (robust to load that drifts between repetitions)."""
+
+    strategy: str
+    arch: str
+    tp: int
+    seq_len: int
+    micro_batch: int
+    dtype: str
+    dim: int
+    rank: int
+    n_heads: int
+    ffn_dim: int
+    n_layers: int
+    vocab_size: int
+    warmup: int
+    repeats: int
+    step_ms_median: float
+    step_ms_min: float
+    step_ms_max: float
+    step_ms: list[float]
+    ratio_to_btp: float | None = None
+    ratio_to_btp_paired: float | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ---- one rank ----------------------------------------------------------------------------
+class _Trainee:
+    """A model under one strategy's plan, its optimizer and one timed step."""
+
+    def __init__(self, cfg: CpuConfig, strategy: str, mesh: DeviceMesh) -> None:
+        args = cfg.model_args(strategy)
+        torch.manual_seed(0)
+        self.model = BoostTransformer(args)
+        self.model.init_weights()
+        apply_plan(self.model, mesh, build_plan(strategy, arch=args.arch))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.01)
+
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.model(tokens)
+        with loss_parallel():
+            F.cross_entropy(logits.flatten(0, 1), labels.flatten()).backward()
+        self.optimizer.step()
+
+
+def _timed(trainee: _Trainee, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+    """Milliseconds of one step on the slowest rank."""
+    dist.barrier()
+    start = time.perf_counter()
+    trainee.step(tokens, labels)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item() * 1e3
+
+
+def _worker(rank: int, port: int, cfg: CpuConfig, strategies: tuple[str, ...], out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=cfg.tp)
+    try:
+        mesh = init_device_mesh("cpu", (cfg.tp,))
+        trainees = {s: _Trainee(cfg, s, mesh) for s in strategies}
+        generator = torch.Generator().manual_seed(1)
+        tokens, labels = torch.randint(
+            0, cfg.vocab_size, (2, cfg.micro_batch, cfg.seq_len), generator=generator
+        )
+        times: dict[str, list[float]] = {s: [] for s in strategies}
+        for rep in range(cfg.warmup + cfg.repeats):
+            shift = rep % len(strategies)
+            for strategy in strategies[shift:] + strategies[:shift]:
+                ms = _timed(trainees[strategy], tokens, labels)
+                if rep >= cfg.warmup:
+                    times[strategy].append(ms)
+        if rank == 0:
+            Path(out).write_text(json.dumps(times))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the measurement ---------------------------------------------------------------------
+def measure(cfg: CpuConfig, strategies: tuple[str, ...] = STRATEGIES) -> list[CpuRecord]:
+    """Time every strategy on `cfg.tp` spawned gloo processes; one record each."""
+    for strategy in strategies:
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+        args = cfg.model_args(strategy)
+        sharded = ("dim", "n_heads", "ffn_dim", "vocab_size")
+        for name in sharded + (("rank",) if strategy == "vanilla" else ()):
+            if getattr(args, name) % cfg.tp:
+                raise ConfigError(f"{name} {getattr(args, name)} is not divisible by tp {cfg.tp}")
+    if cfg.repeats < 1 or cfg.warmup < 0:
+        raise ConfigError("--repeats must be >= 1 and --warmup >= 0")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "times.json")
+        mp.start_processes(
+            _worker, args=(_free_port(), cfg, strategies, out), nprocs=cfg.tp,
+            join=True, start_method="spawn",
+        )
+        times = json.loads(Path(out).read_text())
+    records = [_record(cfg, s, times[s]) for s in strategies]
+    if "btp" in strategies:
+        btp = records[strategies.index("btp")]
+        for r in records:
+            r.ratio_to_btp = r.step_ms_median / btp.step_ms_median
+            r.ratio_to_btp_paired = statistics.median(
+                mine / theirs for mine, theirs in zip(r.step_ms, btp.step_ms)
+            )
+    return records
+
+
+def _record(cfg: CpuConfig, strategy: str, ms: list[float]) -> CpuRecord:
+    args = cfg.model_args(strategy)
+    return CpuRecord(
+        strategy=strategy, arch=args.arch, tp=cfg.tp, seq_len=cfg.seq_len,
+        micro_batch=cfg.micro_batch, dtype="fp32", dim=cfg.dim, rank=cfg.rank,
+        n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, n_layers=cfg.n_layers,
+        vocab_size=cfg.vocab_size, warmup=cfg.warmup, repeats=cfg.repeats,
+        step_ms_median=statistics.median(ms), step_ms_min=min(ms), step_ms_max=max(ms),
+        step_ms=ms,
+    )
+
+
+# ---- command line ------------------------------------------------------------------------
+def add_args(parser: argparse.ArgumentParser) -> None:
+    defaults = CpuConfig()
+    for name in ("dim", "rank", "n_heads", "ffn_dim", "n_layers", "vocab_size", "seq_len",
+                 "micro_batch", "tp", "repeats", "warmup"):
+        flag = FLAGS.get(name, "--" + name.replace("_", "-"))
+        parser.add_argument(flag, dest=name, type=int, default=getattr(defaults, name))
+    parser.add_argument("--arch", default=defaults.arch, choices=("cola", "svd"),
+                        help="low-rank arch of btp/vanilla; megatron trains the fullrank twin")
+    parser.add_argument("--strategy", default=",".join(STRATEGIES),
+                        help="comma list of btp, vanilla, megatron (interleaved)")
+    parser.add_argument("--json", metavar="PATH|-",
+                        help="write the records as a JSON list ('-': stdout only)")
+
+
+def run(ns: argparse.Namespace) -> int:
+    fields = {k: v for k, v in vars(ns).items() if k in CpuConfig.__dataclass_fields__}
+    cfg = replace(CpuConfig(), **fields)
+    records = measure(cfg, tuple(s for s in ns.strategy.split(",") if s))
+    text = json.dumps([r.to_json() for r in records], indent=1)
+    if ns.json == "-":
+        print(text)
+        return 0
+    if ns.json:
+        Path(ns.json).write_text(text)
+    print(f"{'strategy':>8} {'arch':>8} {'median ms':>9} {'min':>7} {'max':>7} "
+          f"{'x btp':>6} {'paired':>6}")
+    for r in records:
+        ratios = [
+            f"{x:.2f}" if x is not None else "-" for x in (r.ratio_to_btp, r.ratio_to_btp_paired)
+        ]
+        print(f"{r.strategy:>8} {r.arch:>8} {r.step_ms_median:>9.1f} {r.step_ms_min:>7.1f} "
+              f"{r.step_ms_max:>7.1f} {ratios[0]:>6} {ratios[1]:>6}")
+    return 0

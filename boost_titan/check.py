@@ -1,0 +1,162 @@
+"""Validate a training job in one process, without process groups.
+
+    python -m boost_titan.check [--nproc N] --job.config_file X.toml [--section.key value ...]
+
+Takes the same arguments as `boost_titan.train`. The process count comes from `--nproc`,
+else the NGPU environment variable, else the smallest count the parallel degrees allow.
+Prints `config ok: ...` and exits 0, or prints one `error: ...` line and exits 2.
+It also prepares the default data assets (tokenizer) once, before workers start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+from boost_titan.cli import fail, parse_job_config
+from boost_titan.errors import ConfigError
+
+USAGE = "usage: python -m boost_titan.check [--nproc N] --job.config_file FILE [--section.key VALUE ...]"
+
+
+def pop_nproc(args: list[str]) -> tuple[int | None, list[str]]:
+    """Split `--nproc N` / `--nproc=N` off `args`; fall back to $NGPU."""
+    rest: list[str] = []
+    value: str | None = os.environ.get("NGPU") or None
+    i = 0
+    while i < len(args):
+        key, eq, inline = args[i].partition("=")
+        if key == "--nproc":
+            if not eq and i + 1 >= len(args):
+                raise ConfigError("--nproc needs a value; pass --nproc N (the number of processes)")
+            value = inline if eq else args[i + 1]
+            i += 1 if eq else 2
+            continue
+        rest.append(args[i])
+        i += 1
+    if value is None:
+        return None, rest
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"process count {value!r} is not a positive integer; pass --nproc N with N >= 1")
+    return int(value), rest
+
+
+def parallel_degrees(job) -> dict[str, int]:
+    """The non-data-shard degrees of `[parallelism]`, each checked to be >= 1."""
+    p = job.parallelism
+    degrees = {
+        "dp_replicate": p.data_parallel_replicate_degree,
+        "cp": p.context_parallel_degree,
+        "tp": p.tensor_parallel_degree,
+        "pp": p.pipeline_parallel_degree,
+    }
+    for name, degree in degrees.items():
+        if degree < 1:
+            raise ConfigError(f"[parallelism] {name} degree {degree} must be >= 1")
+    return degrees
+
+
+def resolve_world(job, nproc: int | None) -> tuple[int, dict[str, int]]:
+    """World size and every degree (dp_shard -1 resolved); ConfigError on a mismatch."""
+    degrees = parallel_degrees(job)
+    others = 1
+    for degree in degrees.values():
+        others *= degree
+    dp_shard = job.parallelism.data_parallel_shard_degree
+    layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no model parallelism"
+    if dp_shard == -1:
+        world = others if nproc is None else nproc
+        if world % others:
+            raise ConfigError(
+                f"{world} processes cannot hold {layout} ({others} per data-parallel replica); "
+                f"use a multiple of {others} processes (--nproc / NGPU)"
+            )
+        dp_shard = world // others
+    elif dp_shard < 1:
+        raise ConfigError(f"[parallelism] data_parallel_shard_degree {dp_shard} must be -1 or >= 1")
+    else:
+        world = others * dp_shard if nproc is None else nproc
+        if others * dp_shard != world:
+            raise ConfigError(
+                f"the parallel degrees need {others * dp_shard} processes "
+                f"(dp_shard {dp_shard} x {layout}) but {world} were requested; "
+                f"set --nproc/NGPU to {others * dp_shard} or change [parallelism]"
+            )
+    return world, {"dp_shard": dp_shard, **degrees}
+
+
+def check_batch(job, degrees: dict[str, int]) -> None:
+    """Global batch must split into local batches over the data-parallel ranks."""
+    t = job.training
+    dp = degrees["dp_shard"] * degrees["dp_replicate"]
+    if t.local_batch_size < 1 or t.seq_len < 1 or t.steps < 0:
+        raise ConfigError("training.local_batch_size and seq_len must be >= 1 and steps >= 0")
+    if t.global_batch_size > 0 and t.global_batch_size % (t.local_batch_size * dp):
+        raise ConfigError(
+            f"training.global_batch_size {t.global_batch_size} is not a multiple of "
+            f"local_batch_size {t.local_batch_size} x data-parallel degree {dp}; adjust one of them"
+        )
+    micro = job.parallelism.pipeline_parallel_microbatch_size
+    if degrees["pp"] > 1 and t.local_batch_size % micro:
+        raise ConfigError(
+            f"training.local_batch_size {t.local_batch_size} is not a multiple of "
+            f"parallelism.pipeline_parallel_microbatch_size {micro}"
+        )
+
+
+def check_output_folder(folder: str) -> None:
+    """Create `folder` if needed and prove a file can be written there."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ConfigError(
+            f"output folder {folder} is not writable ({reason}); set --job.dump_folder to a writable path"
+        ) from None
+
+
+def check_model(job, world: int) -> None:
+    """Prepare default assets, then let the TrainSpec validate model x parallelism."""
+    import boost_titan.data
+    import boost_titan.spec
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    try:
+        get_train_spec(job.model.name)
+    except ValueError:
+        raise ConfigError(f"unknown model.name {job.model.name!r}; use boost_llama") from None
+    boost_titan.data.prepare_default_assets()
+    boost_titan.spec.validate_job(job, world)
+
+
+def check(args: list[str]) -> str:
+    """Validate a job given train's arguments; return the `config ok` summary."""
+    nproc, args = pop_nproc(args)
+    job = parse_job_config(args)
+    world, degrees = resolve_world(job, nproc)
+    check_batch(job, degrees)
+    check_output_folder(job.job.dump_folder)
+    check_model(job, world)
+    layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no parallelism"
+    return (
+        f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
+        f"{job.boost.tp_strategy}) on {world} process{'es' if world > 1 else ''} ({layout}), "
+        f"seq_len {job.training.seq_len}, {job.training.steps} steps, outputs in {job.job.dump_folder}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in args or "-h" in args:
+        print(USAGE)
+    try:
+        print(check(args), flush=True)
+    except ConfigError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

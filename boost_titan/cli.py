@@ -1,0 +1,200 @@
+"""Parse `--job.config_file X.toml --section.key value ...` into a JobConfig, errors as one line.
+
+TorchTitan's ConfigManager reports user mistakes as tracebacks (TOML) or multi-line tyro
+boxes (command line). `parse_job_config` checks the TOML itself and condenses tyro's
+message, raising `ConfigError` with a one-line message.
+
+This module is imported before torchtitan by `boost_titan.train` (see
+`with_boost_section`), so torchtitan is only imported inside functions here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import io
+import logging
+import sys
+import types
+import typing
+from typing import Any, Literal, NoReturn, Union
+
+from boost_titan.errors import ConfigError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+BOOST_CONFIG_MODULE = "boost_titan.config"
+_CUSTOM_CONFIG_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
+_CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
+
+
+def with_boost_section(args: list[str]) -> list[str]:
+    """`args` plus `--job.custom_config_module=boost_titan.config` unless a module is named.
+
+    TorchTitan binds `sys.argv[1:]` as ConfigManager's default at import time, so the
+    training entry must apply this to `sys.argv` before importing torchtitan.
+    """
+    if any(a.split("=", 1)[0] in _CUSTOM_CONFIG_FLAGS for a in args):
+        return list(args)
+    return [*args, f"{_CUSTOM_CONFIG_FLAGS[0]}={BOOST_CONFIG_MODULE}"]
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print `error: <message>` as one line on stderr and exit with `code`."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def config_file(args: list[str]) -> str | None:
+    """The value of `--job.config_file` in `args`, if given."""
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if key in _CONFIG_FILE_FLAGS:
+            if eq:
+                return value
+            return args[i + 1] if i + 1 < len(args) else None
+    return None
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Read a TOML file; a missing file or bad syntax becomes a ConfigError."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found; pass an existing --job.config_file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory; pass a .toml file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"malformed TOML in {path}: {e}; fix the syntax") from None
+
+
+def parse_job_config(args: list[str]):
+    """Parse `args` (TOML + overrides, with the `[boost]` section) like TorchTitan does.
+
+    Returns TorchTitan's merged JobConfig. `--help` prints the option list and exits 0.
+    """
+    args = with_boost_section(args)
+    path = config_file(args)
+    if path is not None:
+        check_toml(load_toml(path), path)
+
+    from torchtitan.config import ConfigManager
+
+    out, err = io.StringIO(), io.StringIO()
+    titan_log = logging.getLogger()
+    level = titan_log.level
+    titan_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            return ConfigManager().parse_args(args)
+    except SystemExit as e:
+        if e.code in (0, None):
+            sys.stdout.write(out.getvalue())
+            raise
+        raise ConfigError(condense_tyro_message(err.getvalue() + out.getvalue())) from None
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"{e}".splitlines()[0]) from None
+    finally:
+        titan_log.setLevel(level)
+
+
+def condense_tyro_message(text: str) -> str:
+    """One line out of tyro's (boxed or plain) error: its first paragraph and first suggestion."""
+    paragraphs: list[list[str]] = [[]]
+    for line in text.splitlines():
+        body = line.strip(" │╭╮╰╯\t")
+        if not body:
+            continue
+        if set(body) <= set("─-"):  # a rule between paragraphs
+            paragraphs.append([])
+        elif "╭" in line:  # a box top carrying the title
+            paragraphs += [[body.strip("─ ")], []]
+        else:
+            paragraphs[-1].append(body)
+    paragraphs = [p for p in paragraphs if p]
+    if not paragraphs:
+        return "invalid command line; run with --help for the valid options"
+    # paragraphs[0] is the title ("Value error"); the next one says what is wrong.
+    message = " ".join(paragraphs[1] if len(paragraphs) > 1 else paragraphs[0])
+    suggestions = [
+        row.split()[0]
+        for p in paragraphs
+        if p[0].lower().startswith("perhaps you meant")
+        for row in p[1:]
+        if row.startswith("--")
+    ]
+    if suggestions:
+        message += f"; did you mean {suggestions[0]}?"
+    return f"{message} (run with --help for the valid options)"
+
+
+# ---- TOML check against the (merged) JobConfig dataclasses ----------------------------
+def check_toml(data: dict[str, Any], path: str) -> None:
+    """Raise ConfigError for an unknown section/key or a value of the wrong type."""
+    from torchtitan.config import JobConfig
+
+    from boost_titan.config import JobConfig as BoostSections
+
+    sections = {**_field_types(JobConfig), **_field_types(BoostSections)}
+    _check_fields(data, sections, path, prefix="")
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _check_fields(data: dict[str, Any], fields: dict[str, Any], path: str, prefix: str) -> None:
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"did you mean {prefix}{close[0]}?" if close else "remove it"
+            what = f"key {name}" if prefix else f"section [{name}]"
+            raise ConfigError(f"unknown {what} in {path}; {hint}")
+        expected = fields[key]
+        if dataclasses.is_dataclass(expected):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name} in {path} must be a [{name}] table, not a value")
+            _check_fields(value, _field_types(expected), path, prefix=f"{name}.")
+        elif not _matches(value, expected):
+            raise ConfigError(
+                f"{name} = {value!r} in {path} has the wrong type; expected {_describe(expected)}"
+            )
+
+
+def _matches(value: Any, expected: Any) -> bool:
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if expected is Any:
+        return True
+    if origin is Literal:
+        return value in args
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if expected is type(None):
+        return value is None
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(expected, type):
+        return isinstance(value, expected)
+    return True
+
+
+def _describe(expected: Any) -> str:
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if args:
+        return str(expected).replace("typing.", "")
+    return getattr(expected, "__name__", str(expected))

@@ -1,0 +1,57 @@
+"""Training entry point.
+
+    torchrun --nproc_per_node=N -m boost_titan.train --job.config_file train_configs/X.toml \
+        [--section.key value ...]
+
+Adds the `[boost]` config section, runs on CPU/gloo when there is no accelerator, registers
+the `boost_llama` TrainSpec and runs TorchTitan's `main` with `BoostTrainer`. User errors
+(`ConfigError`) and a diverged loss end the worker with one `error:` line and exit code 2
+or 3. `./run_train.sh` validates the job with `boost_titan.check` before launching.
+"""
+
+import sys
+
+from boost_titan.cli import with_boost_section
+
+# Before any torchtitan import: ConfigManager binds sys.argv[1:] as a default at import time.
+sys.argv[1:] = with_boost_section(sys.argv[1:])
+
+import os  # noqa: E402
+import warnings  # noqa: E402
+
+from boost_titan.device import use_cpu_if_no_accelerator  # noqa: E402
+
+use_cpu_if_no_accelerator()
+# torchdata's StatefulDataLoader calls a deprecated torch API on every construction.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+
+import boost_titan.spec  # noqa: E402, F401  (registers the boost_llama TrainSpec)
+from torchtitan.train import main as titan_main  # noqa: E402
+
+from boost_titan.cli import fail, parse_job_config  # noqa: E402
+from boost_titan.errors import ConfigError  # noqa: E402
+from boost_titan.trainer import BoostTrainer, TrainingDiverged  # noqa: E402
+
+
+def _drop_error_file() -> None:
+    """Keep torchrun from replaying this worker's traceback for an already reported error."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path and os.path.exists(path):
+        os.remove(path)
+
+
+def run() -> None:
+    """Parse (one-line errors), then train; exit 2 on a user error, 3 on a diverged loss."""
+    try:
+        parse_job_config(sys.argv[1:])
+        titan_main(BoostTrainer)
+    except ConfigError as e:
+        _drop_error_file()
+        fail(str(e), code=2)
+    except TrainingDiverged as e:
+        _drop_error_file()
+        fail(str(e), code=3)
+
+
+if __name__ == "__main__":
+    run()

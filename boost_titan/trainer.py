@@ -1,0 +1,139 @@
+"""`BoostTrainer`: TorchTitan's Trainer with a PP gradient-scale fix, a run summary and a NaN stop.
+
+- Pipeline parallelism: TorchTitan 0.2.2 backpropagates the *summed* per-microbatch loss
+  under PP while every other layout divides it by the step's global valid-token count, so
+  PP gradients come out batch*seq times too large (clipping and AdamW hide most of it).
+  Here the PP schedule's loss function divides by that count during training steps.
+- Every step the global average loss is all-reduced (one scalar over the world group); a
+  NaN/inf loss raises `TrainingDiverged` before the step could be checkpointed.
+- Rank 0 appends each step's global loss to `<dump_folder>/losses.jsonl` and, at the
+  end, logs steps run, tokens/s, first/last loss and where outputs went.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torchtitan.train import Trainer
+from torchtitan.tools.logging import logger
+
+from boost_titan.run_log import RunLog, latest_checkpoint
+
+LOSS_LOG = "losses.jsonl"
+"""Per-step global loss and tokens, appended by rank 0 under the dump folder."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the message says at which step and what was kept."""
+
+
+class TokenScaledLoss:
+    """A loss function divided by `denominator` (1 outside training steps, e.g. validation)."""
+
+    def __init__(self, loss_fn: Callable[..., torch.Tensor]):
+        self.loss_fn = loss_fn
+        self.denominator: torch.Tensor | float = 1.0
+
+    def __call__(self, pred: torch.Tensor, labels: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.loss_fn(pred, labels, **kwargs) / self.denominator
+
+
+class BoostTrainer(Trainer):
+    """TorchTitan's Trainer plus the fixes and reporting described in the module docstring."""
+
+    def __init__(self, job_config):
+        super().__init__(job_config)
+        dims = self.parallel_dims
+        self.pp_loss: TokenScaledLoss | None = None
+        if dims.pp_enabled:
+            # The schedule keeps its own reference to the loss (`_loss_fn`) and reads it lazily.
+            self.pp_loss = TokenScaledLoss(self.pp_schedule._loss_fn)
+            self.pp_schedule._loss_fn = self.pp_loss
+        tp_mesh = dims.get_optional_mesh("tp")
+        # The loss lives on the last PP stage and is replicated over TP: count it once.
+        self.owns_loss = (not dims.pp_enabled or self.pp_has_last_stage) and (
+            tp_mesh is None or tp_mesh.get_local_rank() == 0
+        )
+        self.dp_degree = dims.dp_replicate * dims.dp_shard
+        log_path = None
+        if dist.get_rank() == 0:
+            os.makedirs(job_config.job.dump_folder, exist_ok=True)
+            log_path = os.path.join(job_config.job.dump_folder, LOSS_LOG)
+        self.run_log = RunLog(path=log_path)
+        self.step_losses: list[torch.Tensor] = []
+
+    def forward_backward_step(
+        self,
+        *,
+        input_dict: dict[str, torch.Tensor],
+        labels: torch.Tensor,
+        global_valid_tokens: torch.Tensor,
+    ) -> torch.Tensor:
+        if self.pp_loss is None:
+            loss = super().forward_backward_step(
+                input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+            )
+        else:
+            self.pp_loss.denominator = global_valid_tokens
+            try:
+                loss = super().forward_backward_step(
+                    input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+                )
+            finally:
+                self.pp_loss.denominator = 1.0
+            if self.pp_has_last_stage:
+                # The parent divides the microbatch losses by the token count once more.
+                loss = loss * global_valid_tokens
+        detached = loss.detach()
+        # Under loss parallel the loss is a replicated DTensor.
+        self.step_losses.append(detached.full_tensor() if isinstance(detached, DTensor) else detached)
+        return loss
+
+    def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]):
+        self.run_log.start()
+        self.step_losses = []
+        tokens_before = self.ntokens_seen
+        super().train_step(data_iterator)
+        loss = self.global_step_loss()
+        if not math.isfinite(loss):
+            kept = latest_checkpoint(self.checkpointer.folder) if self.checkpointer.enable else None
+            resume = f"rerun to resume from {kept}" if kept else "rerun (no checkpoint was saved yet)"
+            raise TrainingDiverged(
+                f"loss became {loss} at step {self.step}; stopped without checkpointing it; "
+                f"lower --optimizer.lr or raise --lr_scheduler.warmup_steps, then {resume}"
+            )
+        self.run_log.record(self.step, loss, (self.ntokens_seen - tokens_before) * self.dp_degree)
+
+    def global_step_loss(self) -> float:
+        """The step's global average loss, known to every rank (one scalar all-reduce)."""
+        local = torch.stack(self.step_losses).sum() if self.owns_loss else torch.zeros(())
+        total = local.to(device=self.device, dtype=torch.float64).reshape(1)
+        dist.all_reduce(total)
+        return total.item()
+
+    def train(self):
+        super().train()
+        if dist.get_rank() == 0:
+            logger.info(f"Summary: {self.run_log.summary(self.step)}")
+            logger.info(f"Outputs: {self.output_locations()}")
+
+    def output_locations(self) -> str:
+        """Where this run's checkpoints and TensorBoard logs are."""
+        job = self.job_config
+        if self.checkpointer.enable:
+            where = latest_checkpoint(self.checkpointer.folder) or self.checkpointer.folder
+            parts = [f"checkpoint {where}"]
+        else:
+            parts = ["no checkpoint (checkpoint.enable is off)"]
+        parts.append(f"losses {os.path.join(job.job.dump_folder, LOSS_LOG)}")
+        if job.metrics.enable_tensorboard:
+            tb_root = os.path.join(job.job.dump_folder, job.metrics.save_tb_folder)
+            parts.append(f"tensorboard logs under {tb_root} (one folder per launch)")
+        else:
+            parts.append("no tensorboard (metrics.enable_tensorboard is off)")
+        return ", ".join(parts)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Train with TorchTitan: validate the job in one process, then launch torchrun.
+#
+#   ./run_train.sh                                   # train_configs/debug.toml
+#   CONFIG_FILE=train_configs/7B.toml NGPU=4 ./run_train.sh --training.steps 100
+#
+# NGPU: processes (default: every CUDA GPU nvidia-smi lists, else 2 CPU processes).
+# LOG_RANK: ranks whose output is shown (default 0). Extra arguments override the TOML.
+set -euo pipefail
+cd "$(dirname "$0")"
+source scripts/bootstrap_venv.sh
+
+CONFIG_FILE=${CONFIG_FILE:-train_configs/debug.toml}
+LOG_RANK=${LOG_RANK:-0}
+export PYTHONUNBUFFERED=1
+
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+    gpus=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true)
+fi
+if [[ "$gpus" -gt 0 ]]; then
+    NGPU=${NGPU:-$gpus}
+else
+    NGPU=${NGPU:-2}
+    cores=$(nproc)
+    threads=$(( cores / NGPU ))
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( threads > 0 ? threads : 1 ))}
+fi
+export NGPU LOG_RANK
+
+python -m boost_titan.check --nproc "$NGPU" --job.config_file "$CONFIG_FILE" "$@"
+
+exec torchrun --nproc_per_node="$NGPU" --rdzv_backend c10d --rdzv_endpoint=localhost:0 \
+    --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
+    -m boost_titan.train --job.config_file "$CONFIG_FILE" "$@"

@@ -1,0 +1,31 @@
+"""The `cpu` subcommand's JSON on a tiny config (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from boost_titan.bench.__main__ import main
+
+
+@pytest.mark.slow
+def test_cpu_json_schema(capsys):
+    tiny = ["--dim", "32", "--rank", "8", "--heads", "2", "--ffn-dim", "64", "--vocab-size", "32",
+            "--seq-len", "8", "--micro-batch", "1"]
+    argv = ["cpu", *tiny, "--repeats", "1", "--warmup", "0", "--json", "-"]
+    assert main(argv) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [(r["strategy"], r["arch"]) for r in records] == [
+        ("btp", "cola"), ("vanilla", "cola"), ("megatron", "fullrank")]
+    for r in records:
+        assert {"step_ms_median", "step_ms_min", "step_ms_max", "repeats", "tp", "seq_len",
+                "micro_batch", "ratio_to_btp", "ratio_to_btp_paired"} <= set(r)
+        assert r["repeats"] == len(r["step_ms"]) == 1 and r["tp"] == 2
+        assert r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
+    assert records[0]["ratio_to_btp"] == 1.0
+
+
+def test_cpu_rejects_bad_config(capsys):
+    assert main(["cpu", "--dim", "30", "--heads", "3", "--rank", "6"]) == 2
+    assert "not divisible by tp 2" in capsys.readouterr().err

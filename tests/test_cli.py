@@ -1,0 +1,186 @@
+"""Command line: `boost_titan.check` one-line errors, and a 2-process training smoke run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from boost_titan.cli import condense_tyro_message, with_boost_section
+
+ROOT = Path(__file__).resolve().parents[1]
+DEBUG_TOML = ROOT / "train_configs" / "debug.toml"
+
+
+def run_module(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def assert_one_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Non-zero exit, exactly one `error:` line in the output, no traceback; return it."""
+    output = result.stdout + result.stderr
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert result.returncode != 0, output
+    assert "Traceback" not in output, output
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def check(*args: str) -> subprocess.CompletedProcess:
+    return run_module("boost_titan.check", *args)
+
+
+# ---- one-line errors ------------------------------------------------------------------
+def test_malformed_toml(tmp_path):
+    path = write(tmp_path, "[training\nsteps = 3\n")
+    assert_one_error(check("--job.config_file", path), "malformed TOML", path)
+
+
+def test_missing_config_file(tmp_path):
+    assert_one_error(check("--job.config_file", str(tmp_path / "nope.toml")), "not found")
+
+
+def test_unknown_key_in_toml(tmp_path):
+    path = write(tmp_path, "[training]\nstepz = 3\n")
+    assert_one_error(check("--job.config_file", path), "training.stepz", "training.steps")
+
+
+def test_unknown_section_in_toml(tmp_path):
+    path = write(tmp_path, "[trainingg]\nsteps = 3\n")
+    assert_one_error(check("--job.config_file", path), "[trainingg]", "training")
+
+
+def test_wrong_value_type_in_toml(tmp_path):
+    path = write(tmp_path, '[training]\nsteps = "many"\n')
+    assert_one_error(check("--job.config_file", path), "training.steps", "int")
+
+
+def test_unknown_command_line_option():
+    line = assert_one_error(check("--job.config_file", str(DEBUG_TOML), "--training.stepz", "3"))
+    assert "--training.stepz" in line and "--training.steps" in line
+
+
+def test_bad_command_line_value():
+    assert_one_error(
+        check("--job.config_file", str(DEBUG_TOML), "--boost.rank", "x"), "--boost.rank"
+    )
+
+
+def test_nproc_mismatch():
+    # debug.toml is TP=2 with dp_shard -1: 3 processes cannot be split into TP pairs.
+    assert_one_error(check("--job.config_file", str(DEBUG_TOML), "--nproc", "3"), "3 processes")
+    assert_one_error(
+        check(
+            "--job.config_file", str(DEBUG_TOML), "--nproc", "4",
+            "--parallelism.data_parallel_shard_degree", "1",
+        ),
+        "need 2 processes", "4 were requested",
+    )
+
+
+def test_unwritable_output_folder(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert_one_error(
+        check("--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(blocker / "out")),
+        "not writable", "--job.dump_folder",
+    )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits")
+def test_read_only_output_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    assert_one_error(
+        check("--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(folder / "out")),
+        "not writable",
+    )
+
+
+def test_valid_config_passes(tmp_path):
+    result = check("--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(tmp_path / "o"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("config ok: boost_llama debug"), result.stdout
+    assert "2 processes (tp 2)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "flavor, nproc", [("1B", 1), ("3B", 2), ("7B", 4), ("13B", 8), ("30B", 32)]
+)
+def test_gpu_configs_validate_on_cpu(flavor, nproc, tmp_path):
+    from boost_titan.check import check as check_in_process
+
+    summary = check_in_process([
+        "--job.config_file", str(ROOT / "train_configs" / f"{flavor}.toml"),
+        "--nproc", str(nproc), "--job.dump_folder", str(tmp_path),
+    ])
+    assert summary.startswith(f"config ok: boost_llama {flavor} (cola"), summary
+
+
+# ---- helpers --------------------------------------------------------------------------
+def test_boost_section_added_once():
+    flag = "--job.custom_config_module=boost_titan.config"
+    assert with_boost_section(["--a", "1"]) == ["--a", "1", flag]
+    assert with_boost_section(["--job.custom_config_module", "x"]) == [
+        "--job.custom_config_module", "x"
+    ]
+
+
+def test_condense_tyro_message():
+    boxed = (
+        "╭─ Unrecognized options ─────╮\n│ Unrecognized options: --x  │\n"
+        "│ ────────────────────────── │\n│ Perhaps you meant:         │\n"
+        "│     --training.steps INT   │\n╰────────────────────────────╯\n"
+    )
+    message = condense_tyro_message(boxed)
+    assert "\n" not in message
+    assert message.startswith("Unrecognized options: --x; did you mean --training.steps?")
+
+
+# ---- 2-process training smoke run -----------------------------------------------------
+LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.]+)")
+
+
+@pytest.mark.slow
+def test_two_process_training_learns(tmp_path):
+    """debug.toml (CoLA, BTP TP=2) on 2 CPU processes: the logged loss goes down."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    result = subprocess.run(
+        [
+            *torchrun, "--nproc_per_node=2", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint=localhost:0", "--local-ranks-filter", "0", "--role", "rank",
+            "--tee", "3", "-m", "boost_titan.train", "--job.config_file", str(DEBUG_TOML),
+            "--job.dump_folder", str(tmp_path / "out"), "--training.steps", "30",
+            "--metrics.log_freq", "5", "--metrics.disable_color_printing",
+            "--lr_scheduler.warmup_steps", "5", "--checkpoint.interval", "15",
+        ],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    losses = [(int(s), float(v)) for s, v in LOSS.findall(output)]
+    assert [s for s, _ in losses][:2] == [1, 5] and losses[-1][0] == 30, output[-4000:]
+    assert losses[-1][1] < losses[0][1] - 0.5, losses
+    assert "Summary: ran 30 steps (1-30)" in output
+    assert (tmp_path / "out" / "checkpoint" / "step-30" / ".metadata").is_file()
+    logged = (tmp_path / "out" / "losses.jsonl").read_text().splitlines()
+    assert len(logged) == 30
