@@ -17,12 +17,12 @@ def _all_reduce(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
 
 
 def _all_gather_last(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-    out = funcol.all_gather_tensor(x.contiguous(), gather_dim=x.dim() - 1, group=group)
+    out = funcol.all_gather_single(x.contiguous(), gather_dim=x.dim() - 1, group=group)
     return funcol.wait_tensor(out)
 
 
 def _reduce_scatter_last(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-    out = funcol.reduce_scatter_tensor(
+    out = funcol.reduce_scatter_single(
         x.contiguous(), "sum", scatter_dim=x.dim() - 1, group=group
     )
     return funcol.wait_tensor(out)

@@ -8,12 +8,15 @@ from torch import nn
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.tools.logging import logger
 from torchtitan.models.llama3.infra.parallelize import (
     _op_sac_save_list,
     apply_compile,
     apply_ddp,
     apply_fsdp,
 )
+
+from boost_titan.device import force_sum_reductions
 
 from .lowrank_ac import apply_lowrank_ac
 from .plans import BOOST_LAYOUT, Plan, apply_plan, btp_plan, megatron_plan, vanilla_plan
@@ -24,6 +27,7 @@ STRATEGIES = ("btp", "vanilla", "megatron")
 _SAC_SAVE = _op_sac_save_list | {
     torch.ops._c10d_functional.all_reduce.default,
     torch.ops._c10d_functional.all_gather_into_tensor.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
 }
 
 
@@ -54,13 +58,16 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
     """Apply TP, activation checkpointing, torch.compile and data parallelism."""
     boost = job_config.boost
     if parallel_dims.tp_enabled:
+        strategy = resolve_strategy(boost.arch, boost.tp_strategy)
         plan = build_plan(
-            resolve_strategy(boost.arch, boost.tp_strategy),
+            strategy,
             arch=boost.arch,
             rmsnorm=boost.rmsnorm,
             loss_parallel=not job_config.parallelism.disable_loss_parallel,
         )
         apply_plan(model, parallel_dims.get_mesh("tp"), plan)
+        details = f", {boost.rmsnorm} RMSNorm, grouping {boost.group_linears}" * (strategy == "btp")
+        logger.info(f"Applied {strategy} tensor parallelism (TP={parallel_dims.tp}{details})")
 
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
     if job_config.activation_checkpoint.mode != "none":
@@ -88,18 +95,8 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             cpu_offload=training.enable_cpu_offload,
             reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
         )
-        _force_sum_reductions_on_gloo(model)
+        force_sum_reductions(model)  # gloo (CPU) has no PREMUL_SUM
     elif parallel_dims.dp_replicate_enabled:
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
     return model
 
-
-def _force_sum_reductions_on_gloo(model: nn.Module) -> None:
-    """Gloo has no PREMUL_SUM: make FSDP reduce with plain SUM (grad scaling is TorchTitan's)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if torch.distributed.get_backend() != "gloo":
-        return
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_force_sum_reduction_for_comms(True)

@@ -2,62 +2,75 @@
 
 `online_rmsnorm_down` is BOOST's online RMSNorm (BOOST.md §4): the norm is folded into the
 row-parallel down-projection that follows it, and the per-token sum of squares rides in
-the same all-reduce as the projection's partial sums: one collective forward, none of its
-own backward. `sync_rmsnorm` all-reduces the statistic on its own (forward and backward).
+the same all-reduce as the projection's partial sums (the first one's, when several
+projections follow the norm without grouping): no collective of its own, forward or
+backward. `sync_rmsnorm` all-reduces the statistic on its own (forward and backward).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch.distributed import ProcessGroup
 
+from boost_titan.kernels import rmsnorm_partial_backward, rmsnorm_partial_stats
+
 from .comm import _all_reduce, sum_both
 
 
 class _OnlineRMSNormDown(torch.autograd.Function):
-    """out = (sum_i A_i (x_i * g_i)) / rms(x), rms over the full hidden dim `dim`.
+    """out_p = (sum_i A_p,i (x_i * g_i)) * s for each down-projection weight A_p, with
+    s = 1/rms(x) over the full hidden dim `dim`.
 
-    Each rank holds x_i, g_i (its hidden shard and norm weight shard) and A_i (the
-    matching columns of the down-projection weight). Forward: one all-reduce of
-    [partials, sum(x_i^2)]. Backward, with s = 1/rms and y the all-reduced partials:
-    dx_i = s g_i (A_i^T G) - (s^3 / dim) <G, y> x_i, all local.
+    Each rank holds x_i, g_i (its hidden shard and norm weight shard) and A_p,i (the
+    matching columns of each down weight). Forward: one all-reduce per A_p; the first also
+    carries sum(x_i^2), appended to its partial sums in their dtype. Backward, with G_p the
+    (replicated) upstream grads: dx_i = s g_i sum_p A_p,i^T G_p - (s^2 / dim) sum_p <G_p,
+    out_p> x_i, all local. It saves the outputs rather than the all-reduced partials y_p =
+    out_p / s: the consumers of out_p keep it alive anyway.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, down, dim, eps, group):
-        partial = F.linear(x * weight, down)
-        sum_sq = x.float().pow(2).sum(-1, keepdim=True).to(partial.dtype)
-        total = _all_reduce(torch.cat([partial, sum_sq], dim=-1), group)
-        y, sum_sq = total[..., :-1], total[..., -1:]
-        inv_rms = torch.rsqrt(sum_sq.float() / dim + eps).to(y.dtype)
-        ctx.save_for_backward(x, weight, down, y, inv_rms)
+    def forward(ctx, x, weight, dim, eps, group, *downs):
+        scaled, sum_sq = rmsnorm_partial_stats(x, weight)  # one fused pass over x on GPU
+        partials = [F.linear(scaled, down) for down in downs]
+        sum_sq = sum_sq.to(partials[0].dtype)
+        first = _all_reduce(torch.cat([partials[0], sum_sq], dim=-1), group)
+        ys = [first[..., :-1]] + [_all_reduce(p, group) for p in partials[1:]]
+        inv_rms = torch.rsqrt(first[..., -1:].float() / dim + eps).to(first.dtype)
+        outs = tuple(y * inv_rms for y in ys)
+        ctx.save_for_backward(x, weight, inv_rms, *downs, *outs)
         ctx.dim = dim
-        return y * inv_rms
+        return outs
 
     @staticmethod
-    def backward(ctx, grad):
-        x, weight, down, y, inv_rms = ctx.saved_tensors
-        grad_y = grad * inv_rms
-        grad_scaled_x = grad_y @ down  # A_i^T (G s): grad w.r.t. x_i * g_i
-        grad_dot_y = (grad * y).sum(-1, keepdim=True)
-        grad_x = weight * grad_scaled_x - (inv_rms.pow(3) / ctx.dim) * grad_dot_y * x
-        grad_weight = (grad_scaled_x * x).flatten(0, -2).sum(0)
-        grad_down = grad_y.flatten(0, -2).t() @ (x * weight).flatten(0, -2)
-        return grad_x, grad_weight, grad_down, None, None, None
+    def backward(ctx, *grads):
+        x, weight, inv_rms, *rest = ctx.saved_tensors
+        downs, outs = rest[: len(grads)], rest[len(grads) :]
+        grad_ys = [grad * inv_rms for grad in grads]  # grads w.r.t. the partial sums
+        grad_scaled = sum(g @ down for g, down in zip(grad_ys, downs))  # w.r.t. x_i * g_i
+        grad_dot_out = sum((g * out).sum(-1, keepdim=True) for g, out in zip(grads, outs))
+        coef = (inv_rms.pow(2) / ctx.dim) * grad_dot_out
+        grad_x, grad_weight = rmsnorm_partial_backward(x, weight, grad_scaled, coef)
+        tokens = x.flatten(0, -2)  # A_p's grad, G_p^T (x * g), without materialising x * g
+        grad_downs = [(g.flatten(0, -2).t() @ tokens) * weight for g in grad_ys]
+        return grad_x, grad_weight, None, None, None, *grad_downs
 
 
 def online_rmsnorm_down(
     x: torch.Tensor,
     weight: torch.Tensor,
-    down: torch.Tensor,
+    downs: Sequence[torch.Tensor],
     dim: int,
     eps: float,
     group: ProcessGroup,
-) -> torch.Tensor:
-    """Replicated ``F.linear(rms_norm(x) * weight, down)`` from hidden-sharded x with ONE
-    all-reduce of ``down.shape[0] + 1`` elements per token; no collective in backward."""
-    return _OnlineRMSNormDown.apply(x, weight, down, dim, eps, group)
+) -> tuple[torch.Tensor, ...]:
+    """Replicated ``F.linear(rms_norm(x) * weight, down)`` for each of `downs` from
+    hidden-sharded x: one all-reduce of ``down.shape[0]`` elements per token each, plus
+    one element (the statistic) in the first; no collective in backward."""
+    return _OnlineRMSNormDown.apply(x, weight, dim, eps, group, *downs)
 
 
 def sync_rmsnorm(

@@ -227,14 +227,17 @@ class BottleneckNormedProjections(_ShardParams):
 
     In: the hidden state, sharded. The down-projections passed at call time must be
     row-parallel (their weights Shard(1), e.g. by `RowParallel` entries of the same plan).
-    Forward, per group: the norm and the grouped GEMM run on local shards and ONE
-    all-reduce returns the replicated low-rank latents (with `rmsnorm="online"` the RMS
-    statistic rides in it: 3r+1 / 2r+1 elements per token; `"sync"` all-reduces the
-    statistic first). Latent activations and LaX crossing then run replicated, and one
-    `reduce_grad` on the concatenated latents gives the up-projections (ColumnParallel with
-    `reduce_input_grad=False`) a single backward all-reduce. Out: the up-projections'
-    outputs, sharded, and the replicated latents. Without grouping each projection has its
-    own GEMM and collectives.
+    Forward: the norm's statistic is reduced once and each group of projections (q,k,v or
+    gate,up with grouping; each projection on its own without) runs one GEMM on local
+    shards and ONE all-reduce that returns its replicated low-rank latents. With
+    `rmsnorm="online"` the statistic rides in the first group's all-reduce (grouped:
+    3r+1 / 2r+1 elements per token; ungrouped: r+1 for q and gate, r for the others), in
+    the activation dtype; `"sync"` all-reduces it on its own first ([T, 1] forward and
+    backward) and shares the normalised shard between the groups. Latent activations and
+    LaX crossing then run replicated, and one `reduce_grad` per group on the concatenated
+    latents gives the up-projections (ColumnParallel with `reduce_input_grad=False`) a
+    single backward all-reduce each. Out: the up-projections' outputs, sharded, and the
+    replicated latents.
     """
 
     placements = {"weight": Shard(0)}
@@ -254,34 +257,34 @@ class BottleneckNormedProjections(_ShardParams):
         weight, eps = local(module.weight), _norm_eps(module, x)
         if projections is None:
             return sync_rmsnorm(x, weight, _dim(module), eps, group)
-        prevs = prevs or [None] * len(projections)
         groups = [list(projections)] if module.grouped else [[p] for p in projections]
-        latents = []
-        for group_projections in groups:
-            zs = self._down(x, weight, _dim(module), eps, group_projections, group)
-            latents += [
-                latent_of(p, z, prevs[len(latents) + i])
-                for i, (p, z) in enumerate(zip(group_projections, zs))
-            ]
+        zs = self._down(x, weight, _dim(module), eps, groups, group)
+        prevs = prevs or [None] * len(projections)
+        latents = [latent_of(p, z, h) for p, z, h in zip(projections, zs, prevs)]
         # the ups' partial input grads are all-reduced once per group; the latents handed
         # to the next block's crossing bypass that all-reduce (their grads are replicated)
-        for_ups = []
-        for group_projections in groups:
-            start = len(for_ups)
-            for_ups += _reduce_grad_once(latents[start : start + len(group_projections)], group)
+        if module.grouped:
+            for_ups = _reduce_grad_once(latents, group)
+        else:
+            for_ups = [comm.reduce_grad(h, group) for h in latents]
         outputs = [up_of(p, h) for p, h in zip(projections, for_ups)]
         return outputs, [latent_or_none(p, h) for p, h in zip(projections, latents)]
 
-    def _down(self, x, weight, dim, eps, projections, group) -> Sequence[torch.Tensor]:
-        """Replicated z_p = A_p norm(x) for the projections, one all-reduce (+ sync stat)."""
-        downs = [local(down_of(p).weight) for p in projections]
-        stacked = torch.cat(downs) if len(downs) > 1 else downs[0]
+    def _down(self, x, weight, dim, eps, groups, group) -> list[torch.Tensor]:
+        """Replicated z_p = A_p norm(x) for every projection: one all-reduce per group of
+        projections (one stacked GEMM each); the norm's statistic is reduced once."""
+        downs = [[local(down_of(p).weight) for p in g] for g in groups]
+        stacked = [torch.cat(d) if len(d) > 1 else d[0] for d in downs]
         if self.rmsnorm == "online":
-            z = online_rmsnorm_down(x, weight, stacked, dim, eps, group)
+            zs = online_rmsnorm_down(x, weight, stacked, dim, eps, group)
         else:
             normed = sync_rmsnorm(x, weight, dim, eps, group)
-            z = comm.sum_partials(F.linear(normed, stacked), group)
-        return z.split([d.shape[0] for d in downs], dim=-1)
+            zs = [comm.sum_partials(F.linear(normed, w), group) for w in stacked]
+        return [
+            part
+            for z, d in zip(zs, downs)
+            for part in z.split([w.shape[0] for w in d], dim=-1)
+        ]
 
 
 class ColumnNormedProjections(_ShardParams):

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from boost_titan.bench import perfmodel as pm
 from boost_titan.bench.collectives import CollectiveCall, collective_kind, record_collectives
 from boost_titan.bench.trace import (
+    default_dtype,
     fake_tp_mesh,
     layer_input_dim,
     parallel_model,
@@ -71,21 +72,15 @@ CASES = {
     "btp-sync": ("cola", "btp", "sync", True,
                  (1, 3 * R, R, 1, 2 * R, R), (1, 3 * R, R, 1, 2 * R, R)),
     # ungrouped, each down-projection all-reduces on its own; the online statistic rides
-    # in every one that follows a norm, sync re-normalises (and all-reduces) per projection
+    # in the first after each norm (q, gate), sync all-reduces it once per norm
     "btp-ungrouped": ("cola", "btp", "online", False,
-                      (R + 1, R + 1, R + 1, R, R + 1, R + 1, R), (R,) * 7),
+                      (R + 1, R, R, R, R + 1, R, R), (R,) * 7),
     "btp-sync-ungrouped": ("cola", "btp", "sync", False,
-                           (1, R) * 3 + (R,) + (1, R) * 2 + (R,),
-                           (1, R) * 3 + (R,) + (1, R) * 2 + (R,)),
+                           (1, R, R, R, R, 1, R, R, R), (R,) * 7 + (1, 1)),
     "vanilla": ("cola", "vanilla", "online", True, (D, D, D, D, FFN, FFN, D), (D, D, D, FFN)),
     "vanilla-ungrouped": ("cola", "vanilla", "online", False,
                           (D, D, D, D, FFN, FFN, D), (D, D, D, FFN)),
     "megatron": ("fullrank", "megatron", "online", True, (D, D), (D, D)),
-}
-PERFMODEL_DISAGREES = {
-    "btp-ungrouped": "perfmodel sends the online statistic only with q and gate",
-    "btp-sync-ungrouped": "perfmodel counts one sync all-reduce per norm, not per projection",
-    "vanilla-ungrouped": "perfmodel counts a backward all-reduce per A; the plan, one per norm",
 }
 
 
@@ -107,11 +102,7 @@ def test_btp_forward_order(mesh):
     assert [c.elements_per_token(TOKENS) for c in fwd.calls] == [3 * R + 1, R, 2 * R + 1, R]
 
 
-@pytest.mark.parametrize(
-    "case",
-    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=PERFMODEL_DISAGREES[c]))
-     if c in PERFMODEL_DISAGREES else c for c in CASES],
-)
+@pytest.mark.parametrize("case", list(CASES))
 def test_block_collectives_match_perfmodel(mesh, case):
     arch, strategy, rmsnorm, grouped, _, _ = CASES[case]
     fwd, bwd = run_block(mesh, arch, strategy, rmsnorm, grouped)
@@ -121,6 +112,19 @@ def test_block_collectives_match_perfmodel(mesh, case):
     for recorded, modelled in ((fwd.calls, model_fwd), (bwd.calls, model_bwd)):
         assert per_token(recorded) == sorted((c.kind, c.elements_per_token) for c in modelled)
         assert sorted(c.nbytes for c in recorded) == sorted(c.bytes(TOKENS, 4) for c in modelled)
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
+def test_online_statistic_in_activation_dtype(mesh, grouped):
+    """bf16: the statistic rides in the bf16 all-reduce, priced by perfmodel at 2 bytes."""
+    with default_dtype(torch.bfloat16):
+        fwd, bwd = run_block(mesh, "cola", "btp", group_linears=grouped)
+    plan = pm.Plan(strategy="btp", tp=mesh.size(), seq_len=SEQ, micro_batch=BATCH,
+                   dtype="bf16", group_linears=grouped)
+    model_fwd, model_bwd = pm.layer_collectives(small_args("cola", grouped), plan)
+    assert {c.dtype for c in fwd.calls + bwd.calls} == {torch.bfloat16}
+    for recorded, modelled in ((fwd.calls, model_fwd), (bwd.calls, model_bwd)):
+        assert sorted(c.nbytes for c in recorded) == sorted(c.bytes(TOKENS, 2) for c in modelled)
 
 
 @pytest.mark.parametrize(

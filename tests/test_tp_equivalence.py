@@ -20,6 +20,8 @@ CASES: dict[str, tuple[str, str, dict, dict]] = {
     "lax-btp": ("lax", "btp", {}, {}),
     "cola-btp-sync": ("cola", "btp", {}, {"rmsnorm": "sync"}),
     "cola-btp-ungrouped": ("cola", "btp", {"group_linears": False}, {}),
+    "cola-btp-sync-ungrouped": ("cola", "btp", {"group_linears": False}, {"rmsnorm": "sync"}),
+    "lax-btp-ungrouped": ("lax", "btp", {"group_linears": False}, {}),
     "cola-btp-gqa": ("cola", "btp", {"n_heads": 8, "n_kv_heads": 4}, {}),
     "cola-btp-no-loss-parallel": ("cola", "btp", {}, {"loss_parallel": False}),
     "svd-vanilla": ("svd", "vanilla", {}, {}),
@@ -112,7 +114,12 @@ def test_matches_single_process(tp_results, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "a, b", [("cola-btp", "cola-btp-sync"), ("cola-btp", "cola-btp-ungrouped")]
+    "a, b",
+    [
+        ("cola-btp", "cola-btp-sync"),
+        ("cola-btp", "cola-btp-ungrouped"),
+        ("cola-btp", "cola-btp-sync-ungrouped"),
+    ],
 )
 def test_variants_agree(tp_results, a, b):
     """Online == sync RMSNorm, grouping on == off, under the same TP degree."""

@@ -46,7 +46,10 @@ EFFICIENCY_HALF_DIM = 64
 prologue/epilogue and tile quantisation cost about 64 elements of the smallest dim, so
 m = 256 keeps 80 %, 128 keeps 67 %, 1024 keeps 94 %."""
 NORM_FED = ("q", "gate")
-"""First projection of each group whose input comes out of an RMSNorm."""
+"""The first projection after each RMSNorm: its group's all-reduce carries the online
+statistic (grouped or not), and sync RMSNorm's own all-reduce sits before it."""
+SHARED_INPUTS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
+"""Projections grouped by the input they consume (the two norm outputs, o's, down's)."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,7 @@ def check(args: BoostModelArgs, plan: Plan) -> None:
 def _groups(plan: Plan) -> list[tuple[str, ...]]:
     """Projections whose down-projections run as one GEMM (and one all-reduce)."""
     if plan.group_linears:
-        return [("q", "k", "v"), ("o",), ("gate", "up"), ("down",)]
+        return list(SHARED_INPUTS)
     return [(p,) for p in PROJECTIONS]
 
 
@@ -186,10 +189,11 @@ def layer_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective
     megatron: all-reduce after row-parallel o and down; backward, the grads of the two norm
     outputs feeding column-parallel q/k/v and gate/up (independent of grouping).
     vanilla: every row-parallel B all-reduces its full output; backward, the input grads of
-    the column-parallel A's (one per group).
-    btp: every row-parallel A group all-reduces at the rank (online RMSNorm appends its
-    statistic: +1); sync RMSNorm adds one all-reduce of [T, 1] per norm each way; backward,
-    the input grads of the column-parallel B's (one per group).
+    the column-parallel A's, once per input they share (grouped or not).
+    btp: every row-parallel A group all-reduces at the rank; online RMSNorm appends its
+    statistic (+1, in the activation dtype) to the first group after each norm, sync
+    RMSNorm adds one all-reduce of [T, 1] per norm each way; backward, the input grads of
+    the column-parallel B's (one per group).
     """
     if plan.tp == 1:
         return [], []
@@ -200,7 +204,8 @@ def layer_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective
         return fwd, bwd
     if plan.strategy == "vanilla":
         fwd = [_all_reduce(f"{p}.B", shapes[p][1]) for p in PROJECTIONS]
-        bwd = [_all_reduce(f"{_group_name(g)}.A", shapes[g[0]][0]) for g in reversed(groups)]
+        inputs = reversed(SHARED_INPUTS)
+        bwd = [_all_reduce(f"{_group_name(g)}.A", shapes[g[0]][0]) for g in inputs]
         return fwd, bwd
     norms = {"q": "attention_norm", "gate": "ffn_norm"}
     fwd, bwd = [], []

@@ -1,0 +1,38 @@
+"""`./run_train.sh --boost.arch X`: every arch trains a few steps on 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["svd", "lax", "fullrank"])  # cola: test_cli's smoke run
+def test_run_train_each_arch(arch, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE", "CONFIG_FILE")}
+    env.update(NGPU="2", OMP_NUM_THREADS="1")
+    dump = tmp_path / arch
+    result = subprocess.run(
+        [
+            "./run_train.sh", "--boost.arch", arch, "--job.dump_folder", str(dump),
+            "--training.steps", str(STEPS), "--training.seq_len", "64",
+            "--lr_scheduler.warmup_steps", "1", "--metrics.log_freq", "1",
+            "--metrics.no_enable_tensorboard", "--checkpoint.interval", str(STEPS),
+        ],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    losses = [json.loads(line)["loss"] for line in (dump / "losses.jsonl").read_text().splitlines()]
+    assert len(losses) == STEPS
+    assert losses[-1] < losses[0], losses
+    strategy = "megatron" if arch == "fullrank" else "btp"
+    assert f"Summary: ran {STEPS} steps" in output
+    assert f"Applied {strategy} tensor parallelism (TP=2" in output, output[-3000:]
