@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import sys
@@ -32,9 +33,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 from boost_titan.errors import ConfigError
+from boost_titan.flops import CPU_SDPA_FLOPS
 from boost_titan.models import FLAVORS, BoostModelArgs, BoostTransformer, flavor_args
 
 MODES = ("none", "full", "selective", "lowrank")
@@ -74,9 +76,10 @@ class _StorageLog(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.refs: dict[int, tuple[list[StorageWeakRef], int]] = {}
+        self.refs: dict[int, list[StorageWeakRef]] = {}
         self.alias: dict[int, int] = {}
         self.saved: set[int] = set()
+        self.parameters: set[int] = set()
 
     def key(self, storage: torch.UntypedStorage) -> int:
         return self.alias.get(storage._cdata, storage._cdata)
@@ -86,8 +89,7 @@ class _StorageLog(TorchDispatchMode):
 
     def add(self, t: torch.Tensor, saved: bool = False) -> None:
         for storage in _storages(t):
-            refs, _ = self.refs.setdefault(self.key(storage), ([], storage.nbytes()))
-            refs.append(StorageWeakRef(storage))
+            self.refs.setdefault(self.key(storage), []).append(StorageWeakRef(storage))
             if saved:
                 self.saved.add(self.key(storage))
 
@@ -96,19 +98,27 @@ class _StorageLog(TorchDispatchMode):
         return t
 
     def alive_bytes(self, ignore: set[int]) -> int:
-        return sum(
-            nbytes
-            for key, (refs, nbytes) in self.refs.items()
-            if key not in ignore and not all(r.expired() for r in refs)
-        )
+        """Current size of the logged storages still alive, except `ignore` and FSDP's
+        buffers (a storage resized to 0, such as a resharded parameter's, counts 0)."""
+        total = 0
+        for key, refs in self.refs.items():
+            if key in ignore or key in self.parameters:
+                continue
+            alive = (torch.UntypedStorage._new_with_weak_ptr(r.cdata) for r in refs)
+            storage = next((s for s in alive if s is not None), None)
+            total += 0 if storage is None else storage.nbytes()
+        return total
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func in _ALIASING_COMM:
             source = self.key(_storages(args[0])[0])
             self.alias.update((s._cdata, source) for t in _tensors(out) for s in _storages(t))
-        for t in _tensors(out):
+        tensors = _tensors(out)
+        for t in tensors:
             self.add(t)
+        if func.namespace == "fsdp":  # FSDP's all-gather buffers hold parameters
+            self.parameters |= self.keys(_tensors((args, kwargs)) + tensors)
         return out
 
 
@@ -122,17 +132,83 @@ def saved_activation_bytes(
     unless autograd saved them. Eager selective-checkpoint caches are found by tracking
     op outputs; torch.compile refuses that dispatch mode, so pass `track_ops=False` when
     the blocks are compiled (compiled regions save everything through autograd, which the
-    hooks see). Under FSDP, unsharded parameters kept after forward
-    (reshard_after_forward = False) would count: measure without FSDP.
+    hooks see). Buffers that FSDP's ops (`torch.ops.fsdp.*`) fill or read are parameters,
+    not activations; an unsharded parameter counts 0 once resharded (storage freed).
     """
     log = _StorageLog()
+    out = _logged(log, fn, track_ops)
+    state = [] if exclude is None else [*exclude.parameters(), *exclude.buffers()]
+    returned = log.keys(_tensors(out)) - log.saved
+    return log.alive_bytes(log.keys(state) | returned)
+
+
+def _logged(log: _StorageLog, fn: Callable[[], Any], track_ops: bool) -> Any:
+    """`fn()` with its saved tensors (and op outputs, if `track_ops`) logged; garbage
+    collected after, so only what the graph and caches hold stays alive."""
     tracking = log if track_ops else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(log.pack, lambda t: t), tracking:
         out = fn()
     gc.collect()
-    state = [] if exclude is None else [*exclude.parameters(), *exclude.buffers()]
-    returned = log.keys(_tensors(out)) - log.saved
-    return log.alive_bytes(log.keys(state) | returned)
+    return out
+
+
+class PeakSavedActivations:
+    """Peak bytes that the training forwards of `modules` keep for backward, while
+    `watching()` is on (e.g. one training step, with forwards and backwards interleaved
+    as in a pipeline schedule).
+
+    The forwards are the calls of each module's `forward`, or of the `(object, method)`
+    pairs in `calls` (a pipeline stage's `forward_one_chunk`: per micro-batch, unlike
+    its submodule's forward, which the stage also runs once to infer metadata). Each one
+    made with grad enabled is measured as in `saved_activation_bytes`, over the storages
+    logged during all the forwards so far: afterwards, the bytes still alive that were
+    saved by autograd or created by an op (selective-checkpoint caches), except the
+    modules' current parameters and buffers, FSDP's all-gather buffers and the forwards'
+    outputs (unless saved). Backward frees activations, so the largest of these values
+    is the peak. The hooks and the dispatch mode are thread-local: forwards must run in
+    the thread that calls them (pipeline schedules do).
+    """
+
+    def __init__(
+        self,
+        modules: list[nn.Module],
+        *,
+        calls: list[tuple[Any, str]] | None = None,
+        track_ops: bool = True,
+    ) -> None:
+        self.modules = modules
+        self.calls = [(m, "forward") for m in modules] if calls is None else calls
+        self.track_ops = track_ops
+        self.peak = 0
+        self.log = _StorageLog()
+        self.returned: set[int] = set()
+
+    def _forward(self, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # e.g. validation
+            return forward(*args, **kwargs)
+        out = _logged(self.log, functools.partial(forward, *args, **kwargs), self.track_ops)
+        self.returned |= self.log.keys(_tensors(out))
+        state = [t for m in self.modules for t in (*m.parameters(), *m.buffers())]
+        ignore = self.log.keys(state) | (self.returned - self.log.saved)
+        self.peak = max(self.peak, self.log.alive_bytes(ignore))
+        return out
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[PeakSavedActivations]:
+        """Measure the forwards (the methods are wrapped meanwhile)."""
+        previous = [owner.__dict__.get(name) for owner, name in self.calls]
+        for owner, name in self.calls:
+            setattr(owner, name, functools.partial(self._forward, getattr(owner, name)))
+        try:
+            yield self
+        finally:
+            for (owner, name), method in zip(self.calls, previous):
+                if method is None:
+                    delattr(owner, name)  # the class's method again
+                else:
+                    setattr(owner, name, method)
+            self.log = _StorageLog()
+            self.returned = set()
 
 
 # ---- one layer under an AC mode --------------------------------------------------------
@@ -152,21 +228,6 @@ class LayerMeasurement:
         return self.saved_bytes / self.tokens
 
 
-def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-
-def _sdpa_cpu_backward_flops(grad_shape, query_shape, key_shape, value_shape, *args, **kwargs):
-    return sdpa_backward_flop_count(grad_shape, query_shape, key_shape, value_shape)
-
-
-_CPU_SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-_FLOP_FORMULAS = {  # FlopCounterMode looks formulas up by op packet
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: (
-        _sdpa_cpu_backward_flops
-    ),
-}
 _IGNORED_COMM = {"wait_tensor", "_wrap_tensor_autograd"}
 
 
@@ -184,7 +245,7 @@ class _CollectiveCount(TorchDispatchMode):
 
 @contextlib.contextmanager
 def _counting() -> Iterator[tuple[FlopCounterMode, _CollectiveCount]]:
-    flops = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+    flops = FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS)
     with flops, _CollectiveCount() as comm:
         yield flops, comm
 
@@ -231,7 +292,7 @@ def apply_ac_mode(model: nn.Module, mode: str, *, tp_degree: int) -> None:
         apply_ac(model, ActivationCheckpoint(mode="full"))
     elif mode == "selective":
         config = ActivationCheckpoint(mode="selective", selective_ac_option="op")
-        apply_ac(model, config, op_sac_save_list=_SAC_SAVE | {_CPU_SDPA})
+        apply_ac(model, config, op_sac_save_list=_SAC_SAVE)
     elif mode == "lowrank":
         apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=tp_degree)
     elif mode != "none":

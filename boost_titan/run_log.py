@@ -1,4 +1,5 @@
-"""What one training invocation did: per-step global loss, tokens and time, and its summary.
+"""What one training invocation did: per-step global loss, tokens and time, the saved
+activations of its first step, and its summary.
 
 With a `path`, each step is also appended to a JSON-lines file: {"step", "loss", "tokens"}.
 """
@@ -35,6 +36,8 @@ class RunLog:
     tokens: int = 0
     started: float | None = None
     ended: float | None = None
+    saved_activations: tuple[int, int] | None = None
+    """(step, bytes): what the first step run kept for backward at its peak, on rank 0."""
 
     def start(self) -> None:
         """Mark the beginning of the first step (idempotent)."""
@@ -50,6 +53,13 @@ class RunLog:
             with open(self.path, "a") as f:
                 f.write(json.dumps({"step": step, "loss": loss, "tokens": tokens}) + "\n")
 
+    def activations_line(self) -> str | None:
+        """`saved activations: 12.34 MiB per step on rank 0 (step 1)`, once measured."""
+        if self.saved_activations is None:
+            return None
+        step, nbytes = self.saved_activations
+        return f"saved activations: {nbytes / 2**20:.2f} MiB per step on rank 0 (step {step})"
+
     @property
     def seconds(self) -> float:
         return 0.0 if self.started is None or self.ended is None else self.ended - self.started
@@ -63,8 +73,10 @@ class RunLog:
             )
         (first_step, first_loss), (last_step, last_loss) = self.losses[0], self.losses[-1]
         rate = self.tokens / self.seconds if self.seconds > 0 else float("nan")
-        return (
+        line = (
             f"ran {len(self.losses)} steps ({first_step}-{last_step}) in {self.seconds:.1f} s, "
             f"{rate:,.0f} tokens/s; loss {first_loss:.4f} (step {first_step}) -> "
             f"{last_loss:.4f} (step {last_step}), change {last_loss - first_loss:+.4f}"
         )
+        activations = self.activations_line()
+        return line if activations is None else f"{line}; {activations}"

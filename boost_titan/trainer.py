@@ -8,6 +8,8 @@
   NaN/inf loss raises `TrainingDiverged` before the step could be checkpointed.
 - Rank 0 appends each step's global loss to `<dump_folder>/losses.jsonl` and, at the
   end, logs steps run, tokens/s, first/last loss and where outputs went.
+- The first step run measures the activations its forwards keep for backward (peak, on
+  each rank; `PeakSavedActivations`); rank 0 logs them after that step and in the summary.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.train import Trainer
 from torchtitan.tools.logging import logger
 
+from boost_titan.activation_memory import PeakSavedActivations
 from boost_titan.run_log import RunLog, latest_checkpoint
 
 LOSS_LOG = "losses.jsonl"
@@ -98,7 +101,15 @@ class BoostTrainer(Trainer):
         self.run_log.start()
         self.step_losses = []
         tokens_before = self.ntokens_seen
-        super().train_step(data_iterator)
+        if self.run_log.saved_activations is None:
+            counter = self.activation_counter()
+            with counter.watching():
+                super().train_step(data_iterator)
+            self.run_log.saved_activations = (self.step, counter.peak)
+            if dist.get_rank() == 0:
+                logger.info(self.run_log.activations_line())
+        else:
+            super().train_step(data_iterator)
         loss = self.global_step_loss()
         if not math.isfinite(loss):
             kept = latest_checkpoint(self.checkpointer.folder) if self.checkpointer.enable else None
@@ -108,6 +119,19 @@ class BoostTrainer(Trainer):
                 f"lower --optimizer.lr or raise --lr_scheduler.warmup_steps, then {resume}"
             )
         self.run_log.record(self.step, loss, (self.ntokens_seen - tokens_before) * self.dp_degree)
+
+    def activation_counter(self) -> PeakSavedActivations:
+        """Measures what the forwards save for backward; under PP the stages' micro-batch
+        forwards (in the first step a stage also runs its model part to infer metadata)."""
+        calls = None
+        if self.parallel_dims.pp_enabled:
+            schedule = self.pp_schedule
+            stages = getattr(schedule, "_stages", None) or [schedule._stage]
+            calls = [(stage, "forward_one_chunk") for stage in stages]
+        compile_config = self.job_config.compile
+        compiled = compile_config.enable and "model" in compile_config.components
+        # torch.compile refuses the op-tracking dispatch mode (see saved_activation_bytes)
+        return PeakSavedActivations(self.model_parts, calls=calls, track_ops=not compiled)
 
     def global_step_loss(self) -> float:
         """The step's global average loss, known to every rank (one scalar all-reduce)."""

@@ -205,6 +205,10 @@ def apply_plan(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> nn.Module:
 
 
 def _absent_stage_part(model: nn.Module, key: str) -> bool:
-    """True when the key's top-level module is None (dropped from this pipeline stage)."""
+    """True when the key's top-level module was dropped from this pipeline stage: set to
+    None (embedding, norm, head) or left as an empty container (a stage without blocks)."""
     top = key.split(".")[0]
-    return "*" not in top and hasattr(model, top) and getattr(model, top) is None
+    if "*" in top or not hasattr(model, top):
+        return False
+    part = getattr(model, top)
+    return part is None or (isinstance(part, (nn.ModuleDict, nn.ModuleList)) and len(part) == 0)

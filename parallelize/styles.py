@@ -24,7 +24,6 @@ BTP                 RowParallel     ColumnParallel  all-reduce at r
 from __future__ import annotations
 
 import types
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

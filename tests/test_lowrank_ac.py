@@ -12,7 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 from torchtitan.config.job_config import ActivationCheckpoint, Compile
 
-from boost_titan.activation_memory import main, measure_layer, saved_activation_bytes
+from boost_titan.activation_memory import (
+    PeakSavedActivations,
+    main,
+    measure_layer,
+    saved_activation_bytes,
+)
 from boost_titan.config import Boost
 from boost_titan.models import BoostTransformer, flavor_args
 from boost_titan.parallelize.compose import parallelize_boost
@@ -145,6 +150,36 @@ def test_saved_activation_bytes_counts_each_storage_once():
 
     assert saved_activation_bytes(forward, exclude=linear) == 128 + 128 + 2 * 128  # + sin, cos
     assert saved_activation_bytes(lambda: x * 2.0) == 0  # nothing saved, output not counted
+
+
+@pytest.mark.parametrize("ac", [False, True])
+def test_peak_saved_activations_of_training_forwards(ac):
+    """The trainer's step counter agrees with saved_activation_bytes on one forward and
+    follows forwards and backwards interleaved as in a pipeline schedule."""
+    model = build("cola")
+    if ac:
+        apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=1)
+    (tokens, labels), (other, _) = batch(1), batch(2)
+    one = saved_activation_bytes(lambda: model(tokens), exclude=model)
+
+    def peak(*schedule: str) -> int:
+        counter = PeakSavedActivations([model])
+        with counter.watching():
+            pending = []
+            for op in schedule:  # "F": forward a micro-batch, "B": backward the oldest
+                if op == "F":
+                    micro = other if len(pending) % 2 else tokens  # the embedding saves it
+                    pending.append(loss_of(model(micro), labels))
+                else:
+                    pending.pop(0).backward()
+            with torch.no_grad():
+                model(tokens)  # not a training forward: ignored
+        assert "forward" not in model.__dict__
+        return counter.peak
+
+    assert one > 0
+    assert peak("F", "B") == peak("F", "B", "F", "B") == one
+    assert peak("F", "F", "B", "B") == 2 * one
 
 
 @pytest.mark.parametrize("tp", [1, 2])

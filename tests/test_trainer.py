@@ -38,6 +38,10 @@ def test_run_log_summary(tmp_path):
     assert "-1.0000" in line and "tokens/s" in line
     rows = [json.loads(row) for row in (tmp_path / "losses.jsonl").read_text().splitlines()]
     assert rows == [{"step": 11, "loss": 5.0, "tokens": 1000}, {"step": 12, "loss": 4.0, "tokens": 1000}]
+    assert log.activations_line() is None and "saved activations" not in line
+    log.saved_activations = (11, 3 * 2**20 + 2**18)
+    activations = "saved activations: 3.25 MiB per step on rank 0 (step 11)"
+    assert log.summary(final_step=12) == f"{line}; {activations}"
 
 
 def test_latest_checkpoint_skips_incomplete(tmp_path):

@@ -3,14 +3,21 @@
 The dataset repeats one document whose packed token stream has a period that divides
 seq_len + 1, so every sample is the same window: data-parallel ranks and a single process
 then see the same global batch whatever the sharding of documents.
+
+Each arch gets its own seed checkpoint and one-process (tp1) reference run, shared by the
+layouts of that arch. Runs are memoized per module, so the saved-activation test reuses
+the parity runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,16 +38,19 @@ def _token_period() -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def _torchrun(nproc: int, dump: Path, *args: str) -> None:
+def _torchrun(nproc: int, dump: Path, *args: str) -> str:
+    """Run training; return its (rank 0 filtered) stdout and stderr."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
         "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
+        "--local-ranks-filter", "0", "--tee", "3",
         "-m", "boost_titan.train", "--job.config_file", str(ROOT / "train_configs/debug.toml"),
         "--job.dump_folder", str(dump), *args,
     ]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout + result.stderr
 
 
 def _losses(dump: Path) -> list[float]:
@@ -48,66 +58,135 @@ def _losses(dump: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in lines]
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> tuple[Path, list[str]]:
-    root = tmp_path_factory.mktemp("parity")
-    period = _token_period()
-    seq_len = period * (64 // period + 1) - 1
-    data = root / "data"
-    data.mkdir()
-    (data / "docs.jsonl").write_text("".join(json.dumps({"text": DOC}) + "\n" for _ in range(64)))
-    common = [
-        "--training.dataset_path", str(data), "--training.seq_len", str(seq_len),
-        "--training.steps", str(STEPS), "--metrics.log_freq", "1",
-        "--metrics.no_enable_tensorboard", "--lr_scheduler.warmup_steps", "2",
-        "--debug.seed", "7", "--model.flavor", "debug",
-    ]  # fmt: skip
-    seed = root / "seed"
-    _torchrun(
-        1, seed, *common, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
-        "--parallelism.tensor_parallel_degree", "1",
+@dataclass(frozen=True)
+class Layout:
+    nproc: int
+    args: tuple[str, ...]
+    arch: str = "cola"  # debug.toml's
+
+
+@dataclass(frozen=True)
+class Run:
+    losses: list[float]
+    output: str
+    seconds: float
+
+
+def _batch(n: int) -> tuple[str, ...]:
+    return ("--training.local_batch_size", str(n))
+
+
+def _pp(schedule: str, microbatch: int) -> tuple[str, ...]:
+    return (
+        "--parallelism.pipeline_parallel_degree", "2",
+        "--parallelism.pipeline_parallel_schedule", schedule,
+        "--parallelism.pipeline_parallel_microbatch_size", str(microbatch),
     )  # fmt: skip
-    load = [
-        "--checkpoint.enable", "--checkpoint.initial_load_path",
-        str(seed / "checkpoint" / "step-0"), "--checkpoint.interval", "1000",
-    ]  # fmt: skip
-    return root, common + load
 
 
-def _run(setup, name: str, nproc: int, *parallel: str) -> list[float]:
-    root, args = setup
-    dump = root / name
-    _torchrun(nproc, dump, *args, *parallel)
-    return _losses(dump)
+TP2 = ("--parallelism.tensor_parallel_degree", "2")
+DP2 = ("--parallelism.data_parallel_shard_degree", "2")
+LOWRANK_AC = ("--boost.lowrank_ac",)
+REFERENCE = ("--parallelism.tensor_parallel_degree", "1", *_batch(4))
+SAVED = r"saved activations: ([0-9.]+) MiB per step on rank 0 \(step 1\)"
+
+# Global batch 4 everywhere (local batch x DP degree). The debug flavor has 4 layers;
+# with Interleaved1F1B's 2 stages per rank, TorchTitan's default split (embedding and
+# norm + output count as a layer each) leaves the last stage no block at all.
+INTERLEAVED = _pp("Interleaved1F1B", 1)
+LAYOUTS = {
+    "tp2-btp": Layout(2, (*TP2, *_batch(4))),
+    "dp2-tp2": Layout(4, (*TP2, *DP2, *_batch(2))),
+    "pp2-tp2": Layout(4, (*TP2, *_pp("1F1B", 2), *_batch(4))),
+    "pp2-tp2-gpipe": Layout(4, (*TP2, *_pp("GPipe", 2), *_batch(4))),
+    "pp2-tp2-interleaved": Layout(4, (*TP2, *INTERLEAVED, *_batch(4))),
+    "dp2-tp2-pp2": Layout(8, (*TP2, *DP2, *_pp("1F1B", 1), *_batch(2))),
+    "lax-pp2-tp2": Layout(4, (*TP2, *_pp("1F1B", 2), *_batch(4)), arch="lax"),
+    "lowrank_ac-dp2-tp2": Layout(4, (*TP2, *DP2, *_batch(2), *LOWRANK_AC)),
+    "lowrank_ac-pp2-tp2": Layout(4, (*TP2, *_pp("1F1B", 2), *_batch(4), *LOWRANK_AC)),
+}
+
+
+class Runs:
+    """Seed checkpoints, references and layout runs, each made once per module."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        period = _token_period()
+        seq_len = period * (64 // period + 1) - 1
+        data = root / "data"
+        data.mkdir()
+        docs = "".join(json.dumps({"text": DOC}) + "\n" for _ in range(64))
+        (data / "docs.jsonl").write_text(docs)
+        self.common = [
+            "--training.dataset_path", str(data), "--training.seq_len", str(seq_len),
+            "--training.steps", str(STEPS), "--metrics.log_freq", "1",
+            "--metrics.no_enable_tensorboard", "--lr_scheduler.warmup_steps", "2",
+            "--debug.seed", "7", "--model.flavor", "debug",
+        ]  # fmt: skip
+        self.done: dict[str, Run] = {}
+
+    def _train(self, name: str, nproc: int, arch: str, *args: str) -> Run:
+        if name not in self.done:
+            seed = self.root / f"seed-{arch}"
+            if not seed.exists():
+                _torchrun(
+                    1, seed, *self.common, "--boost.arch", arch, "--checkpoint.enable",
+                    "--checkpoint.create_seed_checkpoint", "--parallelism.tensor_parallel_degree", "1",
+                )  # fmt: skip
+            load = [
+                "--checkpoint.enable", "--checkpoint.initial_load_path",
+                str(seed / "checkpoint" / "step-0"), "--checkpoint.interval", "1000",
+            ]  # fmt: skip
+            dump = self.root / name
+            start = time.perf_counter()
+            output = _torchrun(nproc, dump, *self.common, "--boost.arch", arch, *load, *args)
+            self.done[name] = Run(_losses(dump), output, time.perf_counter() - start)
+        return self.done[name]
+
+    def reference(self, arch: str) -> Run:
+        return self._train(f"tp1-{arch}", 1, arch, *REFERENCE)
+
+    def layout(self, name: str) -> Run:
+        layout = LAYOUTS[name]
+        return self._train(name, layout.nproc, layout.arch, *layout.args)
 
 
 @pytest.fixture(scope="module")
-def reference(setup) -> list[float]:
-    return _run(setup, "tp1", 1, "--parallelism.tensor_parallel_degree", "1",
-                "--training.local_batch_size", "4")  # fmt: skip
-
-
-LAYOUTS = {
-    "tp2-btp": (2, "--parallelism.tensor_parallel_degree", "2",
-                "--training.local_batch_size", "4"),
-    "dp2-tp2": (4, "--parallelism.tensor_parallel_degree", "2",
-                "--parallelism.data_parallel_shard_degree", "2",
-                "--training.local_batch_size", "2"),
-    "pp2-tp2": (4, "--parallelism.tensor_parallel_degree", "2",
-                "--parallelism.pipeline_parallel_degree", "2",
-                "--parallelism.pipeline_parallel_schedule", "1F1B",
-                "--parallelism.pipeline_parallel_microbatch_size", "2",
-                "--training.local_batch_size", "4"),
-}  # fmt: skip
+def runs(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("parity"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_same_losses_as_one_process(setup, reference, layout):
-    nproc, *parallel = LAYOUTS[layout]
-    losses = _run(setup, layout, nproc, *parallel)
-    assert len(losses) == len(reference) == STEPS
-    diffs = [abs(a - b) for a, b in zip(losses, reference)]
-    print(f"{layout}: losses {losses} vs tp1 {reference}; max diff {max(diffs):.2e}")
+def test_same_losses_as_one_process(runs, layout):
+    reference = runs.reference(LAYOUTS[layout].arch)
+    run = runs.layout(layout)
+    assert len(run.losses) == len(reference.losses) == STEPS
+    diffs = [abs(a - b) for a, b in zip(run.losses, reference.losses)]
+    saved = re.search(SAVED, run.output)
+    print(
+        f"{layout}: {run.seconds:.1f} s; losses {run.losses} vs tp1 {reference.losses}; "
+        f"max diff {max(diffs):.2e}; saved activations {saved and saved.group(1)} MiB"
+    )
     assert max(diffs) <= TOLERANCE
-    assert reference[-1] < reference[0]  # the runs do train
+    assert reference.losses[-1] < reference.losses[0]  # the runs do train
+
+
+def _saved_mib(run: Run) -> float:
+    """The saved-activation size in the run's summary line (checked against the line
+    logged after step 1)."""
+    summaries = re.findall(r"Summary: .*" + SAVED, run.output)
+    logged = re.findall(SAVED, run.output)  # after step 1 and in the summary
+    assert len(summaries) == 1 and logged == summaries * 2, run.output[-3000:]
+    return float(summaries[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plain", ["dp2-tp2", "pp2-tp2"])
+def test_summary_reports_saved_activations(runs, plain):
+    """The summary line shows step 1's saved activations; low-rank AC saves less."""
+    full = _saved_mib(runs.layout(plain))
+    lowrank = _saved_mib(runs.layout(f"lowrank_ac-{plain}"))
+    print(f"{plain}: saved activations {full} MiB, with lowrank_ac {lowrank} MiB")
+    assert 0 < lowrank < full

@@ -34,13 +34,12 @@ from torch.utils.flop_counter import (
     FlopCounterMode,
     flop_registry,
     register_flop_formula,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
 )
 
 from boost_titan.bench import perfmodel
 from boost_titan.bench.collectives import CollectiveCall, CollectiveLog, record_collectives
 from boost_titan.errors import ConfigError
+from boost_titan.flops import CPU_SDPA_FLOPS
 from boost_titan.models import BoostModelArgs, BoostTransformer
 from boost_titan.parallelize import apply_plan
 from boost_titan.parallelize.compose import build_plan
@@ -50,22 +49,9 @@ FLOP_TOLERANCE = 0.01
 
 
 # ---- setup -------------------------------------------------------------------------------
-def _cpu_flash_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query, key, value)
-
-
-def _cpu_flash_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
 def register_cpu_sdpa_flops() -> None:
     """FlopCounterMode has no formula for CPU flash attention; give it the CUDA one's."""
-    aten = torch.ops.aten
-    formulas = {
-        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
-    }
-    for op, formula in formulas.items():
+    for op, formula in CPU_SDPA_FLOPS.items():
         if op not in flop_registry:
             register_flop_formula(op)(formula)
 
