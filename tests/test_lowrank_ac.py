@@ -4,7 +4,10 @@ measured saved-activation bytes and recompute FLOPs."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +26,8 @@ from boost_titan.models import BoostTransformer, flavor_args
 from boost_titan.parallelize.compose import parallelize_boost
 from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac
 from distributed import run_on_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
 
 VOCAB, BATCH, SEQ = 64, 2, 16
 ARCHS = {
@@ -292,3 +297,17 @@ def test_tp_identical_and_no_replayed_collectives(world_size):
             assert on[2] == off[2], f"{name}: collectives {on[2]} with AC, {off[2]} without"
     if world_size == 4:
         assert "cola-fsdp" in results[0]
+
+
+@pytest.mark.parametrize("ac", [["--boost.lowrank_ac"], ["--activation_checkpoint.mode", "full"]])
+def test_compile_with_tp_and_ac_is_a_config_error(ac):
+    """torch 2.13 cannot trace AC regions whose saved values include a DeviceMesh."""
+    result = subprocess.run(
+        [sys.executable, "-m", "boost_titan.check", "--nproc", "2", "--job.config_file",
+         str(ROOT / "train_configs" / "debug.toml"), "--compile.enable", *ac],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2, output
+    assert output.startswith("error: torch.compile with tensor parallelism and activation")
+    assert "Traceback" not in output
