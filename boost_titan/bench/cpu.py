@@ -104,7 +104,9 @@ class _Trainee:
         self.model = BoostTransformer(args)
         self.model.init_weights()
         apply_plan(self.model, mesh, build_plan(strategy, arch=args.arch))
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.01)
+        self.optimizer = torch.optim.AdamW(  # fused: TorchTitan's default implementation
+            self.model.parameters(), lr=1e-4, weight_decay=0.01, fused=True
+        )
 
     def step(self, tokens: torch.Tensor, labels: torch.Tensor) -> None:
         self.optimizer.zero_grad(set_to_none=True)
