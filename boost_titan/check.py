@@ -132,6 +132,31 @@ def check_model(job, world: int) -> None:
     boost_titan.spec.validate_job(job, world)
 
 
+def check_data(job) -> None:
+    """A local dataset must exist and hold non-empty files of a supported kind."""
+    from boost_titan.data.corpus import local_files, resolve_dataset
+
+    _, path = resolve_dataset(job.training.dataset, job.training.dataset_path)
+    if path:
+        local_files(path)
+
+
+def check_initial_checkpoint(path: str | None) -> None:
+    """`checkpoint.initial_load_path` must be a complete DCP checkpoint folder."""
+    if not path:
+        return
+    if not os.path.isdir(path):
+        raise ConfigError(
+            f"checkpoint.initial_load_path {path} is not a folder; point it at a step-N "
+            "checkpoint folder"
+        )
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise ConfigError(
+            f"checkpoint.initial_load_path {path} has no DCP .metadata (incomplete or not a "
+            "checkpoint); use a complete step-N folder"
+        )
+
+
 def check(args: list[str]) -> str:
     """Validate a job given train's arguments; return the `config ok` summary."""
     nproc, args = pop_nproc(args)
@@ -139,11 +164,16 @@ def check(args: list[str]) -> str:
     world, degrees = resolve_world(job, nproc)
     check_batch(job, degrees)
     check_output_folder(job.job.dump_folder)
+    check_data(job)
+    check_initial_checkpoint(job.checkpoint.initial_load_path)
     check_model(job, world)
+    from boost_titan.parallelize.compose import resolve_strategy
+
+    strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy)
     layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no parallelism"
     return (
         f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
-        f"{job.boost.tp_strategy}) on {world} process{'es' if world > 1 else ''} ({layout}), "
+        f"{job.boost.tp_strategy} -> {strategy}) on {world} process{'es' if world > 1 else ''} ({layout}), "
         f"seq_len {job.training.seq_len}, {job.training.steps} steps, outputs in {job.job.dump_folder}"
     )
 

@@ -99,6 +99,13 @@ def parse_job_config(args: list[str]):
         raise ConfigError(condense_tyro_message(err.getvalue() + out.getvalue())) from None
     except (ValueError, ImportError) as e:
         raise ConfigError(f"{e}".splitlines()[0]) from None
+    except Exception as e:
+        if "old tokenizer.model" not in str(e):
+            raise
+        raise ConfigError(  # TorchTitan refuses any hf_assets_path ending in tokenizer.model
+            "model.hf_assets_path may not end in tokenizer.model (TorchTitan refuses it); "
+            "pass the folder that holds the tokenizer.model"
+        ) from None
     finally:
         titan_log.setLevel(level)
 

@@ -50,7 +50,7 @@ LLAMA3_PATTERN = (
 _MAX_RUN = 25_000
 _LONG_RUN = re.compile(r"\s{%d,}|\S{%d,}" % (_MAX_RUN, _MAX_RUN))
 """tiktoken's regex overflows its backtracking stack on longer runs of (non-)whitespace."""
-_HINT = "give a dir with tokenizer.json, a tiktoken tokenizer.model/*.tiktoken file, or 'default'"
+_HINT = "give a dir with tokenizer.json or a tiktoken tokenizer.model, a *.tiktoken file, or 'default'"
 
 
 # ---- default tokenizer: trained once, cached ----------------------------------------
