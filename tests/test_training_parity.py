@@ -190,3 +190,42 @@ def test_summary_reports_saved_activations(runs, plain):
     lowrank = _saved_mib(runs.layout(f"lowrank_ac-{plain}"))
     print(f"{plain}: saved activations {full} MiB, with lowrank_ac {lowrank} MiB")
     assert 0 < lowrank < full
+
+
+RESHARDED = {
+    "tp2-btp": Layout(2, (*TP2, *_batch(4))),
+    "tp1": Layout(1, REFERENCE),
+    "tp4-btp": Layout(4, ("--parallelism.tensor_parallel_degree", "4", *_batch(4))),
+    "tp2-vanilla": Layout(2, (*TP2, "--boost.tp_strategy", "vanilla", *_batch(4))),
+    "fsdp2": Layout(2, ("--parallelism.tensor_parallel_degree", "1", *DP2, *_batch(2))),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def resharded_losses(runs) -> dict[str, float]:
+    """The first loss of each layout loading the checkpoint that tp2-btp saved at its
+    last step (every batch is the same window, so the loss depends on the weights only)."""
+    untrained = runs.layout("tp2-btp").losses[0]
+    trained = runs.root / "tp2-btp" / "checkpoint" / f"step-{STEPS}"
+    at = runs.common.index("--training.steps")
+    common = runs.common[:at] + runs.common[at + 2 :]
+    losses = {"untrained": untrained}
+    for name, layout in RESHARDED.items():
+        dump = runs.root / f"resharded-{name}"
+        _torchrun(
+            layout.nproc, dump, *common, "--training.steps", "1", "--checkpoint.enable",
+            "--checkpoint.initial_load_path", str(trained), *layout.args,
+        )  # fmt: skip
+        [losses[name]] = _losses(dump)
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [name for name in RESHARDED if name != "tp2-btp"])
+def test_btp_checkpoint_loads_under_other_layouts(resharded_losses, layout):
+    """A BTP TP=2 checkpoint loads under TP=1, TP=4, vanilla TP=2 and FSDP only: the same
+    model, so the same next-step loss."""
+    same = resharded_losses["tp2-btp"]
+    print(f"{layout}: loss {resharded_losses[layout]} vs tp2-btp {same}")
+    assert abs(resharded_losses[layout] - same) <= TOLERANCE
+    assert same < resharded_losses["untrained"] - 1.0  # the trained weights were loaded
