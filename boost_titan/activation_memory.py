@@ -268,20 +268,10 @@ def _fake_tp_mesh(tp: int) -> Iterator[Any]:
         dist.destroy_process_group()
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
 def apply_ac_mode(model: nn.Module, mode: str, *, tp_degree: int) -> None:
     """Wrap `model.layers` as the trainer would for `mode` (see MODES). TorchTitan's
-    op-level selective AC uses our trainer's save list plus the CPU flash-attention op,
-    so attention is saved as it is on GPU."""
+    op-level selective AC uses our trainer's save list (which includes the CPU
+    flash-attention op, so attention is saved as it is on GPU)."""
     from torchtitan.config.job_config import ActivationCheckpoint
     from torchtitan.distributed.activation_checkpoint import apply_ac
 
@@ -333,8 +323,10 @@ def measure_layer(
     real ones with `fake=False`, for small shapes)."""
     check_layer_args(args, tp=tp, seq_len=seq_len, strategy=strategy)
     args = dataclasses.replace(args, n_layers=2, vocab_size=args.vocab_size or 128)
+    from boost_titan.bench.trace import default_dtype
+
     tensors = FakeTensorMode() if fake else contextlib.nullcontext()
-    with _fake_tp_mesh(tp) as mesh, tensors, _default_dtype(dtype):
+    with _fake_tp_mesh(tp) as mesh, tensors, default_dtype(dtype):
         model = BoostTransformer(args)  # values are irrelevant: no init
         if mesh is not None:
             from boost_titan.parallelize import apply_plan
