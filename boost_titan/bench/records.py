@@ -34,8 +34,9 @@ MIB = 2**20
 
 
 @dataclass
-class PerfRecord:
-    """Modelled communication, compute, memory and step time of one configuration."""
+class LayerRecord:
+    """Fields shared by modelled (`PerfRecord`) and traced (`TraceRecord`) configurations:
+    the configuration, and per layer and rank its collectives, FLOPs and saved bytes."""
 
     flavor: str
     arch: str
@@ -44,7 +45,6 @@ class PerfRecord:
     pp: int
     seq_len: int
     micro_batch: int
-    microbatches: int
     dtype: str
     ac: str
     rmsnorm: str
@@ -59,19 +59,26 @@ class PerfRecord:
     step_collectives_bwd: list[dict]
     flops_per_layer: int
     flops_per_layer_bwd: int
+    activation_bytes_per_layer: int
+    params_per_rank: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PerfRecord(LayerRecord):
+    """Modelled communication, compute, memory and step time of one configuration."""
+
+    microbatches: int
     recompute_flops_per_layer: int
     gemms: list[dict]
-    activation_bytes_per_layer: int
     params_total: int
-    params_per_rank: int
     memory_bytes_per_rank: dict[str, int]
     predicted_step_s: dict[str, float]
     time_breakdown_s: dict[str, dict[str, float]]
     speedup_gpu: str
     predicted_speedup: dict[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

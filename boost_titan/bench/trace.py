@@ -38,6 +38,7 @@ from torch.utils.flop_counter import (
 
 from boost_titan.bench import perfmodel
 from boost_titan.bench.collectives import CollectiveCall, CollectiveLog, record_collectives
+from boost_titan.bench.records import LayerRecord
 from boost_titan.errors import ConfigError
 from boost_titan.flops import CPU_SDPA_FLOPS
 from boost_titan.models import BoostModelArgs, BoostTransformer
@@ -167,7 +168,7 @@ def without(calls: list[CollectiveCall], remove: list[CollectiveCall]) -> list[C
 
 # ---- records -----------------------------------------------------------------------------
 @dataclass
-class TraceRecord:
+class TraceRecord(LayerRecord):
     """Measured counterparts of `PerfRecord`'s fields (same names and meanings).
 
     activation_bytes_per_layer: distinct storages saved for backward by one block on
@@ -176,34 +177,8 @@ class TraceRecord:
     (it recomputes QK^T). model_mismatches: None unless compared with `perfmodel`.
     """
 
-    flavor: str
-    arch: str
-    strategy: str
-    tp: int
-    pp: int
-    seq_len: int
-    micro_batch: int
-    dtype: str
-    ac: str
-    rmsnorm: str
-    group_linears: bool
-    collectives_per_layer_fwd: int
-    collectives_per_layer_bwd: int
-    comm_bytes_per_layer_fwd: int
-    comm_bytes_per_layer_bwd: int
-    collectives_fwd: list[dict]
-    collectives_bwd: list[dict]
-    step_collectives_fwd: list[dict]
-    step_collectives_bwd: list[dict]
-    flops_per_layer: int
-    flops_per_layer_bwd: int
-    activation_bytes_per_layer: int
-    params_per_rank: int
     trace_s: float
     model_mismatches: list[str] | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _entries(calls: list[CollectiveCall], tokens: int) -> list[dict]:
