@@ -6,6 +6,8 @@
 #
 # NGPU: processes (default: every CUDA GPU nvidia-smi lists, else 2 CPU processes).
 # LOG_RANK: ranks whose output is shown (default 0). Extra arguments override the TOML.
+# MAX_RESTARTS: torchrun restarts after a worker failure (default 0); each restart resumes
+# from the newest complete checkpoint in the dump folder.
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/bootstrap_venv.sh
@@ -26,10 +28,15 @@ else
     threads=$(( cores / NGPU ))
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( threads > 0 ? threads : 1 ))}
 fi
+MAX_RESTARTS=${MAX_RESTARTS:-0}
 export NGPU LOG_RANK
+# A fresh TCPStore per torchrun attempt: in torchrun's shared one a restarted attempt finds
+# the crashed attempt's process-group keys, and gloo then connects to a dead peer or hangs.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 
 python -m boost_titan.check --nproc "$NGPU" --job.config_file "$CONFIG_FILE" "$@"
 
 exec torchrun --nproc_per_node="$NGPU" --rdzv_backend c10d --rdzv_endpoint=localhost:0 \
+    --max-restarts "$MAX_RESTARTS" \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
     -m boost_titan.train --job.config_file "$CONFIG_FILE" "$@"

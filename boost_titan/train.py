@@ -6,7 +6,8 @@
 Adds the `[boost]` config section, runs on CPU/gloo when there is no accelerator, registers
 the `boost_llama` TrainSpec and runs TorchTitan's `main` with `BoostTrainer`. User errors
 (`ConfigError`) and a diverged loss end the worker with one `error:` line and exit code 2
-or 3. `./run_train.sh` validates the job with `boost_titan.check` before launching.
+or 3. `./run_train.sh` validates the job with `boost_titan.check` before launching. Rank 0
+warns when torchrun restarts are enabled over its shared TCPStore (`boost_titan.restarts`).
 """
 
 import sys
@@ -30,6 +31,7 @@ from torchtitan.train import main as titan_main  # noqa: E402
 
 from boost_titan.cli import fail, parse_job_config  # noqa: E402
 from boost_titan.errors import ConfigError  # noqa: E402
+from boost_titan.restarts import shared_store_warning  # noqa: E402
 from boost_titan.trainer import BoostTrainer, TrainingDiverged  # noqa: E402
 
 
@@ -42,6 +44,9 @@ def _drop_error_file() -> None:
 
 def run() -> None:
     """Parse (one-line errors), then train; exit 2 on a user error, 3 on a diverged loss."""
+    warning = shared_store_warning()
+    if warning and os.environ.get("RANK") == "0":
+        print(warning, file=sys.stderr, flush=True)
     try:
         parse_job_config(sys.argv[1:])
         titan_main(BoostTrainer)

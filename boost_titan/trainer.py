@@ -10,6 +10,9 @@
   end, logs steps run, tokens/s, first/last loss and where outputs went.
 - The first step run measures the activations its forwards keep for backward (peak, on
   each rank; `PeakSavedActivations`); rank 0 logs them after that step and in the summary.
+- Crash recovery (`boost_titan.restarts`): before loading, rank 0 logs a torchrun restart and
+  any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*` injects a
+  SIGKILL for testing.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torchtitan.train import Trainer
 from torchtitan.tools.logging import logger
 
 from boost_titan.activation_memory import PeakSavedActivations
+from boost_titan.restarts import Fault, incomplete_checkpoints
 from boost_titan.run_log import RunLog, latest_checkpoint
 
 LOSS_LOG = "losses.jsonl"
@@ -69,6 +73,7 @@ class BoostTrainer(Trainer):
             log_path = os.path.join(job_config.job.dump_folder, LOSS_LOG)
         self.run_log = RunLog(path=log_path)
         self.step_losses: list[torch.Tensor] = []
+        self.fault = Fault.from_env(dist.get_rank(), dist.get_world_size())
 
     def forward_backward_step(
         self,
@@ -119,6 +124,8 @@ class BoostTrainer(Trainer):
                 f"lower --optimizer.lr or raise --lr_scheduler.warmup_steps, then {resume}"
             )
         self.run_log.record(self.step, loss, (self.ntokens_seen - tokens_before) * self.dp_degree)
+        if self.fault is not None:
+            self.fault.after_step(self.step)
 
     def activation_counter(self) -> PeakSavedActivations:
         """Measures what the forwards save for backward; under PP the stages' micro-batch
@@ -141,10 +148,27 @@ class BoostTrainer(Trainer):
         return total.item()
 
     def train(self):
+        if dist.get_rank() == 0 and self.checkpointer.enable:
+            self.log_resume_state()
         super().train()
         if dist.get_rank() == 0:
             logger.info(f"Summary: {self.run_log.summary(self.step)}")
             logger.info(f"Outputs: {self.output_locations()}")
+
+    def log_resume_state(self) -> None:
+        """Say that torchrun restarted the job and which interrupted checkpoints are skipped."""
+        folder = self.checkpointer.folder
+        for path in incomplete_checkpoints(folder):
+            logger.warning(
+                f"skipping incomplete checkpoint {path}: no DCP .metadata (its save was interrupted)"
+            )
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+        if restart > 0:
+            latest = latest_checkpoint(folder)
+            logger.warning(
+                f"torchrun restart {restart} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS')} after "
+                f"a worker failure; newest complete checkpoint: {latest or 'none (starting over)'}"
+            )
 
     def output_locations(self) -> str:
         """Where this run's checkpoints and TensorBoard logs are."""

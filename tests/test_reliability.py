@@ -1,7 +1,11 @@
-"""Runs that are interrupted or repeated reproduce an uninterrupted run bit for bit.
+"""Runs that are interrupted, crash or are repeated reproduce an uninterrupted run bit for bit.
 
 2 ranks, BTP (debug.toml), fp32 on CPU, the default corpus. Losses are compared exactly
 through rank 0's `losses.jsonl` (full float precision, unlike the log line).
+
+Crash recovery: `MAX_RESTARTS=1 ./run_train.sh` with one rank SIGKILLing itself in the
+first attempt (`BOOST_TITAN_FAULT_*`, see `boost_titan.restarts`); torchrun restarts both
+ranks, which resume from the newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from boost_titan.errors import ConfigError
+from boost_titan.restarts import Fault, incomplete_checkpoints, shared_store_warning
 from boost_titan.run_log import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,3 +92,80 @@ def test_resume_in_warmup_is_exact(reference, tmp_path):
     output = _train(tmp_path, STEPS)
     assert "Summary: ran 6 steps (5-10)" in output
     assert _logged(tmp_path) == reference
+
+
+def _attempts(logged: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:
+    """losses.jsonl split where the step number goes back (a restart replays steps)."""
+    attempts = [[]]
+    for entry in logged:
+        if attempts[-1] and entry[0] <= attempts[-1][-1][0]:
+            attempts.append([])
+        attempts[-1].append(entry)
+    return attempts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "point, fault_step", [("step", 5), ("save", 6)], ids=["after-step-5", "saving-step-6"]
+)
+def test_sigkill_one_rank_restart_resumes_exactly(reference, tmp_path, point, fault_step):
+    """Rank 1 SIGKILLs itself in the first attempt, after step 5 or while the step-6
+    checkpoint is being written (its shards on disk, DCP's .metadata not yet); torchrun
+    (--max-restarts 1 via run_train.sh) restarts both ranks, which resume from step-3 (the
+    interrupted step-6 folder is skipped) and log the uninterrupted run's losses."""
+    env = {k: v for k, v in ENV.items() if k not in ("NGPU", "WORLD_SIZE", "CONFIG_FILE")}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # run_train.sh's own setting
+    env.update(
+        NGPU="2", MAX_RESTARTS="1", BOOST_TITAN_FAULT_STEP=str(fault_step),
+        BOOST_TITAN_FAULT_RANK="1", BOOST_TITAN_FAULT_POINT=point,
+    )  # fmt: skip
+    result = subprocess.run(
+        ["./run_train.sh", "--job.dump_folder", str(tmp_path), "--training.steps", str(STEPS),
+         *COMMON],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "shared TCPStore" not in output  # run_train.sh gives each attempt a fresh store
+    folder = tmp_path / "checkpoint"
+    skipped = f"skipping incomplete checkpoint {folder / 'step-6'}: no DCP .metadata"
+    assert (skipped in output) == (point == "save"), output[-4000:]
+    restart = "torchrun restart 1 of 1 after a worker failure; newest complete checkpoint: "
+    assert f"{restart}{folder / 'step-3'}" in output, output[-4000:]
+    assert f"Loading the checkpoint from {folder / 'step-3'}." in output
+    assert f"Summary: ran {STEPS - 3} steps (4-{STEPS})" in output
+    first, resumed = _attempts(_logged(tmp_path))
+    assert len(first) >= fault_step - 1 and first == reference[: len(first)]
+    assert resumed == reference[3:]
+
+
+def test_shared_store_warning_only_with_restarts_over_the_agent_store():
+    shared = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "1"}
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in shared_store_warning(shared)
+    assert shared_store_warning(shared | {"TORCHELASTIC_MAX_RESTARTS": "0"}) is None
+    assert shared_store_warning(shared | {"TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert shared_store_warning({}) is None
+
+
+def test_incomplete_checkpoints_are_the_newer_folders_without_metadata(tmp_path):
+    for step, complete in ((2, False), (3, True), (6, False), (9, False)):
+        (tmp_path / f"step-{step}").mkdir()
+        if complete:
+            (tmp_path / f"step-{step}" / ".metadata").write_bytes(b"")
+    newer = [str(tmp_path / "step-6"), str(tmp_path / "step-9")]
+    assert incomplete_checkpoints(str(tmp_path)) == newer
+    assert incomplete_checkpoints(str(tmp_path / "missing")) == []
+
+
+def test_fault_only_on_its_rank_in_the_first_attempt():
+    env = {"BOOST_TITAN_FAULT_STEP": "5"}
+    assert Fault.from_env(rank=0, world_size=2, env=env) is None  # default: the last rank
+    fault = Fault.from_env(rank=1, world_size=2, env=env)
+    assert (fault.step, fault.point) == (5, "step")
+    restarted = env | {"TORCHELASTIC_RESTART_COUNT": "1"}
+    assert Fault.from_env(rank=1, world_size=2, env=restarted) is None
+    assert Fault.from_env(rank=1, world_size=2, env={}) is None
+    with pytest.raises(ConfigError, match="integers"):
+        Fault.from_env(rank=1, world_size=2, env={"BOOST_TITAN_FAULT_STEP": "five"})
+    with pytest.raises(ConfigError, match="'step' or 'save'"):
+        Fault.from_env(rank=1, world_size=2, env=env | {"BOOST_TITAN_FAULT_POINT": "later"})

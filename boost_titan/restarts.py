@@ -1,0 +1,114 @@
+"""Crash recovery under `torchrun --max-restarts`: a launcher check, a resume report and a
+fault injector to test them.
+
+- torchrun's c10d and static rendezvous hand every restart attempt the same TCPStore (the
+  agent's, "shared"), and the process-group keys of the crashed attempt are still in it:
+  gloo's full-mesh setup then reads a dead peer's address and fails with `Connection
+  refused` or waits forever, depending on which side of each pair connects (PyTorch issue
+  135712). `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` in torchrun's environment gives every
+  attempt a fresh store; `run_train.sh` sets it. `shared_store_warning()` says so when a
+  worker finds restarts enabled over a shared store.
+- `incomplete_checkpoints()` names the step folders newer than the newest complete one (no
+  DCP `.metadata`: a save that was interrupted), which TorchTitan skips; the trainer logs
+  them when it resumes.
+- Fault injection, off unless `BOOST_TITAN_FAULT_STEP` is set: in the first attempt only
+  (`TORCHELASTIC_RESTART_COUNT` 0 or unset), rank `BOOST_TITAN_FAULT_RANK` (default: the
+  last rank) SIGKILLs itself at step `BOOST_TITAN_FAULT_STEP`: after the step
+  (`BOOST_TITAN_FAULT_POINT=step`, the default) or while that step's checkpoint is being
+  saved, once its own shard files are written and before DCP's `.metadata` exists
+  (`BOOST_TITAN_FAULT_POINT=save`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+
+from boost_titan.errors import ConfigError
+from boost_titan.run_log import latest_checkpoint
+
+_STEP_DIR = re.compile(r"step-(\d+)$")
+
+
+def shared_store_warning(env=os.environ) -> str | None:
+    """A one-line warning when this torchrun worker may be restarted over a shared store."""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if int(env.get("TORCHELASTIC_MAX_RESTARTS") or 0) == 0:
+        return None
+    return (
+        "warning: torchrun --max-restarts with its shared TCPStore: a restarted attempt finds the "
+        "crashed attempt's process-group keys and may fail to connect or hang; launch torchrun "
+        "with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv_backend c10d (run_train.sh does)"
+    )
+
+
+def incomplete_checkpoints(folder: str) -> list[str]:
+    """Step folders under `folder` newer than the newest complete one, oldest first."""
+    if not os.path.isdir(folder):
+        return []
+    latest = latest_checkpoint(folder)
+    newest = int(_STEP_DIR.search(latest).group(1)) if latest else -1
+    steps = sorted(
+        (int(m.group(1)), name)
+        for name in os.listdir(folder)
+        if (m := _STEP_DIR.match(name)) and int(m.group(1)) > newest
+    )
+    return [os.path.join(folder, name) for _, name in steps]
+
+
+def _die() -> None:
+    rank = os.environ.get("RANK")
+    print(f"fault injection: rank {rank} SIGKILLs itself", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Fault:
+    """The injected crash configured by the environment (see the module docstring)."""
+
+    def __init__(self, step: int, point: str):
+        self.step, self.point = step, point
+
+    @classmethod
+    def from_env(cls, rank: int, world_size: int, env=os.environ) -> "Fault | None":
+        """The fault this rank must inject in this attempt, if any; installs the save hook."""
+        if not env.get("BOOST_TITAN_FAULT_STEP"):
+            return None
+        try:
+            step = int(env["BOOST_TITAN_FAULT_STEP"])
+            target = int(env.get("BOOST_TITAN_FAULT_RANK") or world_size - 1)
+        except ValueError:
+            raise ConfigError(
+                "BOOST_TITAN_FAULT_STEP and BOOST_TITAN_FAULT_RANK must be integers"
+            ) from None
+        point = env.get("BOOST_TITAN_FAULT_POINT") or "step"
+        if point not in ("step", "save"):
+            raise ConfigError(f"BOOST_TITAN_FAULT_POINT {point!r} is not 'step' or 'save'")
+        if rank != target or int(env.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
+            return None
+        fault = cls(step, point)
+        if point == "save":
+            fault._hook_checkpoint_write()
+        return fault
+
+    def after_step(self, step: int) -> None:
+        if self.point == "step" and step == self.step:
+            _die()
+
+    def _hook_checkpoint_write(self) -> None:
+        # DCP: every rank writes its shards (write_data), then the coordinator gathers the
+        # results and writes .metadata; dying in between leaves a folder without .metadata.
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+        write_data, folder = FileSystemWriter.write_data, f"step-{self.step}"
+
+        def write_data_then_die(writer, plan, planner):
+            written = write_data(writer, plan, planner)
+            if os.path.basename(os.fspath(writer.path)) == folder:
+                written.wait()
+                _die()
+            return written
+
+        FileSystemWriter.write_data = write_data_then_die
