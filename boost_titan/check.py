@@ -141,8 +141,25 @@ def check_data(job) -> None:
         local_files(path)
 
 
-def check_initial_checkpoint(path: str | None) -> None:
-    """`checkpoint.initial_load_path` must be a complete DCP checkpoint folder."""
+def check_initial_checkpoint(checkpoint) -> None:
+    """`checkpoint.initial_load_path` must be a complete DCP checkpoint folder, or with
+    `initial_load_in_hf` a folder written by `python -m boost_titan.export`."""
+    path = checkpoint.initial_load_path
+    if checkpoint.initial_load_in_hf:
+        from boost_titan.export import check_export_files
+
+        if not path:
+            raise ConfigError(
+                "checkpoint.initial_load_in_hf needs checkpoint.initial_load_path; point it at "
+                "a folder written by python -m boost_titan.export"
+            )
+        if not checkpoint.initial_load_model_only:
+            raise ConfigError(
+                "checkpoint.initial_load_in_hf loads model weights only; drop "
+                "--checkpoint.no_initial_load_model_only"
+            )
+        check_export_files(path)
+        return
     if not path:
         return
     if not os.path.isdir(path):
@@ -151,10 +168,25 @@ def check_initial_checkpoint(path: str | None) -> None:
             "checkpoint folder"
         )
     if not os.path.isfile(os.path.join(path, ".metadata")):
+        if os.path.isfile(os.path.join(path, "model.safetensors")):
+            raise ConfigError(
+                f"checkpoint.initial_load_path {path} is an export (model.safetensors), not a "
+                "DCP checkpoint; add --checkpoint.initial_load_in_hf"
+            )
         raise ConfigError(
             f"checkpoint.initial_load_path {path} has no DCP .metadata (incomplete or not a "
             "checkpoint); use a complete step-N folder"
         )
+
+
+def check_initial_export(job) -> None:
+    """An export given with `initial_load_in_hf` must hold exactly the job's model."""
+    if not job.checkpoint.initial_load_in_hf:
+        return
+    from boost_titan.export import check_export
+    from boost_titan.spec import model_args_for
+
+    check_export(job.checkpoint.initial_load_path, model_args_for(job))
 
 
 def check(args: list[str]) -> str:
@@ -165,8 +197,9 @@ def check(args: list[str]) -> str:
     check_batch(job, degrees)
     check_output_folder(job.job.dump_folder)
     check_data(job)
-    check_initial_checkpoint(job.checkpoint.initial_load_path)
+    check_initial_checkpoint(job.checkpoint)
     check_model(job, world)
+    check_initial_export(job)
     from boost_titan.parallelize.compose import resolve_strategy
 
     strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy)

@@ -16,6 +16,7 @@ from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.errors import ConfigError
+from boost_titan.export import BoostStateDictAdapter
 from boost_titan.models import FLAVORS, BoostModelArgs, BoostTransformer, flavor_args
 from boost_titan.parallelize.compose import STRATEGIES, parallelize_boost, resolve_strategy
 
@@ -132,6 +133,7 @@ def build_spec() -> TrainSpec:
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,
         build_loss_fn=build_cross_entropy_loss,
+        state_dict_adapter=BoostStateDictAdapter,  # --checkpoint.initial_load_in_hf: exports
     )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = "def add(a, b):\n    return a + b\n"
@@ -204,9 +205,12 @@ RESHARDED = {
 @pytest.fixture(scope="module")
 def resharded_losses(runs) -> dict[str, float]:
     """The first loss of each layout loading the checkpoint that tp2-btp saved at its
-    last step (every batch is the same window, so the loss depends on the weights only)."""
+    last step (every batch is the same window, so the loss depends on the weights only).
+
+    The step runs at learning rate 0, so AdamW leaves every weight as loaded (its update
+    and weight decay are scaled by the LR) and the model-only checkpoint each layout saves
+    after it is the state it loaded, gathered by DCP (`test_resharded_state_dict_is_identical`)."""
     untrained = runs.layout("tp2-btp").losses[0]
-    trained = runs.root / "tp2-btp" / "checkpoint" / f"step-{STEPS}"
     at = runs.common.index("--training.steps")
     common = runs.common[:at] + runs.common[at + 2 :]
     losses = {"untrained": untrained}
@@ -214,10 +218,16 @@ def resharded_losses(runs) -> dict[str, float]:
         dump = runs.root / f"resharded-{name}"
         _torchrun(
             layout.nproc, dump, *common, "--training.steps", "1", "--checkpoint.enable",
-            "--checkpoint.initial_load_path", str(trained), *layout.args,
+            "--checkpoint.initial_load_path", str(_trained(runs)), "--optimizer.lr", "0",
+            "--checkpoint.last_save_model_only", *layout.args,
         )  # fmt: skip
         [losses[name]] = _losses(dump)
     return losses
+
+
+def _trained(runs: Runs) -> Path:
+    """The full checkpoint tp2-btp saved at its last step."""
+    return runs.root / "tp2-btp" / "checkpoint" / f"step-{STEPS}"
 
 
 @pytest.mark.slow
@@ -229,3 +239,23 @@ def test_btp_checkpoint_loads_under_other_layouts(resharded_losses, layout):
     print(f"{layout}: loss {resharded_losses[layout]} vs tp2-btp {same}")
     assert abs(resharded_losses[layout] - same) <= TOLERANCE
     assert same < resharded_losses["untrained"] - 1.0  # the trained weights were loaded
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(RESHARDED))
+def test_resharded_state_dict_is_identical(runs, resharded_losses, layout):
+    """Each layout's full model state dict after loading the BTP TP=2 checkpoint (saved by
+    it after a step at LR 0, read back whole in one process) equals the TP=2 checkpoint's
+    bit for bit: same keys, shapes, dtypes and bytes."""
+    from boost_titan.export import load_model_state
+
+    saved = load_model_state(str(_trained(runs)))
+    loaded = load_model_state(str(runs.root / f"resharded-{layout}" / "checkpoint" / "step-1"))
+    assert loaded.keys() == saved.keys()
+    differing = [
+        key for key, tensor in saved.items()
+        if tensor.dtype != loaded[key].dtype or tensor.shape != loaded[key].shape
+        or not torch.equal(tensor.view(torch.uint8), loaded[key].view(torch.uint8))
+    ]  # fmt: skip
+    print(f"{layout}: {len(saved)} tensors, {len(differing)} differ from tp2-btp's checkpoint")
+    assert not differing, differing[:5]
