@@ -13,7 +13,7 @@ from boost_titan.bench.__main__ import main
 def test_cpu_json_schema(capsys):
     tiny = ["--dim", "32", "--rank", "8", "--heads", "2", "--ffn-dim", "64", "--vocab-size", "32",
             "--seq-len", "8", "--micro-batch", "1"]
-    argv = ["cpu", *tiny, "--repeats", "1", "--warmup", "0", "--json", "-"]
+    argv = ["cpu", *tiny, "--repeats", "1", "--warmup", "0", "--profile", "1", "--json", "-"]
     assert main(argv) == 0
     records = json.loads(capsys.readouterr().out)
     assert [(r["strategy"], r["arch"]) for r in records] == [
@@ -23,9 +23,17 @@ def test_cpu_json_schema(capsys):
                 "micro_batch", "ratio_to_btp", "ratio_to_btp_paired"} <= set(r)
         assert r["repeats"] == len(r["step_ms"]) == 1 and r["tp"] == 2
         assert r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
+        split = r["profile_ms"]
+        assert set(split) == {"step", "gemm", "attention", "comm", "other"}
+        assert split["gemm"] > 0 and split["attention"] > 0 and split["comm"] > 0
+        assert sum(v for k, v in split.items() if k != "step") == pytest.approx(split["step"])
     assert records[0]["ratio_to_btp"] == 1.0
+    # the full-rank baseline runs TorchTitan's ungrouped layout; low-rank ones group
+    assert [r["group_linears"] for r in records] == [True, True, False]
 
 
 def test_cpu_rejects_bad_config(capsys):
     assert main(["cpu", "--dim", "30", "--heads", "3", "--rank", "6"]) == 2
     assert "not divisible by tp 2" in capsys.readouterr().err
+    assert main(["cpu", "--profile", "-1"]) == 2
+    assert "--profile >= 0" in capsys.readouterr().err

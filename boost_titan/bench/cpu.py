@@ -5,6 +5,11 @@ fullrank twin) with the real TP plan and AdamW, then time whole steps (forward,
 loss-parallel cross-entropy, backward, optimizer step). Strategies are interleaved within
 every repetition, in a rotating order, so drifting machine load hits them alike; a step's
 time is that of the slowest rank. Warm-up repetitions are dropped.
+
+The full-rank baseline runs TorchTitan's llama3 layout: separate q/k/v and gate/up GEMMs
+(`group_linears=False`). Grouped, it would concatenate its large weights on every forward,
+which measured slower here; the low-rank strategies keep grouping (one GEMM and one
+all-reduce per group, BOOST's linear grouping).
 """
 
 from __future__ import annotations
@@ -50,14 +55,16 @@ class CpuConfig:
     micro_batch: int = 2
     arch: str = "cola"
     tp: int = 2
-    repeats: int = 7
+    repeats: int = 10
     warmup: int = 2
+    profile_steps: int = 0
 
     def model_args(self, strategy: str) -> BoostModelArgs:
+        full_rank = strategy == "megatron"
         args = BoostModelArgs(
             dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads, ffn_dim=self.ffn_dim,
             vocab_size=self.vocab_size, rank=self.rank, max_seq_len=self.seq_len,
-            arch="fullrank" if strategy == "megatron" else self.arch,
+            arch="fullrank" if full_rank else self.arch, group_linears=not full_rank,
         )
         args.validate()
         return args
@@ -67,7 +74,9 @@ class CpuConfig:
 class CpuRecord:
     """Step times of one strategy. ratio_to_btp: this median / BTP's median in the same
     run; ratio_to_btp_paired: the median over repetitions of this step / BTP's step of
-    the same repetition (robust to load that drifts between repetitions)."""
+    the same repetition (robust to load that drifts between repetitions). profile_ms (with
+    --profile N): rank 0's mean step under torch.profiler split into gemm, attention,
+    comm (collectives and waiting for them) and other, in ms; they add up to step."""
 
     strategy: str
     arch: str
@@ -81,6 +90,7 @@ class CpuRecord:
     ffn_dim: int
     n_layers: int
     vocab_size: int
+    group_linears: bool
     warmup: int
     repeats: int
     step_ms_median: float
@@ -89,6 +99,7 @@ class CpuRecord:
     step_ms: list[float]
     ratio_to_btp: float | None = None
     ratio_to_btp_paired: float | None = None
+    profile_ms: dict[str, float] | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -126,6 +137,30 @@ def _timed(trainee: _Trainee, tokens: torch.Tensor, labels: torch.Tensor) -> flo
     return elapsed.item() * 1e3
 
 
+PROFILE_KINDS = {
+    "gemm": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "attention": ("aten::_scaled_dot_product",),
+    "comm": ("c10d::", "_c10d_functional::"),
+}
+"""Profiler op-name prefixes of each kind of work; the rest of a step is `other`."""
+
+
+def _profiled(trainee: _Trainee, tokens: torch.Tensor, labels: torch.Tensor, steps: int) -> dict:
+    """Mean milliseconds per step of this rank, by kind of op (profiler self times)."""
+    dist.barrier()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainee.step(tokens, labels)
+        step_ms = (time.perf_counter() - start) * 1e3 / steps
+    split = dict.fromkeys(PROFILE_KINDS, 0.0)
+    for event in prof.key_averages():
+        kind = next((k for k, names in PROFILE_KINDS.items() if event.key.startswith(names)), None)
+        if kind:
+            split[kind] += event.self_cpu_time_total / 1e3 / steps
+    return {"step": step_ms, **split, "other": step_ms - sum(split.values())}
+
+
 def _worker(rank: int, port: int, cfg: CpuConfig, strategies: tuple[str, ...], out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -144,8 +179,12 @@ def _worker(rank: int, port: int, cfg: CpuConfig, strategies: tuple[str, ...], o
                 ms = _timed(trainees[strategy], tokens, labels)
                 if rep >= cfg.warmup:
                     times[strategy].append(ms)
+        profiles = {
+            s: _profiled(trainees[s], tokens, labels, cfg.profile_steps)
+            for s in (strategies if cfg.profile_steps else ())
+        }
         if rank == 0:
-            Path(out).write_text(json.dumps(times))
+            Path(out).write_text(json.dumps({"times": times, "profiles": profiles}))
     finally:
         dist.destroy_process_group()
 
@@ -167,16 +206,18 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = STRATEGIES) -> list[Cp
         for name in sharded + (("rank",) if strategy == "vanilla" else ()):
             if getattr(args, name) % cfg.tp:
                 raise ConfigError(f"{name} {getattr(args, name)} is not divisible by tp {cfg.tp}")
-    if cfg.repeats < 1 or cfg.warmup < 0:
-        raise ConfigError("--repeats must be >= 1 and --warmup >= 0")
+    if cfg.repeats < 1 or cfg.warmup < 0 or cfg.profile_steps < 0:
+        raise ConfigError("--repeats must be >= 1, --warmup and --profile >= 0")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.json")
         mp.start_processes(
             _worker, args=(_free_port(), cfg, strategies, out), nprocs=cfg.tp,
             join=True, start_method="spawn",
         )
-        times = json.loads(Path(out).read_text())
-    records = [_record(cfg, s, times[s]) for s in strategies]
+        result = json.loads(Path(out).read_text())
+    records = [_record(cfg, s, result["times"][s]) for s in strategies]
+    for r in records:
+        r.profile_ms = result["profiles"].get(r.strategy)
     if "btp" in strategies:
         btp = records[strategies.index("btp")]
         for r in records:
@@ -193,7 +234,8 @@ def _record(cfg: CpuConfig, strategy: str, ms: list[float]) -> CpuRecord:
         strategy=strategy, arch=args.arch, tp=cfg.tp, seq_len=cfg.seq_len,
         micro_batch=cfg.micro_batch, dtype="fp32", dim=cfg.dim, rank=cfg.rank,
         n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, n_layers=cfg.n_layers,
-        vocab_size=cfg.vocab_size, warmup=cfg.warmup, repeats=cfg.repeats,
+        vocab_size=cfg.vocab_size, group_linears=args.group_linears, warmup=cfg.warmup,
+        repeats=cfg.repeats,
         step_ms_median=statistics.median(ms), step_ms_min=min(ms), step_ms_max=max(ms),
         step_ms=ms,
     )
@@ -210,6 +252,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="low-rank arch of btp/vanilla; megatron trains the fullrank twin")
     parser.add_argument("--strategy", default=",".join(STRATEGIES),
                         help="comma list of btp, vanilla, megatron (interleaved)")
+    parser.add_argument("--profile", dest="profile_steps", type=int, default=0, metavar="N",
+                        help="after timing, profile N more steps per strategy and split rank "
+                             "0's step into gemm / attention / comm / other")
     parser.add_argument("--json", metavar="PATH|-",
                         help="write the records as a JSON list ('-': stdout only)")
 
@@ -232,4 +277,11 @@ def run(ns: argparse.Namespace) -> int:
         ]
         print(f"{r.strategy:>8} {r.arch:>8} {r.step_ms_median:>9.1f} {r.step_ms_min:>7.1f} "
               f"{r.step_ms_max:>7.1f} {ratios[0]:>6} {ratios[1]:>6}")
+    profiled = [r for r in records if r.profile_ms]
+    if profiled:
+        kinds = ("step", *PROFILE_KINDS, "other")
+        print(f"\nrank 0 under torch.profiler, ms per step ({cfg.profile_steps} steps each):")
+        print(f"{'strategy':>8} " + " ".join(f"{k:>9}" for k in kinds))
+        for r in profiled:
+            print(f"{r.strategy:>8} " + " ".join(f"{r.profile_ms[k]:>9.1f}" for k in kinds))
     return 0
