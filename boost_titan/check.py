@@ -145,6 +145,11 @@ def check_initial_checkpoint(checkpoint) -> None:
     """`checkpoint.initial_load_path` must be a complete DCP checkpoint folder, or with
     `initial_load_in_hf` a folder written by `python -m boost_titan.export`."""
     path = checkpoint.initial_load_path
+    if path and not checkpoint.enable:
+        raise ConfigError(
+            f"checkpoint.initial_load_path {path} is ignored while checkpoint.enable is false "
+            "(training would start from scratch); add --checkpoint.enable"
+        )
     if checkpoint.initial_load_in_hf:
         from boost_titan.export import check_export_files
 

@@ -54,6 +54,11 @@ def test_checkpoint_path_not_a_folder(tmp_path: Path):
     assert_one_error(result, "is not a folder", "step-N")
 
 
+def test_initial_checkpoint_without_checkpointing(tmp_path: Path):
+    result = _debug("--checkpoint.initial_load_path", str(tmp_path), "--checkpoint.no_enable")
+    assert_one_error(result, "is ignored while checkpoint.enable is false", "add --checkpoint.enable")
+
+
 def test_truncated_checkpoint(tmp_path: Path):
     """A checkpoint folder with shards but no DCP .metadata (a crash while saving)."""
     (tmp_path / "__0_0.distcp").write_bytes(b"\0" * 16)
