@@ -7,8 +7,12 @@ process group through functional collectives, so `CommDebugMode` sees them and
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 import torch
 import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
 from torch.distributed import ProcessGroup
 
 
@@ -44,15 +48,37 @@ class _SumPartials(torch.autograd.Function):
         return grad, None
 
 
-class _ReduceGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x
+class _ColumnLinears(torch.autograd.Function):
+    """y_p = x_p W_p^T on a replicated input; backward all-reduces the input grad once,
+    overlapped with the weight-grad GEMMs (Megatron's asynchronous grad all-reduce)."""
 
     @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
+    def forward(ctx, x, group, split_input, *weights):
+        ctx.group, ctx.split_input = group, split_input
+        ctx.save_for_backward(x, *weights)
+        return tuple(F.linear(x_p, w) for x_p, w in zip(_inputs(x, weights, split_input), weights))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *weights = ctx.saved_tensors
+        grads_x = [g @ w for g, w in zip(grads, weights)]
+        if ctx.split_input:
+            grad_x = torch.cat(grads_x, dim=-1)
+        else:
+            grad_x = functools.reduce(torch.add, grads_x)
+        # launched now, waited for after the weight grads: the all-reduce runs behind them
+        reduced = funcol.all_reduce(grad_x.contiguous(), "sum", ctx.group)
+        grads_w = [
+            g.flatten(0, -2).t() @ x_p.flatten(0, -2)
+            for g, x_p in zip(grads, _inputs(x, weights, ctx.split_input))
+        ]
+        return funcol.wait_tensor(reduced), None, None, *grads_w
+
+
+def _inputs(x: torch.Tensor, weights: Sequence[torch.Tensor], split: bool) -> list[torch.Tensor]:
+    if split:
+        return list(x.split([w.shape[1] for w in weights], dim=-1))
+    return [x] * len(weights)
 
 
 class _SumBoth(torch.autograd.Function):
@@ -104,10 +130,20 @@ def sum_partials(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return _SumPartials.apply(x, group)
 
 
-def reduce_grad(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-    """Forward: identity on a replicated tensor. Backward: all-reduce the partial grads of
-    the column-parallel consumers that follow."""
-    return _ReduceGrad.apply(x, group)
+def column_linears(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    group: ProcessGroup,
+    *,
+    split_input: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Column-parallel linears ``F.linear(x_p, W_p)`` on a replicated input, one per local
+    weight shard W_p: every W_p sees all of x, or with `split_input` x's last dim is cut
+    into consecutive chunks of ``W_p.shape[1]`` (grouped up-projections of concatenated
+    latents). Forward: no collective. Backward: the input grad (summed over p, or
+    concatenated) is a partial sum; ONE all-reduce makes it whole, launched before the
+    weight-grad GEMMs and waited for after them."""
+    return _ColumnLinears.apply(x, group, split_input, *weights)
 
 
 def sum_both(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:

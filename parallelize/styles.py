@@ -32,7 +32,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from boost_titan.models.layers import down_of, latent_of, latent_or_none, up_of
+from boost_titan.models.layers import (
+    down_of,
+    group_latents,
+    latent_of,
+    latent_or_none,
+    up_of,
+)
 
 from . import comm
 from .norms import online_rmsnorm_down, sync_rmsnorm
@@ -91,9 +97,10 @@ class ColumnParallel(_ShardParams):
 
     In: replicated. Out: sharded (or replicated with `gather_output`; or a
     `DTensor(Shard(-1))` with `output_dtensor`, for loss-parallel cross-entropy).
-    Backward: the input grad is a partial sum; `reduce_input_grad` all-reduces it here.
-    Turn it off when the producer of the input already reduces the grad once for a group
-    of consumers (linear grouping) or reduce-scatters it.
+    Backward: the input grad is a partial sum; `reduce_input_grad` all-reduces it here,
+    overlapped with the weight-grad GEMM. Turn it off when the module's weights are used
+    by a normed-projections style (which reduces a whole group's input grad at once) or
+    when the producer of the input reduce-scatters the grad.
     """
 
     placements = {"weight": Shard(0), "bias": Shard(0)}
@@ -116,11 +123,13 @@ class ColumnParallel(_ShardParams):
         return super()._apply(module, device_mesh)
 
     def _local_forward(self, module, group, x):
-        x = local(x)
+        x, weight = local(x), local(module.weight)
         if self.reduce_input_grad:
-            x = comm.reduce_grad(x, group)
-        bias = local(module.bias) if module.bias is not None else None
-        y = F.linear(x, local(module.weight), bias)
+            (y,) = comm.column_linears(x, [weight], group)
+        else:
+            y = F.linear(x, weight)
+        if module.bias is not None:
+            y = y + local(module.bias)
         if self.gather_output:
             return comm.gather_last(y, group)
         if self.output_dtensor:
@@ -233,10 +242,11 @@ class BottleneckNormedProjections(_ShardParams):
     3r+1 / 2r+1 elements per token; ungrouped: r+1 for q and gate, r for the others), in
     the activation dtype; `"sync"` all-reduces it on its own first ([T, 1] forward and
     backward) and shares the normalised shard between the groups. Latent activations and
-    LaX crossing then run replicated, and one `reduce_grad` per group on the concatenated
-    latents gives the up-projections (ColumnParallel with `reduce_input_grad=False`) a
-    single backward all-reduce each. Out: the up-projections' outputs, sharded, and the
-    replicated latents.
+    LaX crossing then run replicated, and each group's up-projections run here as one
+    `comm.column_linears` on the concatenated latents: a single backward all-reduce per
+    group, overlapped with the ups' weight grads (their own ColumnParallel entries,
+    `reduce_input_grad=False`, only shard the weights). Out: the up-projections'
+    outputs, sharded, and the replicated latents.
     """
 
     placements = {"weight": Shard(0)}
@@ -258,20 +268,23 @@ class BottleneckNormedProjections(_ShardParams):
             return sync_rmsnorm(x, weight, _dim(module), eps, group)
         groups = [list(projections)] if module.grouped else [[p] for p in projections]
         zs = self._down(x, weight, _dim(module), eps, groups, group)
-        prevs = prevs or [None] * len(projections)
-        latents = [latent_of(p, z, h) for p, z, h in zip(projections, zs, prevs)]
-        # the ups' partial input grads are all-reduced once per group; the latents handed
-        # to the next block's crossing bypass that all-reduce (their grads are replicated)
-        if module.grouped:
-            for_ups = _reduce_grad_once(latents, group)
-        else:
-            for_ups = [comm.reduce_grad(h, group) for h in latents]
-        outputs = [up_of(p, h) for p, h in zip(projections, for_ups)]
-        return outputs, [latent_or_none(p, h) for p, h in zip(projections, latents)]
+        prevs = iter(prevs or [None] * len(projections))
+        outputs, latents = [], []
+        for members, z in zip(groups, zs):
+            h, hs = group_latents(members, z, [next(prevs) for _ in members])
+            # the ups' partial input grads: one all-reduce per group; the latents handed
+            # to the next block's crossing bypass it (their grads are replicated)
+            ups = comm.column_linears(h, [local(p.up.weight) for p in members], group,
+                                      split_input=True)
+            outputs += [y if p.up.bias is None else y + local(p.up.bias)
+                        for y, p in zip(ups, members)]
+            latents += hs
+        return outputs, latents
 
     def _down(self, x, weight, dim, eps, groups, group) -> list[torch.Tensor]:
-        """Replicated z_p = A_p norm(x) for every projection: one all-reduce per group of
-        projections (one stacked GEMM each); the norm's statistic is reduced once."""
+        """Replicated [z_p for p in group] = A_p norm(x), concatenated, for every group of
+        projections: one stacked GEMM and one all-reduce each; the norm's statistic is
+        reduced once."""
         downs = [[local(down_of(p).weight) for p in g] for g in groups]
         stacked = [torch.cat(d) if len(d) > 1 else d[0] for d in downs]
         if self.rmsnorm == "online":
@@ -279,21 +292,18 @@ class BottleneckNormedProjections(_ShardParams):
         else:
             normed = sync_rmsnorm(x, weight, dim, eps, group)
             zs = [comm.sum_partials(F.linear(normed, w), group) for w in stacked]
-        return [
-            part
-            for z, d in zip(zs, downs)
-            for part in z.split([w.shape[0] for w in d], dim=-1)
-        ]
+        return list(zs)
 
 
 class ColumnNormedProjections(_ShardParams):
     """Megatron / vanilla for a `NormedProjections`: replicated norm, column-parallel projections.
 
-    In: replicated hidden state. The norm output passes one `reduce_grad` (a single backward
-    all-reduce for the whole group); the projections passed at call time must be
+    In: replicated hidden state. The projections passed at call time must be
     column-parallel (weights Shard(0), e.g. `ColumnParallel(reduce_input_grad=False)`
-    entries). Out: each projection's output (sharded for a full linear; replicated after a
-    low-rank pair's row-parallel up) and its latent, sharded along r; with
+    entries); their first GEMMs run here as one `comm.column_linears` on the norm output:
+    a single backward all-reduce for the group, overlapped with the weight grads. Out:
+    each projection's output (sharded for a full linear; replicated after a low-rank
+    pair's row-parallel up) and its latent, sharded along r; with
     `gather_latents` (vanilla LaX, whose crossing needs whole latents) the pre-activation
     latent is all-gathered and the latent is replicated.
     """
@@ -311,23 +321,15 @@ class ColumnNormedProjections(_ShardParams):
         normed = F.rms_norm(x, module.normalized_shape, local(module.weight), module.eps)
         if projections is None:
             return normed
-        normed = comm.reduce_grad(normed, group)
         downs = [local(down_of(p).weight) for p in projections]
         if module.grouped:
-            zs = F.linear(normed, torch.cat(downs)).split([d.shape[0] for d in downs], -1)
+            (fused,) = comm.column_linears(normed, [torch.cat(downs)], group)
+            zs = fused.split([d.shape[0] for d in downs], -1)
         else:
-            zs = [F.linear(normed, d) for d in downs]
+            zs = comm.column_linears(normed, downs, group)
         if self.gather_latents:
             zs = [comm.gather_last(z, group) for z in zs]
         prevs = prevs or [None] * len(projections)
         latents = [latent_of(p, z, h) for p, z, h in zip(projections, zs, prevs)]
         outputs = [up_of(p, h) for p, h in zip(projections, latents)]
         return outputs, [latent_or_none(p, h) for p, h in zip(projections, latents)]
-
-
-def _reduce_grad_once(latents: list[torch.Tensor], group) -> list[torch.Tensor]:
-    """Route the latents' backward through one all-reduce of their concatenation."""
-    if len(latents) == 1:
-        return [comm.reduce_grad(latents[0], group)]
-    sizes = [h.shape[-1] for h in latents]
-    return list(comm.reduce_grad(torch.cat(latents, dim=-1), group).split(sizes, dim=-1))

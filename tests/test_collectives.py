@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from boost_titan.bench import perfmodel as pm
 from boost_titan.bench.collectives import CollectiveCall, collective_kind, record_collectives
@@ -24,6 +25,7 @@ from boost_titan.bench.trace import (
     without,
 )
 from boost_titan.models import flavor_args
+from boost_titan.parallelize import comm
 
 BATCH, SEQ = 2, 8
 TOKENS = BATCH * SEQ
@@ -176,3 +178,33 @@ def test_recorder_sees_c10d_collectives(mesh):
     assert log.debug_counts == Counter(all_reduce=1, all_gather=1, reduce_scatter=1)
     assert [(c.kind, c.shape) for c in log.calls] == [
         ("all_reduce", (TOKENS, 3)), ("all_gather", (TOKENS, 3)), ("reduce_scatter", (TOKENS, 3))]
+
+
+class _OpLog(TorchDispatchMode):
+    """Names of the ops dispatched inside the context, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("split_input", [False, True], ids=["shared-input", "split-input"])
+def test_column_linears_overlap_grad_all_reduce(mesh, split_input):
+    """Backward issues the input-grad all-reduce before both weight-grad GEMMs and waits
+    for it after them; every grad has its input's shape."""
+    widths = [3, 5] if split_input else [4, 4]
+    x = torch.randn(BATCH, SEQ, sum(widths) if split_input else 4, requires_grad=True)
+    weights = [torch.randn(6, w, requires_grad=True) for w in widths]
+    ys = comm.column_linears(x, weights, mesh.get_group(), split_input=split_input)
+    assert [y.shape for y in ys] == [(BATCH, SEQ, 6)] * 2
+    with _OpLog() as log:
+        torch.autograd.backward(ys, [torch.ones_like(y) for y in ys])
+    launch, wait = log.names.index("all_reduce"), log.names.index("wait_tensor")
+    assert log.names[:launch].count("mm") == 2  # the two input-grad GEMMs
+    assert log.names[launch:wait].count("mm") == 2  # the weight grads, behind the all-reduce
+    assert x.grad.shape == x.shape
+    assert [w.grad.shape for w in weights] == [w.shape for w in weights]

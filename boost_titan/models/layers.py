@@ -80,6 +80,22 @@ def latent_of(
     return projection.latent(z, prev) if isinstance(projection, LowRankLinear) else z
 
 
+def group_latents(
+    projections: Sequence[LowRankLinear],
+    z: torch.Tensor,
+    prevs: Sequence[torch.Tensor | None],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Latents of low-rank projections from their concatenated down outputs z:
+    ``(h, [h_p])`` with h the concatenation of the h_p. When none crosses and all share
+    one activation, it runs once on z and the h_p are views of h."""
+    sizes = [p.down.weight.shape[0] for p in projections]
+    if all(p.cross is None for p in projections) and len({type(p.act) for p in projections}) == 1:
+        h = projections[0].act(z)
+        return h, list(h.split(sizes, dim=-1))
+    hs = [p.latent(z_p, prev) for p, z_p, prev in zip(projections, z.split(sizes, -1), prevs)]
+    return (torch.cat(hs, dim=-1) if len(hs) > 1 else hs[0]), hs
+
+
 def up_of(projection: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """A projection's second half: B h for low-rank; a full linear's output passes through."""
     return projection.up(h) if isinstance(projection, LowRankLinear) else h
