@@ -61,18 +61,23 @@ class _ColumnLinears(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         x, *weights = ctx.saved_tensors
-        grads_x = [g @ w for g, w in zip(grads, weights)]
-        if ctx.split_input:
-            grad_x = torch.cat(grads_x, dim=-1)
-        else:
-            grad_x = functools.reduce(torch.add, grads_x)
-        # launched now, waited for after the weight grads: the all-reduce runs behind them
-        reduced = funcol.all_reduce(grad_x.contiguous(), "sum", ctx.group)
+        reduced = None
+        if ctx.needs_input_grad[0]:
+            grads_x = [g @ w for g, w in zip(grads, weights)]
+            if ctx.split_input:
+                grad_x = torch.cat(grads_x, dim=-1)
+            else:
+                grad_x = functools.reduce(torch.add, grads_x)
+            # launched now, waited for after the weight grads: it runs behind them
+            reduced = funcol.all_reduce(grad_x.contiguous(), "sum", ctx.group)
         grads_w = [
-            g.flatten(0, -2).t() @ x_p.flatten(0, -2)
-            for g, x_p in zip(grads, _inputs(x, weights, ctx.split_input))
+            g.flatten(0, -2).t() @ x_p.flatten(0, -2) if needed else None
+            for g, x_p, needed in zip(
+                grads, _inputs(x, weights, ctx.split_input), ctx.needs_input_grad[3:]
+            )
         ]
-        return funcol.wait_tensor(reduced), None, None, *grads_w
+        grad_x = funcol.wait_tensor(reduced) if reduced is not None else None
+        return grad_x, None, None, *grads_w
 
 
 def _inputs(x: torch.Tensor, weights: Sequence[torch.Tensor], split: bool) -> list[torch.Tensor]:

@@ -208,3 +208,14 @@ def test_column_linears_overlap_grad_all_reduce(mesh, split_input):
     assert log.names[launch:wait].count("mm") == 2  # the weight grads, behind the all-reduce
     assert x.grad.shape == x.shape
     assert [w.grad.shape for w in weights] == [w.shape for w in weights]
+
+
+def test_column_linears_skip_unneeded_grads(mesh):
+    """A frozen weight gets no grad and an input without grad issues no all-reduce."""
+    x = torch.randn(BATCH, SEQ, 4)
+    weights = [torch.randn(6, 4, requires_grad=True), torch.randn(6, 4)]
+    ys = comm.column_linears(x, weights, mesh.get_group())
+    with record_collectives() as log:
+        torch.autograd.backward(ys[0], torch.ones_like(ys[0]))
+    assert log.calls == []
+    assert weights[0].grad.shape == (6, 4) and weights[1].grad is None
