@@ -16,6 +16,7 @@ import tempfile
 
 from boost_titan.cli import fail, parse_job_config
 from boost_titan.errors import ConfigError
+from boost_titan.run_log import is_complete_checkpoint
 
 USAGE = "usage: python -m boost_titan.check [--nproc N] --job.config_file FILE [--section.key VALUE ...]"
 
@@ -172,7 +173,7 @@ def check_initial_checkpoint(checkpoint) -> None:
             f"checkpoint.initial_load_path {path} is not a folder; point it at a step-N "
             "checkpoint folder"
         )
-    if not os.path.isfile(os.path.join(path, ".metadata")):
+    if not is_complete_checkpoint(path):
         if os.path.isfile(os.path.join(path, "model.safetensors")):
             raise ConfigError(
                 f"checkpoint.initial_load_path {path} is an export (model.safetensors), not a "

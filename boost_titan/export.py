@@ -44,7 +44,7 @@ from boost_titan.cli import fail
 from boost_titan.config import ARCHS, LAX_BASES
 from boost_titan.errors import ConfigError
 from boost_titan.models import FLAVORS, BoostModelArgs, BoostTransformer
-from boost_titan.run_log import latest_checkpoint
+from boost_titan.run_log import is_complete_checkpoint, latest_checkpoint
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -116,7 +116,7 @@ def model_metadata(checkpoint: str) -> dict[str, TensorStorageMetadata]:
         raise ConfigError(
             f"--checkpoint {checkpoint} is not a folder; point it at a step-N checkpoint folder"
         )
-    if not os.path.isfile(os.path.join(checkpoint, ".metadata")):
+    if not is_complete_checkpoint(checkpoint):
         run_folder = os.path.join(checkpoint, "checkpoint")
         newest = latest_checkpoint(checkpoint) or latest_checkpoint(run_folder)
         hint = f"did you mean {newest}?" if newest else "use a complete step-N folder"
@@ -349,7 +349,7 @@ def check_export_files(path: str) -> None:
     make = f"python -m boost_titan.export --checkpoint <step-N folder> --out {path}"
     if not os.path.isdir(path):
         raise ConfigError(f"{where} is not a folder; point it at a folder written by {make}")
-    if os.path.isfile(os.path.join(path, ".metadata")):
+    if is_complete_checkpoint(path):
         raise ConfigError(
             f"{where} is a DCP checkpoint, not an export; drop --checkpoint.initial_load_in_hf"
         )

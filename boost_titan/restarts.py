@@ -22,14 +22,11 @@ fault injector to test them.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 
 from boost_titan.errors import ConfigError
-from boost_titan.run_log import latest_checkpoint
-
-_STEP_DIR = re.compile(r"step-(\d+)$")
+from boost_titan.run_log import is_complete_checkpoint, step_folders
 
 
 def shared_store_warning(env=os.environ) -> str | None:
@@ -47,16 +44,10 @@ def shared_store_warning(env=os.environ) -> str | None:
 
 def incomplete_checkpoints(folder: str) -> list[str]:
     """Step folders under `folder` newer than the newest complete one, oldest first."""
-    if not os.path.isdir(folder):
-        return []
-    latest = latest_checkpoint(folder)
-    newest = int(_STEP_DIR.search(latest).group(1)) if latest else -1
-    steps = sorted(
-        (int(m.group(1)), name)
-        for name in os.listdir(folder)
-        if (m := _STEP_DIR.match(name)) and int(m.group(1)) > newest
-    )
-    return [os.path.join(folder, name) for _, name in steps]
+    steps = step_folders(folder)
+    complete = [step for step, path in steps if is_complete_checkpoint(path)]
+    newest = complete[-1] if complete else -1
+    return [path for step, path in steps if step > newest]
 
 
 def _die() -> None:

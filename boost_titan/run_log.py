@@ -15,16 +15,26 @@ from dataclasses import dataclass, field
 _STEP_DIR = re.compile(r"step-(\d+)$")
 
 
+def is_complete_checkpoint(path: str) -> bool:
+    """A DCP checkpoint folder whose save finished: DCP writes `.metadata` last."""
+    return os.path.isfile(os.path.join(path, ".metadata"))
+
+
+def step_folders(folder: str) -> list[tuple[int, str]]:
+    """(step, path) of every `step-N` folder under `folder`, complete or not, oldest first."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(
+        (int(m.group(1)), os.path.join(folder, name))
+        for name in os.listdir(folder)
+        if (m := _STEP_DIR.match(name))
+    )
+
+
 def latest_checkpoint(folder: str) -> str | None:
     """The newest complete `step-N` folder (one with DCP `.metadata`) under `folder`."""
-    if not os.path.isdir(folder):
-        return None
-    steps = [
-        (int(m.group(1)), name)
-        for name in os.listdir(folder)
-        if (m := _STEP_DIR.match(name)) and os.path.isfile(os.path.join(folder, name, ".metadata"))
-    ]
-    return os.path.join(folder, max(steps)[1]) if steps else None
+    complete = [path for _, path in step_folders(folder) if is_complete_checkpoint(path)]
+    return complete[-1] if complete else None
 
 
 @dataclass
