@@ -332,10 +332,7 @@ def measure_layer(
             from boost_titan.parallelize import apply_plan
             from boost_titan.parallelize.compose import build_plan
 
-            plan = build_plan(strategy, arch=args.arch)
-            for style in plan.values():
-                style.src_data_rank = None  # no broadcast of fake weights
-            apply_plan(model, mesh, plan)
+            apply_plan(model, mesh, build_plan(strategy, args), src_data_rank=None)
         apply_ac_mode(model, mode, tp_degree=tp)
         block = model.layers["1"]
         width = args.dim // tp if strategy == "btp" else args.dim

@@ -1,42 +1,59 @@
-"""Bottleneck-aware tensor parallelism (BTP) and its baselines as DTensor plans.
+"""Bottleneck-aware tensor parallelism (BTP) and its baselines as DTensor plans, for any
+torch-native decoder.
 
-`styles` holds the ParallelStyles, `plans` the FQN -> style plans (reusable on any
-torch-native model through `ModelLayout`), `norms` the sharded RMSNorms (online and sync),
-`comm` the autograd-aware collectives, `compose` TorchTitan's parallelize function.
+A model-free library: it imports torch, `boost_titan.kernels` and its own modules only.
+Describe where a model keeps its modules with a `ModelLayout`, build a plan
+(`btp_plan`, `vanilla_plan`, `megatron_plan`: FQN -> ParallelStyle) and apply it with
+`apply_plan`, which checks the plan against the model first (`verify=True` also compares
+one step with an unsharded copy). `plan_table` prints what a plan does to each module.
+
+Modules: `plans` (layouts, plan builders, apply), `styles` (single-module styles),
+`groups` (a pre-norm and the consumers it feeds, as one unit), `usage` (first-forward
+check of how the model uses a group's output), `verify`, `describe`, `norms` (sharded
+RMSNorms, online and sync), `comm` (autograd-aware collectives), `lowrank_ac` (low-rank
+activation checkpointing).
 """
 
+from .describe import plan_table
+from .groups import BottleneckGroupNorm, GroupMember, GroupUp, NormGroup, ReplicatedGroupNorm
 from .plans import (
-    BOOST_LAYOUT,
     ModelLayout,
     Plan,
     apply_plan,
     btp_plan,
     megatron_plan,
+    resolve_plan,
     vanilla_plan,
 )
 from .styles import (
-    BottleneckNormedProjections,
-    ColumnNormedProjections,
     ColumnParallel,
+    PlanError,
     Replicated,
     RowParallel,
     ShardedEmbedding,
     ShardedRMSNorm,
 )
+from .verify import verify_plan
 
 __all__ = [
-    "BOOST_LAYOUT",
-    "BottleneckNormedProjections",
-    "ColumnNormedProjections",
+    "BottleneckGroupNorm",
     "ColumnParallel",
+    "GroupMember",
+    "GroupUp",
     "ModelLayout",
+    "NormGroup",
     "Plan",
+    "PlanError",
     "Replicated",
+    "ReplicatedGroupNorm",
     "RowParallel",
     "ShardedEmbedding",
     "ShardedRMSNorm",
     "apply_plan",
     "btp_plan",
     "megatron_plan",
+    "plan_table",
+    "resolve_plan",
     "vanilla_plan",
+    "verify_plan",
 ]

@@ -97,6 +97,17 @@ class _SumBoth(torch.autograd.Function):
         return _all_reduce(grad, ctx.group), None
 
 
+class _ReduceGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
 class _GatherReplicatedGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -149,6 +160,12 @@ def column_linears(
     concatenated) is a partial sum; ONE all-reduce makes it whole, launched before the
     weight-grad GEMMs and waited for after them."""
     return _ColumnLinears.apply(x, group, split_input, *weights)
+
+
+def reduce_grad(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """Forward: identity. Backward: all-reduce the grad (its consumers' grads are partial
+    sums, e.g. several column-parallel GEMMs that read x; one all-reduce serves them all)."""
+    return _ReduceGrad.apply(x, group)
 
 
 def sum_both(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:

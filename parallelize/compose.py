@@ -19,7 +19,7 @@ from torchtitan.models.llama3.infra.parallelize import (
 from boost_titan.device import force_sum_reductions
 
 from .lowrank_ac import apply_lowrank_ac
-from .plans import BOOST_LAYOUT, Plan, apply_plan, btp_plan, megatron_plan, vanilla_plan
+from .plans import ModelLayout, Plan, apply_plan, btp_plan, megatron_plan, vanilla_plan
 
 STRATEGIES = ("btp", "vanilla", "megatron")
 
@@ -38,18 +38,33 @@ def resolve_strategy(arch: str, tp_strategy: str) -> str:
     return tp_strategy
 
 
+def boost_layout(args) -> ModelLayout:
+    """Where `BoostTransformer` keeps the modules the plans shard."""
+    lax = args.arch == "lax"
+    return ModelLayout(
+        head_dim=args.head_dim,
+        crossing=("cross", "latent_norm") if lax else (),
+        defer_latent_grads=not lax,  # LaX hands each latent to the next block's crossing
+    )
+
+
 def build_plan(
-    strategy: str, *, arch: str, rmsnorm: str = "online", loss_parallel: bool = True
+    strategy: str,
+    args,
+    *,
+    rmsnorm: str = "online",
+    group_linears: bool = True,
+    loss_parallel: bool = True,
 ) -> Plan:
     """The TP plan of our model for a strategy."""
-    crossing = arch == "lax"
+    layout = boost_layout(args)
     if strategy == "megatron":
-        return megatron_plan(BOOST_LAYOUT, loss_parallel=loss_parallel)
+        return megatron_plan(layout, group_linears=group_linears, loss_parallel=loss_parallel)
     if strategy == "vanilla":
-        return vanilla_plan(BOOST_LAYOUT, crossing=crossing, loss_parallel=loss_parallel)
+        return vanilla_plan(layout, group_linears=group_linears, loss_parallel=loss_parallel)
     if strategy == "btp":
         return btp_plan(
-            BOOST_LAYOUT, rmsnorm=rmsnorm, crossing=crossing, loss_parallel=loss_parallel
+            layout, rmsnorm=rmsnorm, group_linears=group_linears, loss_parallel=loss_parallel
         )
     raise ValueError(f"unknown TP strategy {strategy!r}")
 
@@ -61,8 +76,9 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         strategy = resolve_strategy(boost.arch, boost.tp_strategy)
         plan = build_plan(
             strategy,
-            arch=boost.arch,
+            model.args,
             rmsnorm=boost.rmsnorm,
+            group_linears=boost.group_linears,
             loss_parallel=not job_config.parallelism.disable_loss_parallel,
         )
         apply_plan(model, parallel_dims.get_mesh("tp"), plan)
@@ -80,6 +96,7 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         )
     elif boost.lowrank_ac:
         apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=parallel_dims.tp)
+        logger.info("Applied low-rank activation checkpointing to the model")
     if compile_model:
         apply_compile(model, job_config.compile)
 

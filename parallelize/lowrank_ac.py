@@ -47,7 +47,6 @@ from torch.utils.checkpoint import (
     checkpoint,
     create_selective_checkpoint_contexts,
 )
-from torchtitan.tools.logging import logger
 
 aten = torch.ops.aten
 GEMMS = frozenset({aten.mm.default, aten.addmm.default})
@@ -206,12 +205,14 @@ def lowrank_checkpoint(module: nn.Module, *args, widths: frozenset[int], **kwarg
     return out
 
 
-def apply_lowrank_ac(model: nn.Module, *, rank: int, tp_degree: int) -> None:
-    """Wrap every block of `model.layers` in low-rank activation checkpointing (in place,
-    after TP and before compile / FSDP, like TorchTitan's `apply_ac`)."""
-    layers = model.get_submodule("layers")
+def apply_lowrank_ac(
+    model: nn.Module, *, rank: int, tp_degree: int, blocks: str = "layers"
+) -> None:
+    """Wrap every child of the container `blocks` (the transformer blocks) in low-rank
+    activation checkpointing (in place, after TP and before compile / FSDP, like
+    TorchTitan's `apply_ac`). `rank`: the projections' bottleneck rank."""
+    layers = model.get_submodule(blocks)
     widths = down_widths(rank, tp_degree)
     for layer_id, block in layers.named_children():
         wrapped = checkpoint_wrapper(block, checkpoint_fn=lowrank_checkpoint, widths=widths)
         layers.register_module(layer_id, wrapped)
-    logger.info("Applied low-rank activation checkpointing to the model")

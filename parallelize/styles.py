@@ -1,10 +1,9 @@
-"""ParallelStyles for bottleneck (low-rank) and full-rank tensor parallelism.
+"""ParallelStyles for single modules: linears, embeddings and norms.
 
 Every style shards the module's parameters as DTensors on the TP mesh (so FSDP2, DCP
 checkpoints and resharding see ordinary DTensors) and swaps in a forward that computes on
 the local shards with explicit, autograd-aware collectives from `comm`. Activations
-between modules are plain local tensors; each style states the layout it expects in and
-leaves out:
+between modules are plain local tensors, in one of three layouts:
 
   * replicated : every rank holds the full tensor
   * sharded    : each rank holds its contiguous slice of the last dim
@@ -12,18 +11,23 @@ leaves out:
 
 The two linear styles are the two halves of every TP scheme:
 
-==================  ==============  ============  ===========================
-scheme              down / first    up / second   sync point
-==================  ==============  ============  ===========================
-Megatron (full)     ColumnParallel  RowParallel   all-reduce at d (per pair)
-vanilla low-rank    ColumnParallel  RowParallel   all-reduce at d_out (per pair)
+==================  ==============  ==============  ===========================
+scheme              first linear    second linear   sync point
+==================  ==============  ==============  ===========================
+Megatron (full)     ColumnParallel  RowParallel     all-reduce at d (per pair)
+vanilla low-rank    ColumnParallel  RowParallel     all-reduce at d_out (per pair)
 BTP                 RowParallel     ColumnParallel  all-reduce at r
-==================  ==============  ============  ===========================
+==================  ==============  ==============  ===========================
+
+Styles that need to see several modules at once (a pre-norm and its consumers) live in
+`groups`. Every style can `validate` a module before anything is touched and `describe`
+what it does to it (one row of `describe.plan_table`).
 """
 
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,16 +36,27 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from boost_titan.models.layers import (
-    down_of,
-    group_latents,
-    latent_of,
-    latent_or_none,
-    up_of,
-)
-
 from . import comm
-from .norms import online_rmsnorm_down, sync_rmsnorm
+from .norms import sync_rmsnorm
+
+Collective = tuple[str, int]
+"""(kind, elements per token of each rank's input buffer), e.g. ("all_reduce", 97)."""
+
+
+class PlanError(ValueError):
+    """A plan does not fit a model; the message names the module and the fix in one line."""
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a style does to one module: one row of the plan table."""
+
+    style: str
+    weights: str
+    inputs: str
+    output: str
+    forward: tuple[Collective, ...] = ()
+    backward: tuple[Collective, ...] = ()
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -49,20 +64,78 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _dim(norm: nn.Module) -> int:
-    """The full (unsharded) hidden size a norm normalises over."""
-    return norm.normalized_shape[-1]
+NORM_EPS_ATTRIBUTES = ("eps", "variance_epsilon")
+"""Where RMSNorm-like modules keep their epsilon (torch's nn.RMSNorm; Hugging Face's)."""
 
 
-def _norm_eps(norm: nn.Module, x: torch.Tensor) -> float:
-    return norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+def is_rmsnorm_like(module: nn.Module) -> bool:
+    """nn.RMSNorm, or any module with a 1-D `weight` and an epsilon attribute and no bias:
+    its output is taken to be ``x / rms(x) * weight`` over the last dim."""
+    weight = getattr(module, "weight", None)
+    return (
+        isinstance(weight, torch.Tensor)
+        and weight.dim() == 1
+        and getattr(module, "bias", None) is None
+        and any(hasattr(module, a) for a in NORM_EPS_ATTRIBUTES)
+    )
 
 
-class _ShardParams(ParallelStyle):
-    """Distributes the named parameters with the given placements and installs a forward."""
+def norm_eps(module: nn.Module, x: torch.Tensor) -> float:
+    """The epsilon of an RMSNorm-like module (None: the dtype's machine epsilon, as
+    nn.RMSNorm does)."""
+    for attribute in NORM_EPS_ATTRIBUTES:
+        if hasattr(module, attribute):
+            eps = getattr(module, attribute)
+            return torch.finfo(x.dtype).eps if eps is None else float(eps)
+    raise AttributeError(f"{type(module).__name__} has no epsilon attribute")
+
+
+def norm_dim(module: nn.Module) -> int:
+    """The full (unsharded) hidden size an RMSNorm-like module normalises over."""
+    return module.weight.shape[0]
+
+
+def describe_placements(module: nn.Module, placements: dict[str, Placement]) -> str:
+    names = [n for n, _ in module.named_parameters(recurse=False)]
+    if not names:
+        return "-"
+    return ", ".join(f"{n} {placements.get(n, Replicate())}" for n in names)
+
+
+class TPStyle(ParallelStyle):
+    """Distributes a module's own parameters with `placements` (Replicate by default) and
+    installs a forward on local tensors. Subclasses set `module_kinds` and implement
+    `_local_forward` and `role`."""
 
     placements: dict[str, Placement] = {}
+    module_kinds: tuple[type, ...] = (nn.Linear,)
 
+    # ---- checks and description, before anything is touched ----------------------------
+    def kind_ok(self, module: nn.Module) -> bool:
+        return isinstance(module, self.module_kinds)
+
+    def kind_names(self) -> str:
+        return " or ".join(t.__name__ for t in self.module_kinds)
+
+    def validate(self, module: nn.Module, tp: int) -> None:
+        """Raise PlanError (message without the FQN) if this style cannot shard `module`."""
+        if not self.kind_ok(module):
+            raise PlanError(
+                f"{type(self).__name__} applies to {self.kind_names()}, "
+                f"not {type(module).__name__}; fix the layout's FQN or the module"
+            )
+        for name, param in module.named_parameters(recurse=False):
+            placement = self.placements.get(name, Replicate())
+            if isinstance(placement, Shard) and param.shape[placement.dim] % tp:
+                raise PlanError(
+                    f"{name} dim {placement.dim} of size {param.shape[placement.dim]} does "
+                    f"not split over TP {tp}; choose a TP degree that divides it"
+                )
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        raise NotImplementedError
+
+    # ---- application --------------------------------------------------------------------
     def _distribute(self, module: nn.Module, mesh: DeviceMesh) -> None:
         for name, param in list(module.named_parameters(recurse=False)):
             placement = self.placements.get(name, Replicate())
@@ -86,21 +159,21 @@ class _ShardParams(ParallelStyle):
         return module
 
 
-def _check_type(module: nn.Module, types_: tuple[type, ...], style: str) -> None:
-    if not isinstance(module, types_):
-        names = ", ".join(t.__name__ for t in types_)
-        raise TypeError(f"{style} applies to {names}, not {type(module).__name__}")
+def linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
+    """F.linear with the module's local weight and bias shards."""
+    bias = local(module.bias) if module.bias is not None else None
+    return F.linear(x, local(module.weight), bias)
 
 
-class ColumnParallel(_ShardParams):
-    """nn.Linear with its output features sharded (weight Shard(0)).
+class ColumnParallel(TPStyle):
+    """nn.Linear with its output features sharded (weight and bias Shard(0)).
 
     In: replicated. Out: sharded (or replicated with `gather_output`; or a
     `DTensor(Shard(-1))` with `output_dtensor`, for loss-parallel cross-entropy).
     Backward: the input grad is a partial sum; `reduce_input_grad` all-reduces it here,
-    overlapped with the weight-grad GEMM. Turn it off when the module's weights are used
-    by a normed-projections style (which reduces a whole group's input grad at once) or
-    when the producer of the input reduce-scatters the grad.
+    overlapped with the weight-grad GEMM. Turn it off when the producer of the input
+    reduces it (a norm group, or an all-gather whose backward reduce-scatters).
+    `head_dim`: the outputs are attention heads of that size, which must split evenly.
     """
 
     placements = {"weight": Shard(0), "bias": Shard(0)}
@@ -111,25 +184,42 @@ class ColumnParallel(_ShardParams):
         reduce_input_grad: bool = True,
         gather_output: bool = False,
         output_dtensor: bool = False,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.reduce_input_grad = reduce_input_grad
         self.gather_output = gather_output
         self.output_dtensor = output_dtensor
+        self.head_dim = head_dim
+
+    def validate(self, module: nn.Module, tp: int) -> None:
+        super().validate(module, tp)
+        check_heads(module.out_features, self.head_dim, tp)
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        n_in, n_out = module.in_features, module.out_features
+        output = "sharded"
+        forward: tuple[Collective, ...] = ()
+        if self.gather_output:
+            output, forward = "replicated", (("all_gather", n_out // tp),)
+        elif self.output_dtensor:
+            output = "DTensor Shard(-1)"
+        backward = (("all_reduce", n_in),) if self.reduce_input_grad else ()
+        inputs = "replicated" if self.reduce_input_grad else "replicated (grad reduced upstream)"
+        return Role("ColumnParallel", describe_placements(module, self.placements), inputs,
+                    output, forward, backward)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _check_type(module, (nn.Linear,), "ColumnParallel")
         self.mesh = device_mesh
         return super()._apply(module, device_mesh)
 
     def _local_forward(self, module, group, x):
-        x, weight = local(x), local(module.weight)
+        x = local(x)
         if self.reduce_input_grad:
-            (y,) = comm.column_linears(x, [weight], group)
+            (y,) = comm.column_linears(x, [local(module.weight)], group)
+            y = y + local(module.bias) if module.bias is not None else y
         else:
-            y = F.linear(x, weight)
-        if module.bias is not None:
-            y = y + local(module.bias)
+            y = linear(x, module)
         if self.gather_output:
             return comm.gather_last(y, group)
         if self.output_dtensor:
@@ -137,23 +227,32 @@ class ColumnParallel(_ShardParams):
         return y
 
 
-class RowParallel(_ShardParams):
-    """nn.Linear with its input features sharded (weight Shard(1)).
+class RowParallel(TPStyle):
+    """nn.Linear with its input features sharded (weight Shard(1), bias Replicate).
 
     In: sharded (or replicated with `split_input`, which takes this rank's slice).
     Out: replicated, through one all-reduce of the partial products. Backward: no
-    collective (the replicated output grad is every partial's grad).
+    collective (the replicated output grad is every partial's grad). `head_dim`: the
+    inputs are attention heads of that size, which must split evenly.
     """
 
     placements = {"weight": Shard(1), "bias": Replicate()}
 
-    def __init__(self, *, split_input: bool = False) -> None:
+    def __init__(self, *, split_input: bool = False, head_dim: int | None = None) -> None:
         super().__init__()
         self.split_input = split_input
+        self.head_dim = head_dim
 
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _check_type(module, (nn.Linear,), "RowParallel")
-        return super()._apply(module, device_mesh)
+    def validate(self, module: nn.Module, tp: int) -> None:
+        super().validate(module, tp)
+        check_heads(module.in_features, self.head_dim, tp)
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        n_in, n_out = module.in_features, module.out_features
+        inputs = "replicated (own slice taken)" if self.split_input else "sharded"
+        backward = (("all_gather", n_in // tp),) if self.split_input else ()
+        return Role("RowParallel", describe_placements(module, self.placements), inputs,
+                    "replicated", (("all_reduce", n_out),), backward)
 
     def _local_forward(self, module, group, x):
         x = local(x)
@@ -163,33 +262,46 @@ class RowParallel(_ShardParams):
         return y + local(module.bias) if module.bias is not None else y
 
 
-class Replicated(_ShardParams):
+class Replicated(TPStyle):
     """Parameters replicated on every rank; the module runs on local tensors, no collective.
 
-    Supports nn.Linear, nn.Embedding, nn.LayerNorm and nn.RMSNorm. Use it only where the
-    input and its gradient are replicated too (otherwise the weight grad would be partial).
+    Supports nn.Linear, nn.Embedding, nn.LayerNorm and RMSNorm-like modules. Use it only
+    where the input and its gradient are replicated too (otherwise the weight grad would
+    be partial). `optional`: the plan key may match no module (LaX's crossing modules,
+    absent from the first block).
     """
 
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _check_type(
-            module, (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm), "Replicated"
-        )
-        return super()._apply(module, device_mesh)
+    module_kinds = (nn.Linear, nn.Embedding, nn.LayerNorm)
+
+    def __init__(self, *, optional: bool = False) -> None:
+        super().__init__()
+        self.optional = optional
+
+    def kind_ok(self, module: nn.Module) -> bool:
+        return super().kind_ok(module) or is_rmsnorm_like(module)
+
+    def kind_names(self) -> str:
+        return super().kind_names() + " or an RMSNorm-like module"
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        inputs = "tokens" if isinstance(module, nn.Embedding) else "replicated"
+        return Role("Replicated", describe_placements(module, self.placements), inputs,
+                    "replicated")
 
     def _local_forward(self, module, group, x, *args):
-        w = local(module.weight) if module.weight is not None else None
+        x = local(x)
         if isinstance(module, nn.Linear):
-            bias = local(module.bias) if module.bias is not None else None
-            return F.linear(local(x), w, bias)
+            return linear(x, module)
         if isinstance(module, nn.Embedding):
-            return F.embedding(local(x), w)
+            return F.embedding(x, local(module.weight))
         if isinstance(module, nn.LayerNorm):
+            weight = local(module.weight) if module.weight is not None else None
             bias = local(module.bias) if module.bias is not None else None
-            return F.layer_norm(local(x), module.normalized_shape, w, bias, module.eps)
-        return F.rms_norm(local(x), module.normalized_shape, w, module.eps)
+            return F.layer_norm(x, module.normalized_shape, weight, bias, module.eps)
+        return F.rms_norm(x, (norm_dim(module),), local(module.weight), norm_eps(module, x))
 
 
-class ShardedEmbedding(_ShardParams):
+class ShardedEmbedding(TPStyle):
     """nn.Embedding sharded along the embedding dim (weight Shard(1)).
 
     In: replicated token ids. Out: the hidden state sharded along its last dim, looked up
@@ -197,17 +309,18 @@ class ShardedEmbedding(_ShardParams):
     """
 
     placements = {"weight": Shard(1)}
+    module_kinds = (nn.Embedding,)
 
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _check_type(module, (nn.Embedding,), "ShardedEmbedding")
-        return super()._apply(module, device_mesh)
+    def role(self, module: nn.Module, tp: int) -> Role:
+        return Role("ShardedEmbedding", describe_placements(module, self.placements),
+                    "tokens", "sharded")
 
     def _local_forward(self, module, group, tokens):
         return F.embedding(local(tokens), local(module.weight))
 
 
-class ShardedRMSNorm(_ShardParams):
-    """nn.RMSNorm over a sharded hidden dim (weight Shard(0)), sync flavour.
+class ShardedRMSNorm(TPStyle):
+    """An RMSNorm-like module over a sharded hidden dim (weight Shard(0)), sync flavour.
 
     In: sharded. Out: sharded; with `gather_output` replicated through one all-gather whose
     backward is a reduce-scatter (the consumer is column-parallel, so its grad is partial).
@@ -220,116 +333,42 @@ class ShardedRMSNorm(_ShardParams):
         super().__init__()
         self.gather_output = gather_output
 
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _check_type(module, (nn.RMSNorm,), "ShardedRMSNorm")
-        return super()._apply(module, device_mesh)
+    def kind_ok(self, module: nn.Module) -> bool:
+        return is_rmsnorm_like(module)
+
+    def kind_names(self) -> str:
+        return "an RMSNorm-like module (1-D weight, eps, no bias)"
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        d = norm_dim(module)
+        forward: tuple[Collective, ...] = (("all_reduce", 1),)
+        backward: tuple[Collective, ...] = (("all_reduce", 1),)
+        output = "sharded"
+        if self.gather_output:
+            output = "replicated"
+            forward += (("all_gather", d // tp),)
+            backward += (("reduce_scatter", d),)
+        return Role("ShardedRMSNorm", describe_placements(module, self.placements), "sharded",
+                    output, forward, backward)
 
     def _local_forward(self, module, group, x):
         x = local(x)
-        y = sync_rmsnorm(x, local(module.weight), _dim(module), _norm_eps(module, x), group)
+        y = sync_rmsnorm(x, local(module.weight), norm_dim(module), norm_eps(module, x), group)
         return comm.gather_last_reduce_scatter_grad(y, group) if self.gather_output else y
 
 
-class BottleneckNormedProjections(_ShardParams):
-    """BTP for a `NormedProjections`: sharded-input RMSNorm fused with its down-projections.
-
-    In: the hidden state, sharded. The down-projections passed at call time must be
-    row-parallel (their weights Shard(1), e.g. by `RowParallel` entries of the same plan).
-    Forward: the norm's statistic is reduced once and each group of projections (q,k,v or
-    gate,up with grouping; each projection on its own without) runs one GEMM on local
-    shards and ONE all-reduce that returns its replicated low-rank latents. With
-    `rmsnorm="online"` the statistic rides in the first group's all-reduce (grouped:
-    3r+1 / 2r+1 elements per token; ungrouped: r+1 for q and gate, r for the others), in
-    the activation dtype; `"sync"` all-reduces it on its own first ([T, 1] forward and
-    backward) and shares the normalised shard between the groups. Latent activations and
-    LaX crossing then run replicated, and each group's up-projections run here as one
-    `comm.column_linears` on the concatenated latents: a single backward all-reduce per
-    group, overlapped with the ups' weight grads (their own ColumnParallel entries,
-    `reduce_input_grad=False`, only shard the weights). Out: the up-projections'
-    outputs, sharded, and the replicated latents.
-    """
-
-    placements = {"weight": Shard(0)}
-
-    def __init__(self, *, rmsnorm: str = "online") -> None:
-        super().__init__()
-        if rmsnorm not in ("online", "sync"):
-            raise ValueError(f"rmsnorm must be online or sync, not {rmsnorm!r}")
-        self.rmsnorm = rmsnorm
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _check_type(module, (nn.RMSNorm,), "BottleneckNormedProjections")
-        return super()._apply(module, device_mesh)
-
-    def _local_forward(self, module, group, x, projections=None, prevs=None):
-        x = local(x)
-        weight, eps = local(module.weight), _norm_eps(module, x)
-        if projections is None:
-            return sync_rmsnorm(x, weight, _dim(module), eps, group)
-        groups = [list(projections)] if module.grouped else [[p] for p in projections]
-        zs = self._down(x, weight, _dim(module), eps, groups, group)
-        prevs = iter(prevs or [None] * len(projections))
-        outputs, latents = [], []
-        for members, z in zip(groups, zs):
-            h, hs = group_latents(members, z, [next(prevs) for _ in members])
-            # the ups' partial input grads: one all-reduce per group; the latents handed
-            # to the next block's crossing bypass it (their grads are replicated)
-            ups = comm.column_linears(h, [local(p.up.weight) for p in members], group,
-                                      split_input=True)
-            outputs += [y if p.up.bias is None else y + local(p.up.bias)
-                        for y, p in zip(ups, members)]
-            latents += hs
-        return outputs, latents
-
-    def _down(self, x, weight, dim, eps, groups, group) -> list[torch.Tensor]:
-        """Replicated [z_p for p in group] = A_p norm(x), concatenated, for every group of
-        projections: one stacked GEMM and one all-reduce each; the norm's statistic is
-        reduced once."""
-        downs = [[local(down_of(p).weight) for p in g] for g in groups]
-        stacked = [torch.cat(d) if len(d) > 1 else d[0] for d in downs]
-        if self.rmsnorm == "online":
-            zs = online_rmsnorm_down(x, weight, stacked, dim, eps, group)
-        else:
-            normed = sync_rmsnorm(x, weight, dim, eps, group)
-            zs = [comm.sum_partials(F.linear(normed, w), group) for w in stacked]
-        return list(zs)
-
-
-class ColumnNormedProjections(_ShardParams):
-    """Megatron / vanilla for a `NormedProjections`: replicated norm, column-parallel projections.
-
-    In: replicated hidden state. The projections passed at call time must be
-    column-parallel (weights Shard(0), e.g. `ColumnParallel(reduce_input_grad=False)`
-    entries); their first GEMMs run here as one `comm.column_linears` on the norm output:
-    a single backward all-reduce for the group, overlapped with the weight grads. Out:
-    each projection's output (sharded for a full linear; replicated after a low-rank
-    pair's row-parallel up) and its latent, sharded along r; with
-    `gather_latents` (vanilla LaX, whose crossing needs whole latents) the pre-activation
-    latent is all-gathered and the latent is replicated.
-    """
-
-    def __init__(self, *, gather_latents: bool = False) -> None:
-        super().__init__()
-        self.gather_latents = gather_latents
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _check_type(module, (nn.RMSNorm,), "ColumnNormedProjections")
-        return super()._apply(module, device_mesh)
-
-    def _local_forward(self, module, group, x, projections=None, prevs=None):
-        x = local(x)
-        normed = F.rms_norm(x, module.normalized_shape, local(module.weight), module.eps)
-        if projections is None:
-            return normed
-        downs = [local(down_of(p).weight) for p in projections]
-        if module.grouped:
-            (fused,) = comm.column_linears(normed, [torch.cat(downs)], group)
-            zs = fused.split([d.shape[0] for d in downs], -1)
-        else:
-            zs = comm.column_linears(normed, downs, group)
-        if self.gather_latents:
-            zs = [comm.gather_last(z, group) for z in zs]
-        prevs = prevs or [None] * len(projections)
-        latents = [latent_of(p, z, h) for p, z, h in zip(projections, zs, prevs)]
-        outputs = [up_of(p, h) for p, h in zip(projections, latents)]
-        return outputs, [latent_or_none(p, h) for p, h in zip(projections, latents)]
+def check_heads(features: int, head_dim: int | None, tp: int) -> None:
+    """Attention heads of `head_dim` in `features` must split evenly over `tp` ranks."""
+    if not head_dim:
+        return
+    if features % head_dim:
+        raise PlanError(
+            f"{features} features are not a whole number of heads of {head_dim}; "
+            "fix ModelLayout.head_dim"
+        )
+    heads = features // head_dim
+    if heads % tp:
+        raise PlanError(
+            f"{heads} attention heads do not split over TP {tp}; "
+            "choose a TP degree that divides the number of heads (and of kv heads)"
+        )

@@ -30,6 +30,20 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, k
         dist.destroy_process_group()
 
 
+@torch.no_grad()
+def randomize(model: torch.nn.Module, seed: int = 0) -> None:
+    """Give every parameter random values: 1-D ones (norm weights, biases) uniform in
+    [0.5, 1.5], matrices their own values plus 10% noise. Unit norm weights and zero
+    biases hide dropped factors and terms in backward formulas."""
+    generator = torch.Generator().manual_seed(seed)
+    for param in model.parameters():
+        noise = torch.rand(param.shape, generator=generator, dtype=param.dtype)
+        if param.dim() == 1:
+            param.copy_(0.5 + noise)
+        else:
+            param.add_((noise - 0.5) * 0.2 * param.abs().mean())
+
+
 def run_on_ranks(fn: Callable[..., Any], world_size: int, **kwargs) -> list[Any]:
     """Spawn `world_size` processes running `fn(rank=, world_size=, **kwargs)` inside an
     initialised gloo process group; return their results in rank order. `fn` must be a

@@ -1,108 +1,374 @@
-"""The BTP plan applied to a torch-native model that is not ours (the README's example)."""
+"""The plans on decoders written without boost-titan (`foreign_models`): equal to the
+unsharded model (forward, loss, every gradient) at TP 2 and 4, the analytic all-reduce
+counts per block, and a one-line error for every wrong layout.
+
+Counts and errors run in one process on a fake process group (collectives return garbage
+of the right shape; the graph is real); equality runs on gloo ranks.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from collections import Counter
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+import foreign_models as fm
+from boost_titan.bench.collectives import record_collectives
+from boost_titan.bench.trace import fake_tp_mesh
+from boost_titan.parallelize import (
+    ModelLayout,
+    PlanError,
+    apply_plan,
+    btp_plan,
+    megatron_plan,
+    vanilla_plan,
+)
+from boost_titan.parallelize.describe import collectives_under, plan_table
 from distributed import run_on_ranks
 
-
-class LowRank(nn.Module):
-    def __init__(self, d_in: int, d_out: int, rank: int) -> None:
-        super().__init__()
-        self.down = nn.Linear(d_in, rank, bias=False)
-        self.up = nn.Linear(rank, d_out, bias=False)
-
-    def forward(self, x):
-        return self.up(F.silu(self.down(x)))
+BUILDERS = {"btp": btp_plan, "vanilla": vanilla_plan, "megatron": megatron_plan}
+RTOL = 1e-5
 
 
-class Block(nn.Module):
-    def __init__(self, dim: int, hidden: int, rank: int) -> None:
-        super().__init__()
-        self.norm = nn.RMSNorm(dim, eps=1e-6)
-        self.fc_in = LowRank(dim, hidden, rank)
-        self.fc_out = LowRank(hidden, dim, rank)
-
-    def forward(self, x):
-        return x + self.fc_out(F.gelu(self.fc_in(self.norm(x))))
+def plan_for(layout: ModelLayout, strategy: str, **options):
+    return BUILDERS[strategy](layout, **options)
 
 
-class TinyLM(nn.Module):
-    """A low-rank MLP language model written without any knowledge of boost-titan."""
-
-    def __init__(self, vocab=32, dim=32, hidden=64, rank=8, depth=2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(Block(dim, hidden, rank) for _ in range(depth))
-        self.norm_f = nn.RMSNorm(dim, eps=1e-6)
-        self.head = nn.Linear(dim, vocab, bias=False)
-
-    def forward(self, tokens):
-        h = self.embed(tokens)
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.norm_f(h))
+def tokens(batch: int = 2, seq: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, fm.CONFIG["vocab"], (batch, seq + 1), generator=generator)
+    return ids[:, :-1], ids[:, 1:]
 
 
-def tiny_btp_plan():
-    from boost_titan.parallelize import ModelLayout, btp_plan
+def loss_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
-    layout = ModelLayout(
-        blocks="blocks.*",
-        shared_inputs={"norm": ("fc_in",)},
-        own_inputs=("fc_out",),
-        embedding="embed",
-        final_norm="norm_f",
-        head="head",
-        fused_norms=False,  # plain nn.RMSNorm: sync norm, one all-reduce per low-rank pair
+
+# ---- counts, one process -------------------------------------------------------------------
+def _collectives(model: nn.Module) -> tuple[Counter, Counter]:
+    """(kind, elements per token) of every collective of one forward and one backward."""
+    inputs, labels = tokens()
+    count = inputs.numel()
+    with record_collectives() as forward:
+        logits = model(inputs)
+    with record_collectives() as backward:
+        loss_of(logits, labels).backward()
+    return tuple(
+        Counter((c.kind, c.elements_per_token(count)) for c in log.calls)
+        for log in (forward, backward)
     )
-    return btp_plan(layout, loss_parallel=False)
 
 
-def _model_and_batch():
-    torch.manual_seed(0)
-    model = TinyLM()
-    tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
-    return model, tokens
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda tp: f"tp{tp}")
+@pytest.mark.parametrize("strategy", fm.STRATEGIES)
+@pytest.mark.parametrize("name", fm.MODELS)
+def test_all_reduces_per_block(name, strategy, tp):
+    """One block = the model with 2 blocks minus the model with 1: only all-reduces, as
+    many as the analytic count, with the sizes the plan's own description gives."""
+    _, layout, expected = fm.MODELS[name]
+    runs = []
+    with fake_tp_mesh(tp) as mesh:
+        for layers in (1, 2):
+            model = fm.build(name, strategy, layers=layers)
+            plan = plan_for(layout, strategy, loss_parallel=False)
+            apply_plan(model, mesh, plan, src_data_rank=None)
+            runs.append(_collectives(model))
+    measured = [runs[1][i] - runs[0][i] for i in (0, 1)]
+    assert [sum(m.values()) for m in measured] == list(expected[strategy])
+    assert {kind for m in measured for kind, _ in m} == {"all_reduce"}
+    unsharded = fm.build(name, strategy, layers=1)
+    block0 = layout.blocks.replace("*", "0") + "."
+    declared = collectives_under(unsharded, plan_for(layout, strategy), tp, block0)
+    assert [Counter(calls) for calls in declared] == measured
+
+
+def test_btp_sizes_per_block():
+    """Per token: 3r+1, r, 2r+1, r forward and 3r, r, 2r, r backward; the parallel block
+    5r+1, r, r and 5r, r, r."""
+    r = fm.RANK
+    for name, fwd, bwd in (
+        ("plain-cola", [3 * r + 1, r, 2 * r + 1, r], [3 * r, r, 2 * r, r]),
+        ("parallel", [5 * r + 1, r, r], [5 * r, r, r]),
+    ):
+        layout = fm.MODELS[name][1]
+        block0 = layout.blocks.replace("*", "0") + "."
+        f, b = collectives_under(fm.build(name, "btp", layers=1), btp_plan(layout), 2, block0)
+        assert sorted(n for _, n in f) == sorted(fwd), name
+        assert sorted(n for _, n in b) == sorted(bwd), name
+
+
+def test_plan_table_reads_as_a_table():
+    table = plan_table(fm.build("hf-llama", "btp"), btp_plan(fm.HF_LAYOUT), 2)
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["module", "style", "weights"]
+    row = next(line for line in lines if line.startswith("model.layers.*.input_layernorm"))
+    assert "(x3)" in row and "all-reduce 49" in row and "BottleneckGroupNorm" in row
+    assert any("GroupUp" in line and "self_attn.q_proj.up" in line for line in lines)
+
+
+# ---- wrong layouts: one-line errors, one process ---------------------------------------------
+def _apply(model: nn.Module, plan, tp: int = 2, run: bool = False) -> None:
+    with fake_tp_mesh(tp) as mesh:
+        apply_plan(model, mesh, plan, src_data_rank=None)
+        if run:
+            inputs, labels = tokens()
+            logits = model(inputs)
+            if isinstance(logits, DTensor):
+                logits = logits.full_tensor()
+            loss_of(logits, labels).backward()
+
+
+def _one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+def test_misspelled_fqn():
+    layout = dataclasses.replace(fm.PLAIN_LAYOUT, shared_inputs={
+        "ln1": ("attn.q_prj", "attn.k_proj", "attn.v_proj"), "ln2": ("mlp.gate_proj", "mlp.up_proj")})
+    with pytest.raises(PlanError) as e:
+        _apply(fm.build("plain-cola", "btp"), btp_plan(layout))
+    assert "attn.q_prj does not exist" in _one_line(e)
+
+
+def test_unknown_block_pattern():
+    layout = dataclasses.replace(fm.PLAIN_LAYOUT, blocks="layers.*")
+    with pytest.raises(PlanError, match="matches no module"):
+        _apply(fm.build("plain-cola", "btp"), btp_plan(layout))
+
+
+def test_consumer_missing_from_the_layout():
+    layout = dataclasses.replace(fm.PLAIN_LAYOUT, shared_inputs={
+        "ln1": ("attn.q_proj", "attn.k_proj"), "ln2": ("mlp.gate_proj", "mlp.up_proj")})
+    with pytest.raises(PlanError) as e:
+        _apply(fm.build("plain-cola", "btp"), btp_plan(layout))
+    assert "v_proj.down.weight" in _one_line(e) and "not covered" in str(e.value)
+
+
+@pytest.mark.parametrize("strategy", fm.STRATEGIES)
+def test_consumer_listed_under_the_wrong_norm(strategy):
+    layout = dataclasses.replace(fm.PLAIN_LAYOUT, shared_inputs={
+        "ln1": ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj"),
+        "ln2": ("mlp.up_proj",)})
+    with pytest.raises(PlanError) as e:
+        _apply(fm.build("plain-cola", strategy), plan_for(layout, strategy), run=True)
+    assert "mlp.gate_proj" in _one_line(e) and "ln1" in str(e.value)
+
+
+class NormLeak(fm.Block):
+    """Gates attention with a statistic of the norm output: a reader the layout omits."""
+
+    def forward(self, x, angles):
+        h = self.ln1(x)
+        x = x + torch.sigmoid(h.mean(-1, keepdim=True)) * self.attn(h, angles)
+        return x + self.mlp(self.ln2(x))
+
+
+def _swap_blocks(model: nn.Module, cls: type) -> nn.Module:
+    for block in model.blocks:
+        block.__class__ = cls
+    return model
+
+
+@pytest.mark.parametrize("strategy", fm.STRATEGIES)
+def test_norm_output_read_outside_the_layout(strategy):
+    model = _swap_blocks(fm.build("plain-cola", strategy), NormLeak)
+    with pytest.raises(PlanError) as e:
+        _apply(model, plan_for(fm.PLAIN_LAYOUT, strategy), run=True)
+    assert "blocks.0.ln1's output is also read by code outside" in _one_line(e)
+
+
+class LeakyLatent(fm.LowRank):
+    """Adds a statistic of its latent to its output: the latent bypasses the up."""
+
+    def forward(self, x):
+        z = F.silu(self.down(x))
+        return self.up(z) + z.mean(-1, keepdim=True)
+
+
+def test_latent_reaching_output_past_its_up():
+    model = fm.build("plain-cola", "btp")
+    model.blocks[1].attn.k_proj.__class__ = LeakyLatent
+    with pytest.raises(PlanError) as e:
+        _apply(model, btp_plan(fm.PLAIN_LAYOUT), run=True)
+    assert "latent of blocks.1.attn.k_proj reaches the block's output" in _one_line(e)
+    model = fm.build("plain-cola", "btp")
+    model.blocks[1].attn.k_proj.__class__ = LeakyLatent
+    layout = dataclasses.replace(fm.PLAIN_LAYOUT, defer_latent_grads=False)
+    _apply(model, btp_plan(layout), run=True)  # the suggested fix runs
+
+
+class SideChannel(fm.LowRank):
+    """Mixes in the previous block's latent, kept on a shared object (LaX-like crossing
+    through module state): the up's input depends on more than its own latent."""
+
+    shared: dict = {}
+
+    def forward(self, x):
+        z = F.silu(self.down(x))
+        previous = SideChannel.shared.get("latent")
+        SideChannel.shared["latent"] = z
+        return self.up(z if previous is None else z + previous)
+
+
+def test_latent_mixed_with_another_tensor():
+    model = fm.build("plain-cola", "btp")
+    for block in model.blocks:
+        block.attn.q_proj.__class__ = SideChannel
+    SideChannel.shared.clear()
+    with pytest.raises(PlanError) as e:
+        _apply(model, btp_plan(fm.PLAIN_LAYOUT), run=True)
+    assert "blocks.1.attn.q_proj computes its up-projection's input from more" in _one_line(e)
+
+
+def test_heads_must_split():
+    model = fm.build("plain-cola", "btp", heads=6, kv_heads=6, dim=48)
+    layout = dataclasses.replace(fm.PLAIN_LAYOUT)
+    with pytest.raises(PlanError) as e:
+        _apply(model, btp_plan(layout), tp=4)
+    assert "6 attention heads do not split over TP 4" in _one_line(e)
+    assert str(e.value).startswith("blocks.0.attn.q_proj.up:")
+
+
+def test_megatron_plan_needs_full_linears():
+    with pytest.raises(PlanError) as e:
+        _apply(fm.build("plain-cola", "btp"), megatron_plan(fm.PLAIN_LAYOUT))
+    assert "not an nn.Linear" in _one_line(e)
+
+
+def test_low_rank_plan_needs_pairs():
+    with pytest.raises(PlanError) as e:
+        _apply(fm.build("plain-cola", "megatron"), btp_plan(fm.PLAIN_LAYOUT))
+    assert "is not a low-rank pair" in _one_line(e)
+
+
+def test_tied_weights_refused():
+    model = fm.build("plain-cola", "btp")
+    model.lm_head.weight = model.tok.weight
+    with pytest.raises(PlanError, match="tied weights"):
+        _apply(model, btp_plan(fm.PLAIN_LAYOUT))
+
+
+def test_nothing_touched_before_the_checks_pass():
+    model = fm.build("plain-cola", "btp")
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    layout = dataclasses.replace(fm.PLAIN_LAYOUT, head="head")
+    with pytest.raises(PlanError):
+        _apply(model, btp_plan(layout))
+    assert all(type(p) is torch.Tensor or isinstance(p, nn.Parameter) for p in model.parameters())
+    assert all(torch.equal(before[n], p) for n, p in model.state_dict().items())
+    assert "forward" not in model.blocks[0].ln1.__dict__
+
+
+# ---- equality with the unsharded model, gloo ranks -----------------------------------------
+class ResidualMean(fm.Block):
+    """Centres the residual stream over the hidden dim: wrong on a sharded residual, and
+    invisible to every check but verify."""
+
+    def forward(self, x, angles):
+        return super().forward(x - x.mean(-1, keepdim=True), angles)
+
+
+CASES = [(name, strategy) for name in fm.MODELS for strategy in fm.STRATEGIES]
+EXTRA = ["hf-llama-btp-loss-parallel", "plain-cola-btp-sync", "plain-cola-btp-ungrouped",
+         "plain-cola-megatron-ungrouped", "plain-cola-vanilla-ungrouped"]
+
+
+def _extra(name: str) -> tuple[str, str, dict]:
+    return {
+        "hf-llama-btp-loss-parallel": ("hf-llama", "btp", {"loss_parallel": True}),
+        "plain-cola-btp-sync": ("plain-cola", "btp", {"rmsnorm": "sync"}),
+        "plain-cola-btp-ungrouped": ("plain-cola", "btp", {"group_linears": False}),
+        "plain-cola-megatron-ungrouped": ("plain-cola", "megatron", {"group_linears": False}),
+        "plain-cola-vanilla-ungrouped": ("plain-cola", "vanilla", {"group_linears": False}),
+    }[name]
+
+
+def _all_cases() -> dict[str, tuple[str, str, dict]]:
+    cases = {f"{n}-{s}": (n, s, {"loss_parallel": False}) for n, s in CASES}
+    for name in EXTRA:
+        model, strategy, options = _extra(name)
+        cases[name] = (model, strategy, {"loss_parallel": False} | options)
+    return cases
+
+
+def _run(model: nn.Module, loss_parallel: bool):
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
+
+    inputs, labels = tokens()
+    logits = model(inputs)
+    if loss_parallel:
+        with loss_parallel_context():
+            loss = loss_of(logits, labels)
+            loss.backward()
+    else:
+        loss = loss_of(logits, labels)
+        loss.backward()
+    full = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
+    grads = {n: full(p.grad) for n, p in model.named_parameters()}
+    return full(logits).detach(), full(loss).detach(), grads
 
 
 def _worker(rank: int, world_size: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from boost_titan.parallelize import apply_plan
+    mesh = init_device_mesh("cpu", (world_size,))
+    results = {}
+    for case, (name, strategy, options) in _all_cases().items():
+        model = fm.build(name, strategy)
+        apply_plan(model, mesh, plan_for(fm.MODELS[name][1], strategy, **options))
+        results[case] = _run(model, options["loss_parallel"])
+    model = fm.build("plain-cola", "btp")
+    apply_plan(model, mesh, btp_plan(fm.PLAIN_LAYOUT), verify=True)
+    results["verify-ok"] = True
+    model = _swap_blocks(fm.build("plain-cola", "btp"), ResidualMean)
+    try:
+        apply_plan(model, mesh, btp_plan(fm.PLAIN_LAYOUT), verify=True)
+        results["verify-caught"] = None
+    except PlanError as e:
+        results["verify-caught"] = str(e)
+    return results
 
-    model, tokens = _model_and_batch()
-    apply_plan(model, init_device_mesh("cpu", (world_size,)), tiny_btp_plan())
-    logits = model(tokens)
-    logits.square().mean().backward()
-    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
-    return {"logits": logits.detach(), **grads}
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
+def tp_results(request) -> tuple[int, dict]:
+    return request.param, run_on_ranks(_worker, request.param)[0]
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_btp_plan_on_foreign_model(world_size):
-    got = run_on_ranks(_worker, world_size)[0]
-    model, tokens = _model_and_batch()
-    logits = model(tokens)
-    logits.square().mean().backward()
-    want = {"logits": logits.detach(), **{n: p.grad for n, p in model.named_parameters()}}
-    assert got.keys() == want.keys()
-    for name, tensor in want.items():
-        err = ((got[name] - tensor).abs().max() / tensor.abs().max()).item()
-        assert err <= 1e-5, f"{name}: relative error {err:.2e}"
+@pytest.mark.parametrize("case", list(_all_cases()))
+def test_matches_unsharded_model(tp_results, case):
+    tp, results = tp_results
+    name, strategy, _ = _all_cases()[case]
+    model = fm.build(name, strategy)
+    inputs, labels = tokens()
+    logits = model(inputs)
+    loss = loss_of(logits, labels)
+    loss.backward()
+    got_logits, got_loss, got_grads = results[case]
+    want = {n: p.grad for n, p in model.named_parameters()}
+    assert got_grads.keys() == want.keys()
+    errors = {"logits": _rel_err(got_logits, logits.detach()), "loss": _rel_err(got_loss, loss)}
+    errors |= {n: _rel_err(got_grads[n], g) for n, g in want.items()}
+    worst = max(errors, key=errors.get)
+    print(f"{case} tp={tp}: max rel err {errors[worst]:.2e} ({worst})")
+    assert errors[worst] <= RTOL, f"{worst}: relative error {errors[worst]:.2e}"
 
 
-def test_plan_keys_must_match():
-    from torch.distributed.device_mesh import DeviceMesh
-
-    from boost_titan.parallelize import apply_plan
-    from boost_titan.parallelize.styles import Replicated
-
-    model, _ = _model_and_batch()
-    with pytest.raises(ValueError, match="matches no module"):
-        apply_plan(model, DeviceMesh.__new__(DeviceMesh), {"nonexistent": Replicated()})
+@pytest.mark.slow
+def test_verify_passes_a_good_model_and_catches_a_sharded_mean(tp_results):
+    _, results = tp_results
+    assert results["verify-ok"] is True
+    message = results["verify-caught"]
+    assert message is not None and message.startswith("verify: ") and "\n" not in message

@@ -59,12 +59,17 @@ class CpuConfig:
     warmup: int = 2
     profile_steps: int = 0
 
+    @staticmethod
+    def group_linears(strategy: str) -> bool:
+        """Low-rank plans group; the full-rank baseline runs TorchTitan's ungrouped layout."""
+        return strategy != "megatron"
+
     def model_args(self, strategy: str) -> BoostModelArgs:
         full_rank = strategy == "megatron"
         args = BoostModelArgs(
             dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads, ffn_dim=self.ffn_dim,
             vocab_size=self.vocab_size, rank=self.rank, max_seq_len=self.seq_len,
-            arch="fullrank" if full_rank else self.arch, group_linears=not full_rank,
+            arch="fullrank" if full_rank else self.arch,
         )
         args.validate()
         return args
@@ -114,7 +119,8 @@ class _Trainee:
         torch.manual_seed(0)
         self.model = BoostTransformer(args)
         self.model.init_weights()
-        apply_plan(self.model, mesh, build_plan(strategy, arch=args.arch))
+        plan = build_plan(strategy, args, group_linears=cfg.group_linears(strategy))
+        apply_plan(self.model, mesh, plan)
         self.optimizer = torch.optim.AdamW(  # fused: TorchTitan's default implementation
             self.model.parameters(), lr=1e-4, weight_decay=0.01, fused=True
         )
@@ -234,7 +240,7 @@ def _record(cfg: CpuConfig, strategy: str, ms: list[float]) -> CpuRecord:
         strategy=strategy, arch=args.arch, tp=cfg.tp, seq_len=cfg.seq_len,
         micro_batch=cfg.micro_batch, dtype="fp32", dim=cfg.dim, rank=cfg.rank,
         n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, n_layers=cfg.n_layers,
-        vocab_size=cfg.vocab_size, group_linears=args.group_linears, warmup=cfg.warmup,
+        vocab_size=cfg.vocab_size, group_linears=cfg.group_linears(strategy), warmup=cfg.warmup,
         repeats=cfg.repeats,
         step_ms_median=statistics.median(ms), step_ms_min=min(ms), step_ms_max=max(ms),
         step_ms=ms,

@@ -79,14 +79,17 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def parallel_model(
-    args: BoostModelArgs, strategy: str, mesh: DeviceMesh, rmsnorm: str = "online"
+    args: BoostModelArgs,
+    strategy: str,
+    mesh: DeviceMesh,
+    rmsnorm: str = "online",
+    group_linears: bool = True,
 ) -> BoostTransformer:
-    """`args`' model with the real TP plan of `strategy` applied (no broadcast of weights)."""
+    """`args`' model with the real TP plan of `strategy` applied (no broadcast of weights:
+    a fake process group has none to give)."""
     model = BoostTransformer(args)
-    plan = build_plan(strategy, arch=args.arch, rmsnorm=rmsnorm)
-    for style in plan.values():
-        style.src_data_rank = None
-    return apply_plan(model, mesh, plan)
+    plan = build_plan(strategy, args, rmsnorm=rmsnorm, group_linears=group_linears)
+    return apply_plan(model, mesh, plan, src_data_rank=None)
 
 
 def layer_input_dim(args: BoostModelArgs, strategy: str, tp: int) -> int:
@@ -198,13 +201,11 @@ def trace(flavor: str, args: BoostModelArgs, plan: perfmodel.Plan) -> TraceRecor
     perfmodel.check(args, plan)
     if plan.pp != 1 or plan.ac != "none":
         raise ConfigError("trace measures one TP group without recomputation: use --pp 1 --ac none")
-    if args.group_linears != plan.group_linears:
-        raise ConfigError("args.group_linears and plan.group_linears disagree")
     start = time.perf_counter()
     one_block = BoostModelArgs(**{**asdict(args), "n_layers": 1})
     width = layer_input_dim(args, plan.strategy, plan.tp)
     with fake_tp_mesh(plan.tp) as mesh, default_dtype(DTYPES[plan.dtype]), FakeTensorMode():
-        model = parallel_model(one_block, plan.strategy, mesh, plan.rmsnorm)
+        model = parallel_model(one_block, plan.strategy, mesh, plan.rmsnorm, plan.group_linears)
         h = torch.randn(plan.micro_batch, plan.seq_len, width, requires_grad=True)
         layer = trace_layer(model, h)
         tokens = torch.randint(0, args.vocab_size, (plan.micro_batch, plan.seq_len))
@@ -291,7 +292,6 @@ def run(ns: argparse.Namespace, sweep: dict) -> int:
         for tp in tps:
             for strategy in strategies:
                 args = perfmodel.model_args(flavor, arch, strategy)
-                args.group_linears = sweep["group_linears"]
                 plan = perfmodel.Plan(strategy=strategy, tp=tp, **sweep)
                 record = trace(flavor, args, plan)
                 if ns.compare:

@@ -35,7 +35,6 @@ class BoostModelArgs(BaseModelArgs):
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_seq_len: int = 4096
-    group_linears: bool = True
 
     # ---- derived sizes -------------------------------------------------------------
     @property
@@ -117,7 +116,6 @@ class BoostModelArgs(BaseModelArgs):
             raise ConfigError(f"[boost] rank {boost.rank} is negative; use 0 for the flavor default")
         if boost.rank:
             self.rank = boost.rank
-        self.group_linears = boost.group_linears
         seq_len = job_config.training.seq_len
         if seq_len > self.max_seq_len:
             raise ConfigError(

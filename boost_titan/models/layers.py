@@ -1,14 +1,13 @@
-"""Building blocks of the boost LLaMA family: low-rank projections and normed down-projections.
+"""Building blocks of the boost LLaMA family: low-rank projections, RoPE, attention.
 
 Everything here is single-device maths. Tensor parallelism is applied from outside by the
-plans in `boost_titan.parallelize`, which shard these modules' weights and, for
-`NormedProjections`, swap in a distributed forward.
+plans in `boost_titan.parallelize`, which shard these modules' weights and swap their
+forwards.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -66,80 +65,6 @@ class LowRankLinear(nn.Module):
         if self.cross is not None:
             nn.init.normal_(self.cross.weight, std=rank**-0.25 * (2 * rank) ** -0.25)
             self.latent_norm.reset_parameters()
-
-
-def down_of(projection: nn.Module) -> nn.Linear:
-    """The linear that consumes a projection's input: A for low-rank, the layer itself otherwise."""
-    return projection.down if isinstance(projection, LowRankLinear) else projection
-
-
-def latent_of(
-    projection: nn.Module, z: torch.Tensor, prev: torch.Tensor | None
-) -> torch.Tensor:
-    """Finish a projection's first half: the latent for low-rank, z itself for a full linear."""
-    return projection.latent(z, prev) if isinstance(projection, LowRankLinear) else z
-
-
-def group_latents(
-    projections: Sequence[LowRankLinear],
-    z: torch.Tensor,
-    prevs: Sequence[torch.Tensor | None],
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Latents of low-rank projections from their concatenated down outputs z:
-    ``(h, [h_p])`` with h the concatenation of the h_p. When none crosses and all share
-    one activation, it runs once on z and the h_p are views of h."""
-    sizes = [p.down.weight.shape[0] for p in projections]
-    if all(p.cross is None for p in projections) and len({type(p.act) for p in projections}) == 1:
-        h = projections[0].act(z)
-        return h, list(h.split(sizes, dim=-1))
-    hs = [p.latent(z_p, prev) for p, z_p, prev in zip(projections, z.split(sizes, -1), prevs)]
-    return (torch.cat(hs, dim=-1) if len(hs) > 1 else hs[0]), hs
-
-
-def up_of(projection: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """A projection's second half: B h for low-rank; a full linear's output passes through."""
-    return projection.up(h) if isinstance(projection, LowRankLinear) else h
-
-
-def latent_or_none(projection: nn.Module, h: torch.Tensor) -> torch.Tensor | None:
-    return h if isinstance(projection, LowRankLinear) else None
-
-
-class NormedProjections(nn.RMSNorm):
-    """RMSNorm followed by the projections that share its input.
-
-    Called with projections, it returns ``(outputs, latents)``: each projection's output
-    and, for a low-rank projection, its latent ``h_p = act(A_p norm(x))`` (with LaX
-    crossing when it has one), which the next block's crossing consumes (None for a full
-    linear). With `grouped`, the shared-input first-half GEMMs (the A_p, or the full
-    weights) run as one GEMM on the concatenated weights; checkpoint keys are untouched
-    since the weights stay in their own modules. Called without projections it is a plain
-    RMSNorm. The projections are arguments, not children, so they keep their own FQNs.
-    """
-
-    def __init__(self, dim: int, eps: float, grouped: bool = True) -> None:
-        super().__init__(dim, eps=eps)
-        self.grouped = grouped
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        projections: Sequence[nn.Module] | None = None,
-        prevs: Sequence[torch.Tensor | None] | None = None,
-    ) -> torch.Tensor | tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-        normed = super().forward(x)
-        if projections is None:
-            return normed
-        downs = [down_of(p) for p in projections]
-        if self.grouped:
-            fused = F.linear(normed, torch.cat([d.weight for d in downs]))
-            zs = fused.split([d.out_features for d in downs], dim=-1)
-        else:
-            zs = [d(normed) for d in downs]
-        prevs = prevs or [None] * len(projections)
-        hs = [latent_of(p, z, h) for p, z, h in zip(projections, zs, prevs)]
-        outputs = [up_of(p, h) for p, h in zip(projections, hs)]
-        return outputs, [latent_or_none(p, h) for p, h in zip(projections, hs)]
 
 
 def make_projection(

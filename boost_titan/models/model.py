@@ -21,7 +21,6 @@ from torch import nn
 from .args import BoostModelArgs
 from .layers import (
     LowRankLinear,
-    NormedProjections,
     apply_rope,
     causal_attention,
     depth_std,
@@ -31,11 +30,12 @@ from .layers import (
 )
 
 
-def _apply(
-    projection: nn.Module, x: torch.Tensor, prev: torch.Tensor | None
+def _project(
+    projection: nn.Module, x: torch.Tensor, prev: torch.Tensor | None, latents: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(output, latent) of a projection whose input is not shared."""
-    if isinstance(projection, LowRankLinear):
+    """(output, latent) of a projection; the latent (LaX's crossing input for the next
+    block) only when `latents`."""
+    if latents and isinstance(projection, LowRankLinear):
         return projection.project(x, prev)
     return projection(x), None
 
@@ -92,28 +92,30 @@ class TransformerBlock(nn.Module):
         crossing = args.arch == "lax" and layer_id > 0
         self.layer_id = layer_id
         self.carries_latents = args.arch == "lax"
-        self.attention_norm = NormedProjections(args.dim, args.norm_eps, args.group_linears)
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.attention = Attention(args, crossing)
-        self.ffn_norm = NormedProjections(args.dim, args.norm_eps, args.group_linears)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args, crossing)
 
     def forward(
         self, x: torch.Tensor, rope: torch.Tensor, prevs: Sequence[torch.Tensor] = ()
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         prev = list(prevs) or [None] * 7
-        attn, mlp = self.attention, self.feed_forward
+        attn, mlp, lax = self.attention, self.feed_forward, self.carries_latents
 
-        (q, k, v), (hq, hk, hv) = self.attention_norm(
-            x, (attn.wq, attn.wk, attn.wv), prev[0:3]
+        h = self.attention_norm(x)
+        (q, hq), (k, hk), (v, hv) = (
+            _project(p, h, prev[i], lax) for i, p in enumerate((attn.wq, attn.wk, attn.wv))
         )
-        o, ho = _apply(attn.wo, attn.attend(q, k, v, rope), prev[3])
+        o, ho = _project(attn.wo, attn.attend(q, k, v, rope), prev[3], lax)
         x = x + o
 
-        (g, u), (hg, hu) = self.ffn_norm(x, (mlp.w1, mlp.w3), prev[4:6])
-        d, hd = _apply(mlp.w2, mlp.gate(g) * u, prev[6])
+        h = self.ffn_norm(x)
+        (g, hg), (u, hu) = _project(mlp.w1, h, prev[4], lax), _project(mlp.w3, h, prev[5], lax)
+        d, hd = _project(mlp.w2, mlp.gate(g) * u, prev[6], lax)
         x = x + d
 
-        latents = (hq, hk, hv, ho, hg, hu, hd) if self.carries_latents else ()
+        latents = (hq, hk, hv, ho, hg, hu, hd) if lax else ()
         return x, latents
 
     @torch.no_grad()

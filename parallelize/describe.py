@@ -1,0 +1,74 @@
+"""A plan as a table: for each plan key, the style, weight placements, activation layouts
+in and out, and the collectives one call issues forward and backward (elements per token
+of each rank's buffer). Computed from the styles on the unsharded model: nothing is
+applied."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from .plans import Plan, Resolved, resolve_plan
+from .styles import Collective, Role, TPStyle
+
+_NAMES = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    key: str
+    matches: int
+    role: Role
+
+
+def plan_rows(model: nn.Module, plan: Plan, tp: int) -> list[PlanRow]:
+    """One row per plan key that matches a module, described on its first match."""
+    by_key: dict[str, list[Resolved]] = {}
+    for r in resolve_plan(model, plan, tp):
+        by_key.setdefault(r.key, []).append(r)
+    return [
+        PlanRow(key, len(found), _role(found[0], tp)) for key, found in by_key.items()
+    ]
+
+
+def _role(r: Resolved, tp: int) -> Role:
+    if isinstance(r.style, TPStyle):
+        return r.style.role(r.module, tp)
+    return Role(type(r.style).__name__, "?", "?", "?")
+
+
+def collectives_under(
+    model: nn.Module, plan: Plan, tp: int, prefix: str
+) -> tuple[list[Collective], list[Collective]]:
+    """All collectives (forward, backward) of the modules whose FQN starts with `prefix`
+    (e.g. one block, "layers.0.")."""
+    forward: list[Collective] = []
+    backward: list[Collective] = []
+    for r in resolve_plan(model, plan, tp):
+        if r.fqn.startswith(prefix):
+            role = _role(r, tp)
+            forward += role.forward
+            backward += role.backward
+    return forward, backward
+
+
+def format_collectives(calls: Sequence[Collective]) -> str:
+    return ", ".join(f"{_NAMES.get(kind, kind)} {n}" for kind, n in calls) or "-"
+
+
+def plan_table(model: nn.Module, plan: Plan, tp: int) -> str:
+    """The plan as a text table (one line per plan key)."""
+    header = ("module", "style", "weights", "in", "out", "forward", "backward")
+    lines = [header]
+    for row in plan_rows(model, plan, tp):
+        role = row.role
+        key = row.key + (f" (x{row.matches})" if row.matches > 1 else "")
+        lines.append((key, role.style, role.weights, role.inputs, role.output,
+                      format_collectives(role.forward), format_collectives(role.backward)))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    rendered = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
+                for line in lines]
+    rendered.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(rendered)

@@ -1,0 +1,537 @@
+"""Norm-led groups: a pre-norm computes the first linear of every module that reads it.
+
+An ordinary model writes ``h = norm(x)`` and then calls each consumer on ``h`` one by one
+(``q_proj(h)``, ``k_proj(h)``, ...; a low-rank pair as ``up(act(down(h)))`` in its own
+forward). A `NormGroup` names the norm and its consumers (paths relative to a block). Its
+styles turn them into one unit without touching the model's code:
+
+* the norm's style computes, from its input, the first linear of every consumer (the
+  ``down`` of a low-rank pair, or the linear itself) and returns their outputs side by
+  side in ONE tensor;
+* each first linear's style returns its own columns of that tensor (the weights stay its
+  own parameters, so checkpoint keys do not change);
+* whatever the model does next (an activation, nothing, LaX's crossing) runs as written.
+
+BTP (`BottleneckGroupNorm`): the input is hidden-sharded. One GEMM of the local shard
+(scaled by the norm weight) with the concatenated, row-parallel down weights and ONE
+all-reduce return every consumer's replicated latent; online RMSNorm's statistic rides in
+the same all-reduce (3r+1 elements per token for q/k/v). The ups are column-parallel and
+their input grads are partial sums. When every pair of the group is self-contained (no
+parameter between down and up; the latent flows only into its up) the group is
+*deferred*: the ups leave their input grads partial and the group all-reduces the grad of
+the concatenated latent once (3r for q/k/v): one backward collective instead of three.
+Otherwise each up all-reduces its own input grad.
+
+Megatron / vanilla (`ReplicatedGroupNorm`): the norm runs replicated. Grouped, it runs the
+consumers' column-parallel first GEMMs as one GEMM on the concatenated weights; ungrouped,
+each consumer runs its own. Their input grads are partial and the group all-reduces the
+norm output's grad once, overlapped with the weight-grad GEMMs when grouped.
+
+Both rely on the group's output reaching only the listed consumers and, when deferred, on
+each latent reaching only its up. `usage.BlockCheck` verifies that on the autograd graph
+of each block's first training forward (eager mode) and raises a one-line `PlanError`.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+
+from . import comm, usage
+from .norms import online_rmsnorm_down, sync_rmsnorm
+from .styles import (
+    ColumnParallel,
+    Collective,
+    PlanError,
+    Role,
+    TPStyle,
+    check_heads,
+    describe_placements,
+    is_rmsnorm_like,
+    linear,
+    local,
+    norm_dim,
+    norm_eps,
+)
+
+RMSNORM_MODES = ("online", "sync")
+
+
+class NormGroup:
+    """A pre-norm and the modules that read its output, as paths relative to a block.
+
+    Consumers are low-rank pairs (modules with `down` and `up` nn.Linear children) when
+    `low_rank`, else nn.Linear modules.
+    """
+
+    def __init__(self, norm: str, consumers: Sequence[str], *, low_rank: bool) -> None:
+        if not consumers:
+            raise PlanError(f"norm {norm!r} has no consumers; list the modules that read it")
+        self.norm = norm
+        self.consumers = tuple(consumers)
+        self.low_rank = low_rank
+
+    def first(self, index: int) -> str:
+        """Path of a consumer's first linear (its down-projection, or itself)."""
+        c = self.consumers[index]
+        return f"{c}.down" if self.low_rank else c
+
+    def second(self, index: int) -> str:
+        """Path of a low-rank consumer's up-projection."""
+        return f"{self.consumers[index]}.up"
+
+    def bind(self, root: nn.Module, fqn: str, relative: str) -> GroupInstance:
+        """The instance of this group in the block that holds module `fqn`, whose path
+        inside its block is `relative`."""
+        block_fqn = fqn[: len(fqn) - len(relative)].rstrip(".")
+        block = root.get_submodule(block_fqn) if block_fqn else root
+        prefix = f"{block_fqn}." if block_fqn else ""
+        norm = _submodule(block, self.norm, prefix)
+        instance = _INSTANCES.get(norm)
+        if instance is None or instance.spec is not self:
+            instance = GroupInstance.resolve(self, block, norm, prefix)
+            _INSTANCES[norm] = instance
+        return instance
+
+
+def _submodule(block: nn.Module, path: str, prefix: str) -> nn.Module:
+    try:
+        return block.get_submodule(path)
+    except AttributeError:
+        raise PlanError(
+            f"{prefix}{path} does not exist; fix the FQN in ModelLayout"
+        ) from None
+
+
+def _pair(module: nn.Module, fqn: str) -> tuple[nn.Linear, nn.Linear]:
+    down, up = getattr(module, "down", None), getattr(module, "up", None)
+    if not (isinstance(down, nn.Linear) and isinstance(up, nn.Linear)):
+        raise PlanError(
+            f"{fqn} is not a low-rank pair (a module with `down` and `up` nn.Linear "
+            "children); list it under a plan for full linears (megatron) or fix the FQN"
+        )
+    return down, up
+
+
+def _self_contained(pair: nn.Module, down: nn.Linear, up: nn.Linear) -> bool:
+    """No parameter of the pair lives outside its down and up (nothing trainable between)."""
+    own = {id(p) for m in (down, up) for p in m.parameters()}
+    return all(id(p) in own for p in pair.parameters())
+
+
+@dataclass(eq=False)
+class GroupInstance:
+    """One block's norm group: the modules, how the group output is laid out, and what
+    the first checked forward recorded."""
+
+    spec: NormGroup
+    norm_fqn: str
+    consumer_fqns: list[str]
+    block: nn.Module
+    norm: nn.Module
+    firsts: list[nn.Linear]
+    seconds: list[nn.Linear | None]
+    self_contained: bool
+    norm_style: TPStyle | None = None
+    deferred: bool = False
+    computes_firsts: bool = True
+    """The group output holds the first linears' outputs (members slice it); else it is
+    the norm output and each member runs its own GEMM."""
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    record: usage.GroupRecord | None = None
+
+    @classmethod
+    def resolve(
+        cls, spec: NormGroup, block: nn.Module, norm: nn.Module, prefix: str
+    ) -> GroupInstance:
+        firsts: list[nn.Linear] = []
+        seconds: list[nn.Linear | None] = []
+        contained = True
+        for consumer in spec.consumers:
+            module = _submodule(block, consumer, prefix)
+            if spec.low_rank:
+                down, up = _pair(module, prefix + consumer)
+                contained &= _self_contained(module, down, up)
+                firsts.append(down)
+                seconds.append(up)
+            else:
+                if not isinstance(module, nn.Linear):
+                    raise PlanError(
+                        f"{prefix}{consumer} is a {type(module).__name__}, not an nn.Linear; "
+                        "use a low-rank plan (btp, vanilla) for down/up pairs or fix the FQN"
+                    )
+                firsts.append(module)
+                seconds.append(None)
+        return cls(
+            spec, prefix + spec.norm, [prefix + c for c in spec.consumers], block, norm,
+            firsts, seconds, contained,
+        )
+
+    @property
+    def width(self) -> int:
+        return self.spans[-1][0] + self.spans[-1][1]
+
+    def validate(self, tp: int) -> None:
+        """Checks shared by the group's styles (message without an FQN prefix)."""
+        if self.norm_style is None:
+            raise PlanError(
+                f"the plan has no style for its norm {self.norm_fqn}; "
+                "build plans with btp_plan / vanilla_plan / megatron_plan"
+            )
+        if not is_rmsnorm_like(self.norm):
+            raise PlanError(
+                f"{self.norm_fqn} is a {type(self.norm).__name__}, not an RMSNorm-like module "
+                "(1-D weight, eps, no bias); only RMSNorm pre-norms are supported"
+            )
+        dim = norm_dim(self.norm)
+        for fqn, first in zip(self.consumer_fqns, self.firsts):
+            if first.in_features != dim:
+                raise PlanError(
+                    f"{fqn} takes {first.in_features} features but {self.norm_fqn} "
+                    f"normalises {dim}; it cannot read that norm's output, fix ModelLayout"
+                )
+
+    # ---- recording for the first-forward check ---------------------------------------
+    def record_output(self, out: torch.Tensor) -> None:
+        if self.record is not None and not torch.compiler.is_compiling():
+            self.record.output = out
+
+    def record_first(self, index: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        if self.record is None or torch.compiler.is_compiling():
+            return
+        output = self.record.output
+        if output is None or not usage.same_data(x, output):
+            raise PlanError(
+                f"{self.consumer_fqns[index]} is listed as reading {self.norm_fqn}'s output "
+                "but was called with another tensor; fix ModelLayout.shared_inputs"
+            )
+        self.record.firsts[index] = usage.nodes_between(y, output)
+
+    def record_up(self, index: int, h: torch.Tensor, y: torch.Tensor) -> None:
+        if self.record is not None and not torch.compiler.is_compiling():
+            self.record.ups[index] = (h.grad_fn, y.grad_fn)
+
+
+_INSTANCES: weakref.WeakKeyDictionary[nn.Module, GroupInstance] = weakref.WeakKeyDictionary()
+
+
+class _Bound:
+    """A style that belongs to a NormGroup; `bind` resolves the block's instance."""
+
+    spec: NormGroup
+    instance: GroupInstance | None = None
+
+    def relative(self) -> str:
+        raise NotImplementedError
+
+    def bind(self, root: nn.Module, fqn: str):
+        bound = copy.copy(self)
+        bound.instance = self.spec.bind(root, fqn, self.relative())
+        return bound
+
+    def _instance(self) -> GroupInstance:
+        if self.instance is None:
+            raise PlanError(
+                f"{type(self).__name__} must be applied with apply_plan, which links a norm "
+                "group's modules"
+            )
+        return self.instance
+
+
+def _stacked_bias(firsts: Sequence[nn.Linear], widths: Sequence[int]) -> torch.Tensor | None:
+    """The first linears' local biases side by side (zeros for those without); None if
+    none has one."""
+    if all(f.bias is None for f in firsts):
+        return None
+    return torch.cat([
+        local(f.bias) if f.bias is not None
+        else torch.zeros(w, dtype=local(f.weight).dtype, device=local(f.weight).device)
+        for f, w in zip(firsts, widths)
+    ])
+
+
+class BottleneckGroupNorm(_Bound, TPStyle):
+    """BTP for a pre-norm and its low-rank consumers (see the module docstring).
+
+    In: the hidden state, sharded. Out: the consumers' replicated latents A_p norm(x),
+    side by side. `rmsnorm="online"`: the statistic rides in the (first) down all-reduce;
+    `"sync"`: it is all-reduced on its own, forward and backward. `grouped`: one GEMM and
+    one all-reduce for the whole group; else one per consumer. `defer`: allow the deferred
+    backward all-reduce when the group's pairs are self-contained.
+    """
+
+    placements = {"weight": Shard(0)}
+
+    def __init__(
+        self, spec: NormGroup, *, rmsnorm: str = "online", grouped: bool = True,
+        defer: bool = True,
+    ) -> None:
+        super().__init__()
+        if rmsnorm not in RMSNORM_MODES:
+            raise ValueError(f"rmsnorm must be one of {', '.join(RMSNORM_MODES)}, not {rmsnorm!r}")
+        self.spec, self.rmsnorm, self.grouped, self.defer = spec, rmsnorm, grouped, defer
+
+    def relative(self) -> str:
+        return self.spec.norm
+
+    def bind(self, root: nn.Module, fqn: str):
+        bound = super().bind(root, fqn)
+        instance = bound.instance
+        instance.norm_style = bound
+        instance.deferred = self.defer and instance.self_contained
+        instance.computes_firsts = True
+        instance.spans = _spans([f.out_features for f in instance.firsts])
+        return bound
+
+    def kind_ok(self, module: nn.Module) -> bool:
+        return is_rmsnorm_like(module)
+
+    def kind_names(self) -> str:
+        return "an RMSNorm-like module"
+
+    def validate(self, module: nn.Module, tp: int) -> None:
+        super().validate(module, tp)
+        self._instance().validate(tp)
+
+    def _stacks(self) -> list[list[nn.Linear]]:
+        firsts = self._instance().firsts
+        return [list(firsts)] if self.grouped else [[f] for f in firsts]
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        instance = self._instance()
+        widths = [sum(f.out_features for f in stack) for stack in self._stacks()]
+        forward: list[Collective] = [("all_reduce", w) for w in widths]
+        backward: list[Collective] = [("all_reduce", w) for w in widths] * instance.deferred
+        if self.rmsnorm == "online":
+            forward[0] = ("all_reduce", widths[0] + 1)
+        else:
+            forward.insert(0, ("all_reduce", 1))
+            backward.append(("all_reduce", 1))
+        names = ", ".join(c.rsplit(".", 1)[-1] for c in self.spec.consumers)
+        return Role(
+            f"BottleneckGroupNorm({self.rmsnorm}{', grouped' * self.grouped}"
+            f"{', deferred' * instance.deferred})",
+            describe_placements(module, self.placements), "sharded",
+            f"replicated latents of {names} ({sum(widths)})", tuple(forward), tuple(backward),
+        )
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        usage.watch(self._instance())
+        return super()._apply(module, device_mesh)
+
+    def _local_forward(self, module, group, x):
+        instance = self._instance()
+        x = local(x)
+        weight, eps, dim = local(module.weight), norm_eps(module, x), norm_dim(module)
+        stacks = self._stacks()
+        downs = [torch.cat([local(f.weight) for f in s]) if len(s) > 1 else local(s[0].weight)
+                 for s in stacks]
+        if self.rmsnorm == "online":
+            zs = list(online_rmsnorm_down(x, weight, downs, dim, eps, group))
+        else:
+            normed = sync_rmsnorm(x, weight, dim, eps, group)
+            zs = [comm.sum_partials(F.linear(normed, w), group) for w in downs]
+        for i, stack in enumerate(stacks):
+            bias = _stacked_bias(stack, [f.out_features for f in stack])
+            if bias is not None:
+                zs[i] = zs[i] + bias
+        if instance.deferred:
+            zs = [comm.reduce_grad(z, group) for z in zs]
+        out = zs[0] if len(zs) == 1 else torch.cat(zs, dim=-1)
+        instance.record_output(out)
+        return out
+
+
+class ReplicatedGroupNorm(_Bound, TPStyle):
+    """Megatron / vanilla for a pre-norm and its column-parallel consumers.
+
+    In: replicated. The norm runs replicated. `grouped` (or `gather_latents`): the
+    consumers' first GEMMs run here as one `comm.column_linears` (one GEMM on the
+    concatenated weight shards when grouped) and the output holds their sharded results
+    side by side; else the output is the norm output and each consumer runs its own GEMM.
+    Backward: one all-reduce of the norm output's grad for the whole group.
+    `gather_latents` (vanilla LaX, whose r x r crossing needs whole latents): each
+    consumer's latent is all-gathered, so the output holds replicated latents.
+    """
+
+    def __init__(
+        self, spec: NormGroup, *, grouped: bool = True, gather_latents: bool = False
+    ) -> None:
+        super().__init__()
+        self.spec, self.grouped, self.gather_latents = spec, grouped, gather_latents
+
+    def relative(self) -> str:
+        return self.spec.norm
+
+    def bind(self, root: nn.Module, fqn: str):
+        bound = super().bind(root, fqn)
+        instance = bound.instance
+        instance.norm_style = bound
+        instance.deferred = False
+        instance.computes_firsts = self.grouped or self.gather_latents
+        return bound
+
+    def kind_ok(self, module: nn.Module) -> bool:
+        return is_rmsnorm_like(module)
+
+    def kind_names(self) -> str:
+        return "an RMSNorm-like module"
+
+    def validate(self, module: nn.Module, tp: int) -> None:
+        super().validate(module, tp)
+        self._instance().validate(tp)
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        instance = self._instance()
+        names = ", ".join(c.rsplit(".", 1)[-1] for c in self.spec.consumers)
+        widths = [f.out_features for f in instance.firsts]
+        forward = tuple(("all_gather", w // tp) for w in widths) * self.gather_latents
+        if self.gather_latents:
+            output = f"replicated latents of {names} ({sum(widths)})"
+        elif self.grouped:
+            output = f"sharded outputs of {names} ({sum(widths) // tp} per rank)"
+        else:
+            output = "replicated (read by " + names + ")"
+        style = f"ReplicatedGroupNorm({'grouped' if self.grouped else 'ungrouped'}" + (
+            ", gather latents)" if self.gather_latents else ")")
+        return Role(style, describe_placements(module, self.placements), "replicated", output,
+                    forward, (("all_reduce", norm_dim(module)),))
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        instance = self._instance()
+        tp = device_mesh.size()
+        full = [f.out_features for f in instance.firsts]
+        instance.spans = _spans(full if self.gather_latents else [w // tp for w in full])
+        usage.watch(instance)
+        return super()._apply(module, device_mesh)
+
+    def _local_forward(self, module, group, x):
+        instance = self._instance()
+        x = local(x)
+        normed = F.rms_norm(x, (norm_dim(module),), local(module.weight), norm_eps(module, x))
+        if not instance.computes_firsts:
+            out = comm.reduce_grad(normed, group)
+            instance.record_output(out)
+            return out
+        firsts = instance.firsts
+        weights = [local(f.weight) for f in firsts]
+        widths = [w.shape[0] for w in weights]
+        bias = _stacked_bias(firsts, widths)
+        if self.grouped:
+            (y,) = comm.column_linears(normed, [torch.cat(weights)], group)
+            y = y + bias if bias is not None else y
+            ys = list(y.split(widths, dim=-1)) if self.gather_latents else [y]
+        else:
+            ys = list(comm.column_linears(normed, weights, group))
+            if bias is not None:
+                ys = [y + b for y, b in zip(ys, bias.split(widths))]
+        if self.gather_latents:
+            ys = [comm.gather_last(y, group) for y in ys]
+        out = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        instance.record_output(out)
+        return out
+
+
+def _spans(widths: Sequence[int]) -> list[tuple[int, int]]:
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    return list(zip(starts, widths))
+
+
+class GroupMember(_Bound, TPStyle):
+    """The first linear of a norm group's consumer (a pair's down, or a full linear).
+
+    `sharding="row"` (BTP downs: weight Shard(1)) or `"column"` (megatron / vanilla:
+    weight and bias Shard(0)). In: the group's output. Out: this consumer's columns of it
+    (replicated latent in BTP, sharded output in megatron / vanilla), or, when the group
+    output is the plain norm output, this linear's own column-parallel GEMM of it (its
+    input grad is reduced by the group). No collective of its own. `head_dim`: the
+    outputs are attention heads (a megatron q/k/v), which must split evenly.
+    """
+
+    def __init__(
+        self, spec: NormGroup, index: int, *, sharding: str, head_dim: int | None = None
+    ) -> None:
+        super().__init__()
+        if sharding not in ("row", "column"):
+            raise ValueError(f"sharding must be row or column, not {sharding!r}")
+        self.spec, self.index, self.sharding, self.head_dim = spec, index, sharding, head_dim
+        self.placements = (
+            {"weight": Shard(1), "bias": Replicate()} if sharding == "row"
+            else {"weight": Shard(0), "bias": Shard(0)}
+        )
+
+    def relative(self) -> str:
+        return self.spec.first(self.index)
+
+    def validate(self, module: nn.Module, tp: int) -> None:
+        super().validate(module, tp)
+        self._instance().validate(tp)
+        check_heads(module.out_features, self.head_dim, tp)
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        instance = self._instance()
+        norm = instance.norm_fqn.rsplit(".", 1)[-1]
+        if self.sharding == "row":
+            output = "replicated latent"
+        else:
+            output = "sharded"
+        inputs = f"{norm}'s output" + (" (own columns)" if instance.computes_firsts else "")
+        return Role(f"GroupMember({self.sharding})", describe_placements(module, self.placements),
+                    inputs, output)
+
+    def _local_forward(self, module, group, x):
+        instance = self._instance()
+        if instance.computes_firsts:
+            if x.shape[-1] != instance.width:
+                raise PlanError(
+                    f"{instance.consumer_fqns[self.index]} expects {instance.norm_fqn}'s "
+                    f"output ({instance.width} features per rank), got {x.shape[-1]}; its input "
+                    "does not come from that norm, fix ModelLayout.shared_inputs"
+                )
+            start, width = instance.spans[self.index]
+            y = x.narrow(-1, start, width)
+        else:
+            y = linear(local(x), module)
+        instance.record_first(self.index, x, y)
+        return y
+
+
+class GroupUp(_Bound, ColumnParallel):
+    """A BTP group consumer's up-projection: column-parallel on its replicated latent.
+
+    Backward: when the group is deferred, the input grad stays partial (the group reduces
+    all of them at once); else this up all-reduces it, overlapped with its weight grad.
+    """
+
+    def __init__(self, spec: NormGroup, index: int, *, head_dim: int | None = None) -> None:
+        super().__init__(head_dim=head_dim)
+        self.spec, self.index = spec, index
+
+    def relative(self) -> str:
+        return self.spec.second(self.index)
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        deferred = self._instance().deferred
+        backward = () if deferred else (("all_reduce", module.in_features),)
+        inputs = "replicated latent" + (" (grad reduced by the group)" if deferred else "")
+        return Role("GroupUp", describe_placements(module, self.placements), inputs,
+                    "sharded", (), backward)
+
+    def _local_forward(self, module, group, h):
+        instance = self._instance()
+        h = local(h)
+        if instance.deferred:
+            y = linear(h, module)
+        else:
+            (y,) = comm.column_linears(h, [local(module.weight)], group)
+            y = y + local(module.bias) if module.bias is not None else y
+        instance.record_up(self.index, h, y)
+        return y
