@@ -1,37 +1,35 @@
-"""Single-device building blocks: grouped latents equal per-projection latents (to the
-last-bit differences of vectorised vs scalar activation kernels)."""
+"""Single-device building blocks: the low-rank projection families."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from boost_titan.models.layers import LowRankLinear, group_latents
+from boost_titan.models.layers import LowRankLinear
 
 RANK = 4
 
 
-@pytest.mark.parametrize("activation", ["silu", "identity"])
-def test_group_latents_one_activation_call(activation):
+@pytest.mark.parametrize("activation", ["silu", "none"])
+def test_low_rank_projection(activation):
     torch.manual_seed(0)
-    projections = [LowRankLinear(8, 12, RANK, activation), LowRankLinear(8, 6, RANK, activation)]
-    z = torch.randn(2, 3, 2 * RANK)
-    h, hs = group_latents(projections, z, [None, None])
-    expected = [p.latent(z_p) for p, z_p in zip(projections, z.split(RANK, dim=-1))]
-    for a, b in zip(hs, expected):
-        torch.testing.assert_close(a, b)
-    torch.testing.assert_close(h, torch.cat(expected, dim=-1))
-    assert all(h_p.untyped_storage().data_ptr() == h.untyped_storage().data_ptr() for h_p in hs)
+    p = LowRankLinear(8, 12, RANK, activation)
+    x = torch.randn(2, 3, 8)
+    z = x @ p.down.weight.t()
+    h = F.silu(z) if activation == "silu" else z
+    y, latent = p.project(x)
+    torch.testing.assert_close(latent, h)
+    torch.testing.assert_close(y, h @ p.up.weight.t())
+    torch.testing.assert_close(p(x), y)
 
 
-def test_group_latents_with_crossing_use_each_projection():
+def test_crossing_mixes_the_previous_latent():
     torch.manual_seed(0)
-    projections = [LowRankLinear(8, 12, RANK, "silu", crossing=True) for _ in range(3)]
-    z, prevs = torch.randn(5, 3 * RANK), [torch.randn(5, RANK) for _ in range(3)]
-    h, hs = group_latents(projections, z, prevs)
-    chunks = z.split(RANK, dim=-1)
-    expected = [p.latent(c, prev) for p, c, prev in zip(projections, chunks, prevs)]
-    assert all(torch.equal(a, b) for a, b in zip(hs, expected))
-    assert torch.equal(h, torch.cat(expected, dim=-1))
+    p = LowRankLinear(8, 12, RANK, "silu", crossing=True)
+    x, prev = torch.randn(5, 8), torch.randn(5, RANK)
+    z = x @ p.down.weight.t() + prev @ p.cross.weight.t()
+    want = F.silu(F.layer_norm(z, (RANK,), p.latent_norm.weight, p.latent_norm.bias))
+    torch.testing.assert_close(p.project(x, prev)[1], want)
     with pytest.raises(ValueError, match="previous block's latent"):
-        group_latents(projections, z, [None] * 3)
+        p(x)

@@ -25,7 +25,7 @@ from boost_titan.config import Boost
 from boost_titan.models import BoostTransformer, flavor_args
 from boost_titan.parallelize.compose import parallelize_boost
 from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac
-from distributed import run_on_ranks
+from distributed import randomize, run_on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,6 @@ ARCHS = {
     "svd": {"arch": "svd"},
     "lax": {"arch": "lax"},
     "lax-svd": {"arch": "lax", "lax_base": "svd"},
-    "cola-nogroup": {"arch": "cola", "group_linears": False},
 }
 
 
@@ -45,6 +44,7 @@ def build(arch: str = "cola", *, n_layers: int = 2, **kw) -> BoostTransformer:
                        n_layers=n_layers, **kw)
     model = BoostTransformer(args)
     model.init_weights()
+    randomize(model)
     return model
 
 
@@ -231,6 +231,7 @@ def test_cli_rejects_bad_tp(capsys):
 TP_CASES = [
     ("cola", "btp", {}), ("svd", "btp", {}), ("lax", "btp", {}),
     ("cola-sync", "btp", {"plan": {"rmsnorm": "sync"}}),
+    ("cola-ungrouped", "btp", {"plan": {"group_linears": False}}),
     ("cola-vanilla", "vanilla", {}), ("lax-vanilla", "vanilla", {}),
 ]
 
@@ -243,7 +244,7 @@ def _tp_step(model, mesh, strategy, plan_kw, lowrank_ac, fsdp_mesh=None):
     from boost_titan.parallelize import apply_plan
     from boost_titan.parallelize.compose import build_plan
 
-    apply_plan(model, mesh, build_plan(strategy, arch=model.args.arch, **plan_kw))
+    apply_plan(model, mesh, build_plan(strategy, model.args, **plan_kw))
     if lowrank_ac:
         apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=mesh.size())
     if fsdp_mesh is not None:
