@@ -14,9 +14,9 @@ import os
 import sys
 import tempfile
 
-from boost_titan.cli import fail, parse_job_config
-from boost_titan.errors import ConfigError
-from boost_titan.run_log import is_complete_checkpoint
+from boost_titan.config.cli import fail, parse_job_config
+from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.run_log import is_complete_checkpoint
 
 USAGE = "usage: python -m boost_titan.check [--nproc N] --job.config_file FILE [--section.key VALUE ...]"
 
@@ -121,16 +121,17 @@ def check_output_folder(folder: str) -> None:
 
 def check_model(job, world: int) -> None:
     """Prepare default assets, then let the TrainSpec validate model x parallelism."""
-    import boost_titan.data
-    import boost_titan.spec
     from torchtitan.protocols.train_spec import get_train_spec
+
+    import boost_titan.boost_llama.spec
+    import boost_titan.data
 
     try:
         get_train_spec(job.model.name)
     except ValueError:
         raise ConfigError(f"unknown model.name {job.model.name!r}; use boost_llama") from None
     boost_titan.data.prepare_default_assets()
-    boost_titan.spec.validate_job(job, world)
+    boost_titan.boost_llama.spec.validate_job(job, world)
 
 
 def check_data(job) -> None:
@@ -152,7 +153,7 @@ def check_initial_checkpoint(checkpoint) -> None:
             "(training would start from scratch); add --checkpoint.enable"
         )
     if checkpoint.initial_load_in_hf:
-        from boost_titan.export import check_export_files
+        from boost_titan.boost_llama.state_dict_adapter import check_export_files
 
         if not path:
             raise ConfigError(
@@ -189,8 +190,8 @@ def check_initial_export(job) -> None:
     """An export given with `initial_load_in_hf` must hold exactly the job's model."""
     if not job.checkpoint.initial_load_in_hf:
         return
-    from boost_titan.export import check_export
-    from boost_titan.spec import model_args_for
+    from boost_titan.boost_llama.spec import model_args_for
+    from boost_titan.boost_llama.state_dict_adapter import check_export
 
     check_export(job.checkpoint.initial_load_path, model_args_for(job))
 
@@ -206,9 +207,9 @@ def check(args: list[str]) -> str:
     check_initial_checkpoint(job.checkpoint)
     check_model(job, world)
     check_initial_export(job)
-    from boost_titan.parallelize.compose import resolve_strategy
+    from boost_titan.boost_llama.strategies import resolve_strategy
 
-    strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy)
+    strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
     layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no parallelism"
     return (
         f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "

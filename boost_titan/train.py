@@ -7,12 +7,12 @@ Adds the `[boost]` config section, runs on CPU/gloo when there is no accelerator
 the `boost_llama` TrainSpec and runs TorchTitan's `main` with `BoostTrainer`. User errors
 (`ConfigError`) and a diverged loss end the worker with one `error:` line and exit code 2
 or 3. `./run_train.sh` validates the job with `boost_titan.check` before launching. Rank 0
-warns when torchrun restarts are enabled over its shared TCPStore (`boost_titan.restarts`).
+warns when torchrun restarts are enabled over its shared TCPStore (`boost_titan.runtime.restarts`).
 """
 
 import sys
 
-from boost_titan.cli import with_boost_section
+from boost_titan.config.cli import with_boost_section
 
 # Before any torchtitan import: ConfigManager binds sys.argv[1:] as a default at import time.
 sys.argv[1:] = with_boost_section(sys.argv[1:])
@@ -20,19 +20,21 @@ sys.argv[1:] = with_boost_section(sys.argv[1:])
 import os  # noqa: E402
 import warnings  # noqa: E402
 
-from boost_titan.device import use_cpu_if_no_accelerator  # noqa: E402
+from boost_titan.runtime.device import use_cpu_if_no_accelerator  # noqa: E402
 
 use_cpu_if_no_accelerator()
 # torchdata's StatefulDataLoader calls a deprecated torch API on every construction.
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
-import boost_titan.spec  # noqa: E402, F401  (registers the boost_llama TrainSpec)
+# isort: off
+import boost_titan.boost_llama.spec  # noqa: E402, F401  (registers the boost_llama TrainSpec)
 from torchtitan.train import main as titan_main  # noqa: E402
 
-from boost_titan.cli import fail, parse_job_config  # noqa: E402
-from boost_titan.errors import ConfigError  # noqa: E402
-from boost_titan.restarts import shared_store_warning  # noqa: E402
-from boost_titan.trainer import BoostTrainer, TrainingDiverged  # noqa: E402
+# isort: on
+from boost_titan.config.cli import fail, parse_job_config  # noqa: E402
+from boost_titan.config.errors import ConfigError  # noqa: E402
+from boost_titan.runtime.restarts import shared_store_warning  # noqa: E402
+from boost_titan.runtime.trainer import BoostTrainer, TrainingDiverged  # noqa: E402
 
 
 def _drop_error_file() -> None:

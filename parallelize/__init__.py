@@ -15,7 +15,13 @@ activation checkpointing).
 """
 
 from .describe import plan_table
-from .groups import BottleneckGroupNorm, GroupMember, GroupUp, NormGroup, ReplicatedGroupNorm
+from .groups import (
+    BottleneckGroupNorm,
+    GroupMember,
+    GroupUp,
+    NormGroup,
+    ReplicatedGroupNorm,
+)
 from .plans import (
     ModelLayout,
     Plan,

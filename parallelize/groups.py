@@ -48,8 +48,8 @@ from torch.distributed.tensor import Replicate, Shard
 from . import comm, usage
 from .norms import online_rmsnorm_down, sync_rmsnorm
 from .styles import (
-    ColumnParallel,
     Collective,
+    ColumnParallel,
     PlanError,
     Role,
     TPStyle,

@@ -13,9 +13,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch.distributed import ProcessGroup
-
 from boost_titan.kernels import rmsnorm_partial_backward, rmsnorm_partial_stats
+from torch.distributed import ProcessGroup
 
 from .comm import _all_reduce, sum_both
 

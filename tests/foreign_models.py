@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from boost_titan.parallelize import ModelLayout
+from torch import nn
 
 
 class LowRank(nn.Module):

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from test_cli import DEBUG_TOML, assert_one_error, check
 
 # name -> (arguments after --job.config_file debug.toml, fragments of the message)

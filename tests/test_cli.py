@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from boost_titan.cli import condense_tyro_message, with_boost_section
+from boost_titan.config.cli import condense_tyro_message, with_boost_section
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBUG_TOML = ROOT / "train_configs" / "debug.toml"

@@ -12,10 +12,15 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+from boost_titan.parallelize import comm
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from boost_titan.bench import perfmodel as pm
-from boost_titan.bench.collectives import CollectiveCall, collective_kind, record_collectives
+from boost_titan.bench.collectives import (
+    CollectiveCall,
+    collective_kind,
+    record_collectives,
+)
 from boost_titan.bench.trace import (
     default_dtype,
     fake_tp_mesh,
@@ -24,8 +29,7 @@ from boost_titan.bench.trace import (
     trace_model,
     without,
 )
-from boost_titan.models import flavor_args
-from boost_titan.parallelize import comm
+from boost_titan.boost_llama import flavor_args
 
 BATCH, SEQ = 2, 8
 TOKENS = BATCH * SEQ

@@ -13,17 +13,17 @@ import pytest
 import torch
 from torchtitan.config import ConfigManager
 
+from boost_titan.config.errors import ConfigError
 from boost_titan.data import (
     DEFAULT_VOCAB_SIZE,
     build_dataloader,
     build_tokenizer,
     check_vocab_fits,
+    corpus,
     prepare_default_assets,
     tokenizer_vocab_size,
 )
-from boost_titan.data import corpus
 from boost_titan.data import tokenizer as tk
-from boost_titan.errors import ConfigError
 
 TEXT = 'def greet(name: str) -> str:\n    return f"héllo, {name}!"  # ünïcode ✓\n'
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from boost_titan import rss
-from boost_titan.device import on_cpu
+from boost_titan.runtime import rss
+from boost_titan.runtime.device import on_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # Runs in a fresh interpreter: the adapter patches torchtitan module globals for good.
 ADAPTER_CHECK = """
 import torch
-from boost_titan.device import CpuDevice, use_cpu_if_no_accelerator
+from boost_titan.runtime.device import CpuDevice, use_cpu_if_no_accelerator
 assert use_cpu_if_no_accelerator() == "cpu"
 assert use_cpu_if_no_accelerator() == "cpu"  # idempotent
 from torchtitan.components import metrics

@@ -21,20 +21,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from safetensors.torch import load_file
+from test_cli import DEBUG_TOML, ROOT, assert_one_error, run_module
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from boost_titan.check import check
-from boost_titan.errors import ConfigError
-from boost_titan.export import (
+from boost_titan.boost_llama import BoostModelArgs, BoostTransformer, flavor_args
+from boost_titan.boost_llama.state_dict_adapter import (
     BoostStateDictAdapter,
     args_of,
-    export,
-    load_model_state,
-    main,
     model_shapes,
 )
-from boost_titan.models import BoostModelArgs, BoostTransformer, flavor_args
-from test_cli import DEBUG_TOML, ROOT, assert_one_error, run_module
+from boost_titan.check import check
+from boost_titan.config.errors import ConfigError
+from boost_titan.export import export, load_model_state, main
 
 ARCHS = {
     "fullrank": {"arch": "fullrank"},

@@ -14,7 +14,6 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-
 from boost_titan.kernels import (
     partial_backward_reference,
     partial_stats_reference,

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from boost_titan.models.layers import LowRankLinear
+from boost_titan.boost_llama.layers import LowRankLinear
 
 RANK = 4
 

@@ -12,20 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac
+from distributed import randomize, run_on_ranks
 from torch import nn
 from torchtitan.config.job_config import ActivationCheckpoint, Compile
 
-from boost_titan.activation_memory import (
+from boost_titan.activation_memory import main, measure_layer
+from boost_titan.boost_llama import BoostTransformer, flavor_args
+from boost_titan.boost_llama.parallelize import parallelize_boost
+from boost_titan.config import Boost
+from boost_titan.runtime.saved_activations import (
     PeakSavedActivations,
-    main,
-    measure_layer,
     saved_activation_bytes,
 )
-from boost_titan.config import Boost
-from boost_titan.models import BoostTransformer, flavor_args
-from boost_titan.parallelize.compose import parallelize_boost
-from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac
-from distributed import randomize, run_on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -237,12 +236,12 @@ TP_CASES = [
 
 
 def _tp_step(model, mesh, strategy, plan_kw, lowrank_ac, fsdp_mesh=None):
+    from boost_titan.parallelize import apply_plan
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import loss_parallel
 
-    from boost_titan.parallelize import apply_plan
-    from boost_titan.parallelize.compose import build_plan
+    from boost_titan.boost_llama.strategies import build_plan
 
     apply_plan(model, mesh, build_plan(strategy, model.args, **plan_kw))
     if lowrank_ac:

@@ -11,15 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+import foreign_models as fm
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.distributed.tensor import DTensor
-
-import foreign_models as fm
-from boost_titan.bench.collectives import record_collectives
-from boost_titan.bench.trace import fake_tp_mesh
 from boost_titan.parallelize import (
     ModelLayout,
     PlanError,
@@ -30,6 +25,11 @@ from boost_titan.parallelize import (
 )
 from boost_titan.parallelize.describe import collectives_under, plan_table
 from distributed import run_on_ranks
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from boost_titan.bench.collectives import record_collectives
+from boost_titan.bench.trace import fake_tp_mesh
 
 BUILDERS = {"btp": btp_plan, "vanilla": vanilla_plan, "megatron": megatron_plan}
 RTOL = 1e-5

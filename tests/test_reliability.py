@@ -4,7 +4,7 @@
 through rank 0's `losses.jsonl` (full float precision, unlike the log line).
 
 Crash recovery: `MAX_RESTARTS=1 ./run_train.sh` with one rank SIGKILLing itself in the
-first attempt (`BOOST_TITAN_FAULT_*`, see `boost_titan.restarts`); torchrun restarts both
+first attempt (`BOOST_TITAN_FAULT_*`, see `boost_titan.runtime.restarts`); torchrun restarts both
 ranks, which resume from the newest complete checkpoint.
 """
 
@@ -18,9 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from boost_titan.errors import ConfigError
-from boost_titan.restarts import Fault, incomplete_checkpoints, shared_store_warning
-from boost_titan.run_log import latest_checkpoint
+from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.restarts import (
+    Fault,
+    incomplete_checkpoints,
+    shared_store_warning,
+)
+from boost_titan.runtime.run_log import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-from boost_titan.models import BoostTransformer, flavor_args
 from distributed import randomize, run_on_ranks
+
+from boost_titan.boost_llama import BoostTransformer, flavor_args
 
 VOCAB, BATCH, SEQ = 64, 2, 16
 RTOL = 1e-5
@@ -56,12 +56,12 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _tp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
+    from boost_titan.parallelize import apply_plan
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
-    from boost_titan.parallelize import apply_plan
-    from boost_titan.parallelize.compose import build_plan
+    from boost_titan.boost_llama.strategies import build_plan
 
     mesh = init_device_mesh("cpu", (world_size,))
     results = {}

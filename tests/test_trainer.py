@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from boost_titan.run_log import RunLog, latest_checkpoint
-from boost_titan.trainer import TokenScaledLoss
+from boost_titan.runtime.run_log import RunLog, latest_checkpoint
+from boost_titan.runtime.trainer import TokenScaledLoss
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)\s+grad_norm:\s*(\S+)")

@@ -17,7 +17,7 @@ from boost_titan.bench.gpus import GPUS
 from boost_titan.bench.plots import write_plot
 from boost_titan.bench.records import format_records, format_validation
 from boost_titan.config import ARCHS, RMSNORM_MODES
-from boost_titan.errors import ConfigError
+from boost_titan.config.errors import ConfigError
 
 PLOT_FLAVORS = ("1B", "3B", "7B", "13B", "30B")
 

@@ -31,12 +31,11 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 
-from boost_titan.errors import ConfigError
-from boost_titan.models import BoostModelArgs, BoostTransformer
+from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
+from boost_titan.boost_llama.strategies import STRATEGIES, build_plan, sizes
+from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan
-from boost_titan.parallelize.compose import build_plan
 
-STRATEGIES = ("btp", "vanilla", "megatron")
 FLAGS = {"n_heads": "--heads", "n_layers": "--layers"}
 """Command-line flags that are not the config field's name."""
 
@@ -202,16 +201,15 @@ def _free_port() -> int:
 
 
 # ---- the measurement ---------------------------------------------------------------------
-def measure(cfg: CpuConfig, strategies: tuple[str, ...] = STRATEGIES) -> list[CpuRecord]:
+def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> list[CpuRecord]:
     """Time every strategy on `cfg.tp` spawned gloo processes; one record each."""
     for strategy in strategies:
         if strategy not in STRATEGIES:
             raise ConfigError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
-        args = cfg.model_args(strategy)
-        sharded = ("dim", "n_heads", "ffn_dim", "vocab_size")
-        for name in sharded + (("rank",) if strategy == "vanilla" else ()):
-            if getattr(args, name) % cfg.tp:
-                raise ConfigError(f"{name} {getattr(args, name)} is not divisible by tp {cfg.tp}")
+        values = sizes(cfg.model_args(strategy))
+        for name in ("dim", *STRATEGIES[strategy].divisible):
+            if values[name] % cfg.tp:
+                raise ConfigError(f"{name} {values[name]} is not divisible by tp {cfg.tp}")
     if cfg.repeats < 1 or cfg.warmup < 0 or cfg.profile_steps < 0:
         raise ConfigError("--repeats must be >= 1, --warmup and --profile >= 0")
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boost_titan.errors import ConfigError
+from boost_titan.config.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,7 @@ from dataclasses import dataclass
 
 from boost_titan.bench.gpus import GpuProfile, gpu_profile
 from boost_titan.bench.records import PerfRecord, ValidationRow
-from boost_titan.config import RMSNORM_MODES
-from boost_titan.errors import ConfigError
-from boost_titan.models.args import (
+from boost_titan.boost_llama.args import (
     PAPER_VOCAB,
     PROJECTIONS,
     BoostModelArgs,
@@ -32,8 +30,11 @@ from boost_titan.models.args import (
     param_count,
     projection_params,
 )
+from boost_titan.boost_llama.strategies import STRATEGIES as REGISTRY
+from boost_titan.config import RMSNORM_MODES
+from boost_titan.config.errors import ConfigError
 
-STRATEGIES = ("megatron", "vanilla", "btp")
+STRATEGIES = tuple(REGISTRY)
 AC_MODES = ("none", "full", "selective", "lowrank")
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}

@@ -37,13 +37,17 @@ from torch.utils.flop_counter import (
 )
 
 from boost_titan.bench import perfmodel
-from boost_titan.bench.collectives import CollectiveCall, CollectiveLog, record_collectives
+from boost_titan.bench.collectives import (
+    CollectiveCall,
+    CollectiveLog,
+    record_collectives,
+)
+from boost_titan.bench.flops import CPU_SDPA_FLOPS
 from boost_titan.bench.records import LayerRecord
-from boost_titan.errors import ConfigError
-from boost_titan.flops import CPU_SDPA_FLOPS
-from boost_titan.models import BoostModelArgs, BoostTransformer
+from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
+from boost_titan.boost_llama.strategies import build_plan
+from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan
-from boost_titan.parallelize.compose import build_plan
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FLOP_TOLERANCE = 0.01

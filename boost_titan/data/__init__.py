@@ -2,7 +2,7 @@
 
 Importing this package sets HF_DATASETS_OFFLINE and HF_HUB_OFFLINE (unless already set),
 so `datasets` never reaches the network. It imports torchtitan: import it only after
-`boost_titan.cli.with_boost_section` has been applied to `sys.argv`.
+`boost_titan.config.cli.with_boost_section` has been applied to `sys.argv`.
 """
 
 import os

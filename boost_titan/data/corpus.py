@@ -22,7 +22,7 @@ from torchtitan.config import JobConfig
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS, build_text_dataloader
 
-from boost_titan.errors import ConfigError
+from boost_titan.config.errors import ConfigError
 
 if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS_TRUE_VALUES:
     # `datasets` reads the variable at import (see boost_titan.data), maybe before us.

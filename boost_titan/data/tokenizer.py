@@ -28,8 +28,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.config import JobConfig
 
+from boost_titan.config.errors import ConfigError
 from boost_titan.data.corpus import python_files, read_text, stdlib_root
-from boost_titan.errors import ConfigError
 
 DEFAULT_TOKENIZER = "default"
 DEFAULT_ASSETS = ("", DEFAULT_TOKENIZER, "./tests/assets/tokenizer")

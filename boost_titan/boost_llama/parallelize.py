@@ -1,5 +1,6 @@
 """The TrainSpec's parallelize function: TP plan -> activation checkpointing -> compile ->
-FSDP2 / DDP, in TorchTitan's order, configured from the job's TOML."""
+FSDP2 / DDP, in TorchTitan's order, configured from the job's TOML (as TorchTitan's
+`models/llama3/infra/parallelize.py`)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,19 @@ from torch import nn
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
-from torchtitan.tools.logging import logger
 from torchtitan.models.llama3.infra.parallelize import (
     _op_sac_save_list,
     apply_compile,
     apply_ddp,
     apply_fsdp,
 )
+from torchtitan.tools.logging import logger
 
-from boost_titan.device import force_sum_reductions
+from boost_titan.parallelize import apply_plan
+from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac
+from boost_titan.runtime.device import force_sum_reductions
 
-from .lowrank_ac import apply_lowrank_ac
-from .plans import ModelLayout, Plan, apply_plan, btp_plan, megatron_plan, vanilla_plan
-
-STRATEGIES = ("btp", "vanilla", "megatron")
+from .strategies import build_plan, resolve_strategy
 
 # selective AC keeps collectives' outputs, so recomputation never replays a collective
 _SAC_SAVE = _op_sac_save_list | {
@@ -31,49 +31,11 @@ _SAC_SAVE = _op_sac_save_list | {
 }
 
 
-def resolve_strategy(arch: str, tp_strategy: str) -> str:
-    """`auto` -> btp for low-rank archs, megatron for fullrank."""
-    if tp_strategy == "auto":
-        return "megatron" if arch == "fullrank" else "btp"
-    return tp_strategy
-
-
-def boost_layout(args) -> ModelLayout:
-    """Where `BoostTransformer` keeps the modules the plans shard."""
-    lax = args.arch == "lax"
-    return ModelLayout(
-        head_dim=args.head_dim,
-        crossing=("cross", "latent_norm") if lax else (),
-        defer_latent_grads=not lax,  # LaX hands each latent to the next block's crossing
-    )
-
-
-def build_plan(
-    strategy: str,
-    args,
-    *,
-    rmsnorm: str = "online",
-    group_linears: bool = True,
-    loss_parallel: bool = True,
-) -> Plan:
-    """The TP plan of our model for a strategy."""
-    layout = boost_layout(args)
-    if strategy == "megatron":
-        return megatron_plan(layout, group_linears=group_linears, loss_parallel=loss_parallel)
-    if strategy == "vanilla":
-        return vanilla_plan(layout, group_linears=group_linears, loss_parallel=loss_parallel)
-    if strategy == "btp":
-        return btp_plan(
-            layout, rmsnorm=rmsnorm, group_linears=group_linears, loss_parallel=loss_parallel
-        )
-    raise ValueError(f"unknown TP strategy {strategy!r}")
-
-
 def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
     """Apply TP, activation checkpointing, torch.compile and data parallelism."""
     boost = job_config.boost
     if parallel_dims.tp_enabled:
-        strategy = resolve_strategy(boost.arch, boost.tp_strategy)
+        strategy = resolve_strategy(boost.arch, boost.tp_strategy).name
         plan = build_plan(
             strategy,
             model.args,
@@ -82,7 +44,8 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             loss_parallel=not job_config.parallelism.disable_loss_parallel,
         )
         apply_plan(model, parallel_dims.get_mesh("tp"), plan)
-        details = f", {boost.rmsnorm} RMSNorm, grouping {boost.group_linears}" * (strategy == "btp")
+        details = f", {boost.rmsnorm} RMSNorm" * (strategy == "btp")
+        details += f", grouping {boost.group_linears}"
         logger.info(f"Applied {strategy} tensor parallelism (TP={parallel_dims.tp}{details})")
 
     compile_model = job_config.compile.enable and "model" in job_config.compile.components

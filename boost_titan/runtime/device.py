@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch._utils import _get_available_device_type
 
-from boost_titan import rss
+from boost_titan.runtime import rss
 
 Device = torch.device | str | int | None
 """What `torch.cuda` functions accept as a device; ignored on the CPU."""

@@ -9,7 +9,7 @@ from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
 
 from boost_titan.config import ARCHS, LAX_BASES
-from boost_titan.errors import ConfigError
+from boost_titan.config.errors import ConfigError
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 """The seven projections of a block, in the order they run."""

@@ -20,7 +20,7 @@ import types
 import typing
 from typing import Any, Literal, NoReturn, Union
 
-from boost_titan.errors import ConfigError
+from boost_titan.config.errors import ConfigError
 
 try:
     import tomllib

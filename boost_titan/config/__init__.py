@@ -1,6 +1,8 @@
-"""The `[boost]` TOML section, merged into TorchTitan's JobConfig.
+"""The job's configuration: the `[boost]` TOML section and its choices (here), the parsing
+of train's arguments into a JobConfig with one-line errors (`cli`), and `ConfigError`
+(`errors`). Importable without torch or torchtitan.
 
-Loaded through `--job.custom_config_module boost_titan.config`, which `boost_titan.train`
+The section is merged into TorchTitan's JobConfig, loaded through `--job.custom_config_module boost_titan.config`, which `boost_titan.train`
 adds by itself. TorchTitan requires the module to define a dataclass named `JobConfig`
 whose fields are the new sections.
 """
@@ -9,7 +11,6 @@ from dataclasses import dataclass, field
 
 ARCHS = ("fullrank", "svd", "cola", "lax")
 LAX_BASES = ("svd", "cola")
-TP_STRATEGIES = ("auto", "btp", "vanilla", "megatron")
 RMSNORM_MODES = ("online", "sync")
 
 
@@ -25,13 +26,15 @@ class Boost:
     """For arch = lax: the underlying low-rank layer, cola (with SiLU) or svd (none)."""
 
     tp_strategy: str = "auto"
-    """Tensor-parallel plan: auto (btp for low-rank, megatron for fullrank) | btp | vanilla | megatron."""
+    """Tensor-parallel plan: auto (btp for low-rank, megatron for fullrank) or a name from
+    `boost_titan.boost_llama.strategies.STRATEGIES` (megatron | vanilla | btp)."""
 
     rmsnorm: str = "online"
     """RMSNorm in front of BTP down-projections: online (statistic rides the down all-reduce) | sync."""
 
     group_linears: bool = True
-    """Run q/k/v and gate/up down-projections as one GEMM and one all-reduce each."""
+    """Under TP, run the q/k/v and gate/up first GEMMs as one GEMM (and, in BTP, one
+    all-reduce) each."""
 
     lowrank_ac: bool = False
     """Low-rank activation checkpointing: save only the bottleneck latents, recompute the rest."""

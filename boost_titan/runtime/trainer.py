@@ -10,7 +10,7 @@
   end, logs steps run, tokens/s, first/last loss and where outputs went.
 - The first step run measures the activations its forwards keep for backward (peak, on
   each rank; `PeakSavedActivations`); rank 0 logs them after that step and in the summary.
-- Crash recovery (`boost_titan.restarts`): before loading, rank 0 logs a torchrun restart and
+- Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun restart and
   any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*` injects a
   SIGKILL for testing.
 """
@@ -24,12 +24,12 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torchtitan.train import Trainer
 from torchtitan.tools.logging import logger
+from torchtitan.train import Trainer
 
-from boost_titan.activation_memory import PeakSavedActivations
-from boost_titan.restarts import Fault, incomplete_checkpoints
-from boost_titan.run_log import RunLog, latest_checkpoint
+from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
+from boost_titan.runtime.run_log import RunLog, latest_checkpoint
+from boost_titan.runtime.saved_activations import PeakSavedActivations
 
 LOSS_LOG = "losses.jsonl"
 """Per-step global loss and tokens, appended by rank 0 under the dump folder."""

@@ -14,13 +14,15 @@ from torchtitan.components.optimizer import build_optimizers
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
+from boost_titan.config import RMSNORM_MODES
+from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
-from boost_titan.errors import ConfigError
-from boost_titan.export import BoostStateDictAdapter
-from boost_titan.models import FLAVORS, BoostModelArgs, BoostTransformer, flavor_args
-from boost_titan.parallelize.compose import STRATEGIES, parallelize_boost, resolve_strategy
 
-from .config import RMSNORM_MODES, TP_STRATEGIES
+from .args import FLAVORS, BoostModelArgs, flavor_args
+from .model import BoostTransformer
+from .parallelize import parallelize_boost
+from .state_dict_adapter import BoostStateDictAdapter
+from .strategies import resolve_strategy, sizes
 
 SPEC_NAME = "boost_llama"
 
@@ -55,37 +57,17 @@ def _require_divisible(what: str, value: int, tp: int, strategy: str) -> None:
 
 def validate_parallelism(args: BoostModelArgs, boost, parallelism) -> str:
     """Check the strategy against the arch and the shapes against the degrees; return the
-    resolved strategy."""
-    if boost.tp_strategy not in TP_STRATEGIES:
-        raise ConfigError(
-            f"unknown [boost] tp_strategy {boost.tp_strategy!r}; choose one of "
-            f"{', '.join(TP_STRATEGIES)}"
-        )
+    resolved strategy's name."""
     if boost.rmsnorm not in RMSNORM_MODES:
         raise ConfigError(
             f"unknown [boost] rmsnorm {boost.rmsnorm!r}; choose one of {', '.join(RMSNORM_MODES)}"
         )
     strategy = resolve_strategy(args.arch, boost.tp_strategy)
-    if args.arch == "fullrank" and strategy != "megatron":
-        raise ConfigError(
-            f"tp_strategy {strategy} needs a low-rank arch, but arch is fullrank; "
-            "use tp_strategy = \"megatron\" (or \"auto\")"
-        )
-    if args.arch != "fullrank" and strategy == "megatron":
-        raise ConfigError(
-            f"tp_strategy megatron is for arch fullrank, but arch is {args.arch}; "
-            "use tp_strategy = \"btp\" or \"vanilla\" (or \"auto\")"
-        )
     tp = parallelism.tensor_parallel_degree
     if tp > 1:
-        _require_divisible("n_heads", args.n_heads, tp, strategy)
-        _require_divisible("n_kv_heads", args.kv_heads, tp, strategy)
-        _require_divisible("vocab_size", args.vocab_size, tp, strategy)
-        _require_divisible("ffn_dim", args.ffn_dim, tp, strategy)
-        if strategy == "btp":
-            _require_divisible("dim", args.dim, tp, strategy)
-        if strategy == "vanilla":
-            _require_divisible("rank", args.effective_rank, tp, strategy)
+        values = sizes(args)
+        for size in strategy.divisible:
+            _require_divisible(size, values[size], tp, strategy.name)
     pp = parallelism.pipeline_parallel_degree
     if pp > args.n_layers:
         raise ConfigError(
@@ -94,7 +76,7 @@ def validate_parallelism(args: BoostModelArgs, boost, parallelism) -> str:
         )
     if boost.lowrank_ac and not args.low_rank:
         raise ConfigError("[boost] lowrank_ac needs a low-rank arch; set arch or turn it off")
-    return strategy
+    return strategy.name
 
 
 def validate_job(job_config, world_size: int) -> None:
@@ -139,4 +121,4 @@ def build_spec() -> TrainSpec:
 
 register_train_spec(SPEC_NAME, build_spec())
 
-__all__ = ["SPEC_NAME", "STRATEGIES", "model_args_for", "validate_job"]
+__all__ = ["SPEC_NAME", "model_args_for", "validate_job"]

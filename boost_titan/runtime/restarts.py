@@ -25,8 +25,8 @@ import os
 import signal
 import sys
 
-from boost_titan.errors import ConfigError
-from boost_titan.run_log import is_complete_checkpoint, step_folders
+from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.run_log import is_complete_checkpoint, step_folders
 
 
 def shared_store_warning(env=os.environ) -> str | None:

@@ -1,9 +1,9 @@
 """Print the flavor table: shapes and parameter counts, full-rank vs low-rank.
 
-    python -m boost_titan.models
+    python -m boost_titan.boost_llama
 """
 
-from boost_titan.models.args import FLAVORS, flavor_args, param_count
+from .args import FLAVORS, flavor_args, param_count
 
 
 def main() -> None:

@@ -1,0 +1,196 @@
+"""The export format of `boost_llama` and TorchTitan's state-dict adapter for it.
+
+An export is a folder with `model.safetensors` (the model's state dict: our FQNs, their
+saved dtype) and `config.json` (everything `BoostModelArgs` needs to rebuild the model).
+`python -m boost_titan.export` writes one from a DCP checkpoint. The trainer starts from
+one with `--checkpoint.initial_load_path DIR --checkpoint.initial_load_in_hf`:
+`BoostStateDictAdapter` (registered on the TrainSpec) maps keys one to one and checks the
+export against the job's model before DCP's HuggingFaceStorageReader loads (and shards)
+the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+from torchtitan.protocols.state_dict_adapter import BaseStateDictAdapter
+
+from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.run_log import is_complete_checkpoint
+
+from .args import FLAVORS, BoostModelArgs
+from .model import BoostTransformer
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+FORMAT_VERSION = 1
+MODEL_NAME = "boost_llama"
+
+# ---- config.json ---------------------------------------------------------------------
+def config_of(args: BoostModelArgs, dtype: torch.dtype) -> dict[str, Any]:
+    """The `config.json` of a model: everything BoostModelArgs needs to rebuild it."""
+    config: dict[str, Any] = {"model": MODEL_NAME, "format_version": FORMAT_VERSION}
+    config["arch"] = args.arch
+    if args.arch == "lax":
+        config["lax_base"] = args.lax_base
+    config.update(
+        dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads, n_kv_heads=args.kv_heads,
+        ffn_dim=args.ffn_dim,
+    )  # fmt: skip
+    if args.low_rank:
+        config["rank"] = args.effective_rank
+    config.update(
+        vocab_size=args.vocab_size, norm_eps=args.norm_eps, rope_theta=args.rope_theta,
+        max_seq_len=args.max_seq_len, dtype=str(dtype).removeprefix("torch."),
+    )  # fmt: skip
+    return config
+
+
+def args_of(config: dict[str, Any], source: str = CONFIG) -> BoostModelArgs:
+    """BoostModelArgs from a `config.json` dict; ConfigError if it is not one of ours."""
+    if config.get("model") != MODEL_NAME:
+        raise ConfigError(
+            f"{source} is not a {MODEL_NAME} export; export with python -m boost_titan.export"
+        )
+    for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rank", "vocab_size",
+                 "max_seq_len", "norm_eps", "rope_theta"):  # fmt: skip
+        value = config.get(name, 1)
+        kind = float if name in ("norm_eps", "rope_theta") else int
+        if isinstance(value, bool) or not isinstance(value, (int, kind)) or value <= 0:
+            raise ConfigError(f"{source} has {name} {value!r}, not a positive number; export again")
+    try:
+        args = BoostModelArgs(
+            arch=config["arch"], lax_base=config.get("lax_base", "cola"), dim=config["dim"],
+            n_layers=config["n_layers"], n_heads=config["n_heads"], n_kv_heads=config["n_kv_heads"],
+            ffn_dim=config["ffn_dim"], rank=config.get("rank", 0), vocab_size=config["vocab_size"],
+            norm_eps=config["norm_eps"], rope_theta=config["rope_theta"],
+            max_seq_len=config["max_seq_len"],
+        )  # fmt: skip
+    except KeyError as e:
+        raise ConfigError(f"{source} lacks {e.args[0]!r}; export the checkpoint again") from None
+    args.validate()
+    return args
+
+
+def model_shapes(args: BoostModelArgs) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of the model's state dict (built on the meta device, no memory)."""
+    with torch.device("meta"):
+        model = BoostTransformer(args)
+    return {key: tuple(t.shape) for key, t in model.state_dict().items()}
+
+
+# ---- loading an export in the trainer ----------------------------------------------------
+_FIX = {
+    "arch": "--boost.arch {}",
+    "lax_base": "--boost.lax_base {}",
+    "rank": "--boost.rank {}",
+    "vocab_size": "a tokenizer of {} tokens (model.hf_assets_path) or a flavor with that vocab",
+}
+
+
+def _compared(args: BoostModelArgs) -> dict[str, Any]:
+    fields = {"arch": args.arch}
+    if args.arch == "lax":
+        fields["lax_base"] = args.lax_base
+    fields.update(dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
+                  n_kv_heads=args.kv_heads, ffn_dim=args.ffn_dim)  # fmt: skip
+    if args.low_rank:
+        fields["rank"] = args.effective_rank
+    fields.update(vocab_size=args.vocab_size, norm_eps=args.norm_eps, rope_theta=args.rope_theta)
+    return fields
+
+
+def _fix(name: str, exported: BoostModelArgs) -> str:
+    """The training option that makes the job's `name` match the export."""
+    if name in _FIX:
+        return _FIX[name].format(getattr(exported, name))
+    sizes = ("dim", "n_layers", "n_heads", "ffn_dim", "norm_eps", "rope_theta")
+    same = [f for f, a in FLAVORS.items() if all(getattr(a, n) == getattr(exported, n) for n in sizes)]
+    return f"--model.flavor {same[0]}" if same else "a model.flavor of the export's sizes"
+
+
+def check_export_files(path: str) -> None:
+    """An export folder (`checkpoint.initial_load_path` with `initial_load_in_hf`) must hold
+    model.safetensors and config.json."""
+    where = f"checkpoint.initial_load_path {path}"
+    make = f"python -m boost_titan.export --checkpoint <step-N folder> --out {path}"
+    if not os.path.isdir(path):
+        raise ConfigError(f"{where} is not a folder; point it at a folder written by {make}")
+    if is_complete_checkpoint(path):
+        raise ConfigError(
+            f"{where} is a DCP checkpoint, not an export; drop --checkpoint.initial_load_in_hf"
+        )
+    for name in (WEIGHTS, CONFIG):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise ConfigError(
+                f"{where} has no {name} (not a complete export); write it with {make}"
+            )
+
+
+def check_export(path: str, args: BoostModelArgs) -> None:
+    """Raise ConfigError unless the export at `path` holds exactly the model `args` builds."""
+    from safetensors import safe_open
+
+    check_export_files(path)
+    where = f"checkpoint.initial_load_path {path}"
+    try:
+        config = json.loads(Path(path, CONFIG).read_text())
+    except (OSError, ValueError) as e:
+        reason = type(e).__name__
+        raise ConfigError(f"{where}: {CONFIG} is unreadable ({reason}); export again") from None
+    exported = args_of(config if isinstance(config, dict) else {}, source=f"{where}: {CONFIG}")
+    ours = _compared(args)
+    for name, value in _compared(exported).items():
+        if ours.get(name) != value:
+            raise ConfigError(
+                f"{where} holds a model with {name} {value} ({CONFIG}) but the job's model has "
+                f"{name} {ours.get(name)}; train with {_fix(name, exported)}, or export a "
+                "matching checkpoint"
+            )
+    try:
+        with safe_open(os.path.join(path, WEIGHTS), framework="pt") as f:
+            stored = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except Exception as e:  # SafetensorError on a truncated or foreign file
+        raise ConfigError(f"{where}: {WEIGHTS} is unreadable ({e}); export again") from None
+    expected = model_shapes(args)
+    for key in sorted(expected.keys() | stored.keys()):
+        if expected.get(key) != stored.get(key):
+            raise ConfigError(
+                f"{where}: {WEIGHTS} has {key} {stored.get(key, 'missing')} but the model "
+                f"expects {expected.get(key, 'no such weight')}; export again"
+            )
+
+
+class BoostStateDictAdapter(BaseStateDictAdapter):
+    """TorchTitan's hook for `initial_load_in_hf`: an export's keys are our FQNs, so both
+    directions are the identity; the storage reader first checks the export against the
+    job's model (one-line ConfigError)."""
+
+    def __init__(self, model_args: BoostModelArgs, hf_assets_path: str | None) -> None:
+        self.model_args = model_args
+        self.hf_assets_path = hf_assets_path  # the tokenizer folder, not weights
+        self.fqn_to_index_mapping = None  # one file
+
+    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return dict(state_dict)
+
+    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
+        return dict(hf_state_dict)
+
+    def get_hf_storage_reader(
+        self, path: str, from_quantized: bool = False
+    ) -> HuggingFaceStorageReader:
+        if from_quantized:
+            raise ConfigError(
+                "checkpoint.initial_load_in_hf_quantized is not supported by boost_llama "
+                "exports; turn it off"
+            )
+        check_export(path, self.model_args)
+        return HuggingFaceStorageReader(path)
+
+

@@ -1,0 +1,114 @@
+"""The tensor-parallel strategies of `boost_llama`: the one registry that the config check,
+the parallelize function, the benchmarks and the performance model read.
+
+`boost_layout(args)` says where `BoostTransformer` keeps the modules the plans shard;
+`build_plan` turns a strategy into the plan of `boost_titan.parallelize` for a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize import (
+    ModelLayout,
+    Plan,
+    btp_plan,
+    megatron_plan,
+    vanilla_plan,
+)
+
+from .args import BoostModelArgs
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A TP plan for our model family."""
+
+    name: str
+    low_rank: bool
+    """Trains a low-rank arch (svd, cola, lax); else the fullrank one."""
+    divisible: tuple[str, ...]
+    """Sizes (names of `sizes`) the TP degree must divide."""
+    builder: Callable[..., Plan]
+    summary: str
+
+
+_HEADS = ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy("megatron", False, _HEADS, megatron_plan,
+                 "full-rank Megatron TP (column q/k/v/gate/up, row o/down)"),
+        Strategy("vanilla", True, (*_HEADS, "rank"), vanilla_plan,
+                 "naive low-rank TP (A column along r, B row)"),
+        Strategy("btp", True, (*_HEADS, "dim"), btp_plan,
+                 "bottleneck-aware TP (A row + all-reduce at r, B column)"),
+    )
+}
+"""Baseline first: megatron, vanilla, btp."""
+
+AUTO = "auto"
+"""[boost] tp_strategy = "auto": btp for low-rank archs, megatron for fullrank."""
+
+
+def sizes(args: BoostModelArgs) -> dict[str, int]:
+    """The model's sizes a strategy may shard, by their [boost] / flavor names."""
+    return {"dim": args.dim, "n_heads": args.n_heads, "n_kv_heads": args.kv_heads,
+            "ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size, "rank": args.effective_rank}
+
+
+def strategy_names(*, auto: bool = False) -> tuple[str, ...]:
+    return (AUTO, *STRATEGIES) if auto else tuple(STRATEGIES)
+
+
+def resolve_strategy(arch: str, name: str) -> Strategy:
+    """The strategy `name` stands for (`auto` -> btp for low-rank archs, megatron for
+    fullrank); ConfigError for an unknown name or one that does not fit the arch."""
+    if name == AUTO:
+        name = "megatron" if arch == "fullrank" else "btp"
+    if name not in STRATEGIES:
+        raise ConfigError(
+            f"unknown [boost] tp_strategy {name!r}; choose one of {', '.join(strategy_names(auto=True))}"
+        )
+    strategy = STRATEGIES[name]
+    if strategy.low_rank and arch == "fullrank":
+        raise ConfigError(
+            f"tp_strategy {name} needs a low-rank arch, but arch is fullrank; "
+            'use tp_strategy = "megatron" (or "auto")'
+        )
+    if not strategy.low_rank and arch != "fullrank":
+        raise ConfigError(
+            f"tp_strategy {name} is for arch fullrank, but arch is {arch}; "
+            'use tp_strategy = "btp" or "vanilla" (or "auto")'
+        )
+    return strategy
+
+
+def boost_layout(args: BoostModelArgs) -> ModelLayout:
+    """Where `BoostTransformer` keeps the modules the plans shard (the layout's defaults
+    name them); LaX adds the crossing modules, and since it hands every latent to the next
+    block's crossing, its ups reduce their own grads."""
+    lax = args.arch == "lax"
+    return ModelLayout(
+        head_dim=args.head_dim,
+        crossing=("cross", "latent_norm") if lax else (),
+        defer_latent_grads=not lax,
+    )
+
+
+def build_plan(
+    strategy: str,
+    args: BoostModelArgs,
+    *,
+    rmsnorm: str = "online",
+    group_linears: bool = True,
+    loss_parallel: bool = True,
+) -> Plan:
+    """The TP plan of a `BoostTransformer` with `args` under `strategy` (a registry name)."""
+    options = {"group_linears": group_linears, "loss_parallel": loss_parallel}
+    if strategy == "btp":
+        options["rmsnorm"] = rmsnorm
+    return STRATEGIES[strategy].builder(boost_layout(args), **options)

@@ -1,0 +1,1 @@
+"""Runnable examples: `own_model` applies BTP to a decoder written in plain PyTorch."""

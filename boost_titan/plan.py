@@ -1,0 +1,110 @@
+"""Print a TP plan as a table: every module it shards, how, and its collectives.
+
+    python -m boost_titan.plan --strategy btp --flavor debug [--arch cola] [--tp 2]
+    python -m boost_titan.plan --model mypkg.models:build --layout mypkg.models:LAYOUT --strategy btp
+
+With `--flavor`, our `boost_llama` model (built on the meta device: any size is instant);
+with `--model MODULE:FUNCTION` (called without arguments) and `--layout MODULE:NAME`, any
+torch-native model. Per row: the plan key (and how many modules it matched), the style,
+weight placements, activation layouts in and out, and the collectives one call issues
+forward and backward (elements per token of each rank's buffer). Then the totals of one
+block. Nothing is applied; the plan is checked against the model as `apply_plan` would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from boost_titan.config.cli import fail
+from boost_titan.config.errors import ConfigError
+
+
+def _load(spec: str, what: str):
+    module, _, name = spec.partition(":")
+    if not name:
+        raise ConfigError(f"--{what} {spec!r} must be MODULE:NAME")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"--{what} {spec!r}: {e}") from None
+
+
+def _target(ns: argparse.Namespace):
+    """(model, layout-or-None) for the arguments."""
+    if ns.model:
+        if not ns.layout:
+            raise ConfigError("--model needs --layout MODULE:NAME (a ModelLayout)")
+        return _load(ns.model, "model")(), _load(ns.layout, "layout")
+    import torch
+
+    from boost_titan.boost_llama import BoostTransformer, flavor_args
+
+    args = flavor_args(ns.flavor, arch=ns.arch)
+    args.vocab_size = args.vocab_size or 4096
+    args.validate()
+    with torch.device("meta"):
+        return BoostTransformer(args), None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m boost_titan.plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--strategy", default="btp", choices=("megatron", "vanilla", "btp"))
+    parser.add_argument("--tp", type=int, default=2, help="TP degree (default 2)")
+    parser.add_argument("--flavor", default="debug", help="boost_llama flavor (default debug)")
+    parser.add_argument("--arch", default=None, help="boost_llama arch (default: cola, fullrank for megatron)")
+    parser.add_argument("--rmsnorm", default="online", choices=("online", "sync"))
+    parser.add_argument("--no-group-linears", action="store_true")
+    parser.add_argument("--model", help="MODULE:FUNCTION building any torch-native model")
+    parser.add_argument("--layout", help="MODULE:NAME of its ModelLayout")
+    ns = parser.parse_args(argv)
+    try:
+        return _show(ns)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def _show(ns: argparse.Namespace) -> int:
+    from boost_titan.parallelize import PlanError
+    from boost_titan.parallelize.describe import (
+        collectives_under,
+        format_collectives,
+        plan_table,
+    )
+
+    ns.arch = ns.arch or ("fullrank" if ns.strategy == "megatron" else "cola")
+    model, layout = _target(ns)
+    options = {"group_linears": not ns.no_group_linears}
+    if layout is None:
+        from boost_titan.boost_llama.strategies import boost_layout, build_plan
+
+        plan = build_plan(ns.strategy, model.args, rmsnorm=ns.rmsnorm, **options)
+        layout = boost_layout(model.args)
+    else:
+        from boost_titan.boost_llama.strategies import STRATEGIES
+
+        if ns.strategy == "btp":
+            options["rmsnorm"] = ns.rmsnorm
+        plan = STRATEGIES[ns.strategy].builder(layout, **options)
+    try:
+        print(plan_table(model, plan, ns.tp))
+        first = next(n for n, _ in model.named_modules() if _matches(n, layout.blocks))
+        forward, backward = collectives_under(model, plan, ns.tp, first + ".")
+    except PlanError as e:
+        raise ConfigError(str(e)) from None
+    print(f"\nper block ({first}), elements per token:")
+    print(f"  forward  {len(forward)}: {format_collectives(forward)}")
+    print(f"  backward {len(backward)}: {format_collectives(backward)}")
+    return 0
+
+
+def _matches(name: str, pattern: str) -> bool:
+    import fnmatch
+
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
