@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arch", default=None, help="boost_llama arch (default: cola, fullrank for megatron)")
     parser.add_argument("--rmsnorm", default="online", choices=("online", "sync"))
     parser.add_argument("--no-group-linears", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--model", help="MODULE:FUNCTION building any torch-native model")
     parser.add_argument("--layout", help="MODULE:NAME of its ModelLayout")
     ns = parser.parse_args(argv)
@@ -89,7 +90,7 @@ def _show(ns: argparse.Namespace) -> int:
             options["rmsnorm"] = ns.rmsnorm
         plan = STRATEGIES[ns.strategy].builder(layout, **options)
     try:
-        print(plan_table(model, plan, ns.tp))
+        print(plan_table(model, plan, ns.tp, markdown=ns.markdown))
         first = next(n for n, _ in model.named_modules() if _matches(n, layout.blocks))
         forward, backward = collectives_under(model, plan, ns.tp, first + ".")
     except PlanError as e:

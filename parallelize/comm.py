@@ -97,15 +97,54 @@ class _SumBoth(torch.autograd.Function):
         return _all_reduce(grad, ctx.group), None
 
 
+class WeightGradStash:
+    """The (output grad, input) pairs of linears whose weight-grad GEMMs wait for the
+    backward of a `reduce_grad`, by key; one per forward call."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
 class _ReduceGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(ctx, x, group, stash, keys, *weights):
+        ctx.group, ctx.stash, ctx.keys = group, stash, keys
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
+        if ctx.stash is None:
+            return _all_reduce(grad, ctx.group), None, None, None
+        # launched now, waited for after the stashed weight-grad GEMMs: it runs behind them
+        reduced = funcol.all_reduce(grad.contiguous(), "sum", ctx.group)
+        grads_w = []
+        for key, needed in zip(ctx.keys, ctx.needs_input_grad[4:]):
+            entry = ctx.stash.entries.pop(key, None)
+            grads_w.append(_weight_grad(*entry) if needed and entry is not None else None)
+        return funcol.wait_tensor(reduced), None, None, None, *grads_w
+
+
+def _weight_grad(grad_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return grad_out.flatten(0, -2).t() @ x.flatten(0, -2)
+
+
+class _StashedWeightLinear(torch.autograd.Function):
+    """F.linear whose backward computes the input grad and leaves the weight grad to the
+    `reduce_grad` that owns `stash`."""
+
+    @staticmethod
+    def forward(ctx, x, weight, stash, index):
+        ctx.save_for_backward(x, weight)
+        ctx.stash, ctx.index = stash, index
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        if ctx.needs_input_grad[1]:
+            ctx.stash.entries[ctx.index] = (grad, x)
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        return grad_x, None, None, None
 
 
 class _GatherReplicatedGrad(torch.autograd.Function):
@@ -162,10 +201,27 @@ def column_linears(
     return _ColumnLinears.apply(x, group, split_input, *weights)
 
 
-def reduce_grad(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+def reduce_grad(
+    x: torch.Tensor,
+    group: ProcessGroup,
+    stash: WeightGradStash | None = None,
+    weights: dict[int, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Forward: identity. Backward: all-reduce the grad (its consumers' grads are partial
-    sums, e.g. several column-parallel GEMMs that read x; one all-reduce serves them all)."""
-    return _ReduceGrad.apply(x, group)
+    sums, e.g. several column-parallel GEMMs downstream of x; one all-reduce serves them
+    all). With a `stash`, the weight grads of the linears that `stashed_linear` ran with
+    it under the keys of `weights` (key -> that linear's weight) are computed here,
+    behind the all-reduce, and returned as the grads of those weights."""
+    weights = weights or {}
+    return _ReduceGrad.apply(x, group, stash, tuple(weights), *weights.values())
+
+
+def stashed_linear(
+    x: torch.Tensor, weight: torch.Tensor, stash: WeightGradStash, key: int
+) -> torch.Tensor:
+    """``F.linear(x, weight)`` whose weight grad is computed by the `reduce_grad` that
+    holds `stash` and `weight` under `key`."""
+    return _StashedWeightLinear.apply(x, weight, stash, key)
 
 
 def sum_both(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:

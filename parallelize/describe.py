@@ -24,13 +24,14 @@ class PlanRow:
 
 
 def plan_rows(model: nn.Module, plan: Plan, tp: int) -> list[PlanRow]:
-    """One row per plan key that matches a module, described on its first match."""
+    """One row per plan key that matches a module, described on its first match, in the
+    order the model holds the modules."""
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     by_key: dict[str, list[Resolved]] = {}
     for r in resolve_plan(model, plan, tp):
         by_key.setdefault(r.key, []).append(r)
-    return [
-        PlanRow(key, len(found), _role(found[0], tp)) for key, found in by_key.items()
-    ]
+    rows = sorted(by_key.items(), key=lambda item: order[item[1][0].fqn])
+    return [PlanRow(key, len(found), _role(found[0], tp)) for key, found in rows]
 
 
 def _role(r: Resolved, tp: int) -> Role:
@@ -58,15 +59,20 @@ def format_collectives(calls: Sequence[Collective]) -> str:
     return ", ".join(f"{_NAMES.get(kind, kind)} {n}" for kind, n in calls) or "-"
 
 
-def plan_table(model: nn.Module, plan: Plan, tp: int) -> str:
-    """The plan as a text table (one line per plan key)."""
+def plan_table(model: nn.Module, plan: Plan, tp: int, *, markdown: bool = False) -> str:
+    """The plan as a text (or markdown) table, one line per plan key."""
     header = ("module", "style", "weights", "in", "out", "forward", "backward")
     lines = [header]
     for row in plan_rows(model, plan, tp):
         role = row.role
-        key = row.key + (f" (x{row.matches})" if row.matches > 1 else "")
+        key = f"`{row.key}`" if markdown else row.key
+        key += f" (x{row.matches})" if row.matches > 1 else ""
         lines.append((key, role.style, role.weights, role.inputs, role.output,
                       format_collectives(role.forward), format_collectives(role.backward)))
+    if markdown:
+        rendered = ["| " + " | ".join(line) + " |" for line in lines]
+        rendered.insert(1, "|" + "---|" * len(header))
+        return "\n".join(rendered)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     rendered = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
                 for line in lines]

@@ -146,6 +146,10 @@ class GroupInstance:
     """The group output holds the first linears' outputs (members slice it); else it is
     the norm output and each member runs its own GEMM."""
     spans: list[tuple[int, int]] = field(default_factory=list)
+    stash: comm.WeightGradStash | None = None
+    """The current forward call's: the linears that leave their input grads partial
+    leave their weight-grad GEMMs to the group's backward all-reduce too, which runs
+    behind them (eager mode; compiled forwards reduce without it)."""
     record: usage.GroupRecord | None = None
 
     @classmethod
@@ -200,6 +204,25 @@ class GroupInstance:
                 )
 
     # ---- recording for the first-forward check ---------------------------------------
+    def new_stash(self) -> comm.WeightGradStash | None:
+        self.stash = None if torch.compiler.is_compiling() else comm.WeightGradStash()
+        return self.stash
+
+    def stashed_weights(
+        self, linears: Sequence[nn.Linear], members: Sequence[int]
+    ) -> dict[int, torch.Tensor]:
+        """Consumer index -> local weight of those `linears` whose weight grads wait for
+        the group's all-reduce (none without a stash)."""
+        return {} if self.stash is None else {i: local(linears[i].weight) for i in members}
+
+    def deferred_linear(self, x: torch.Tensor, module: nn.Linear, index: int) -> torch.Tensor:
+        """A consumer linear whose input grad the group reduces: its weight grad waits
+        for the group's all-reduce (with a stash)."""
+        if self.stash is None:
+            return linear(x, module)
+        y = comm.stashed_linear(x, local(module.weight), self.stash, index)
+        return y + local(module.bias) if module.bias is not None else y
+
     def record_output(self, out: torch.Tensor) -> None:
         if self.record is not None and not torch.compiler.is_compiling():
             self.record.output = out
@@ -344,7 +367,10 @@ class BottleneckGroupNorm(_Bound, TPStyle):
             if bias is not None:
                 zs[i] = zs[i] + bias
         if instance.deferred:
-            zs = [comm.reduce_grad(z, group) for z in zs]
+            stash = instance.new_stash()
+            members = [range(len(stacks[0]))] if self.grouped else [[i] for i in range(len(zs))]
+            zs = [comm.reduce_grad(z, group, stash, instance.stashed_weights(instance.seconds, m))
+                  for z, m in zip(zs, members)]
         out = zs[0] if len(zs) == 1 else torch.cat(zs, dim=-1)
         instance.record_output(out)
         return out
@@ -418,7 +444,10 @@ class ReplicatedGroupNorm(_Bound, TPStyle):
         x = local(x)
         normed = F.rms_norm(x, (norm_dim(module),), local(module.weight), norm_eps(module, x))
         if not instance.computes_firsts:
-            out = comm.reduce_grad(normed, group)
+            stash = instance.new_stash()
+            members = range(len(instance.firsts))
+            weights = instance.stashed_weights(instance.firsts, members)
+            out = comm.reduce_grad(normed, group, stash, weights)
             instance.record_output(out)
             return out
         firsts = instance.firsts
@@ -483,7 +512,7 @@ class GroupMember(_Bound, TPStyle):
             output = "replicated latent"
         else:
             output = "sharded"
-        inputs = f"{norm}'s output" + (" (own columns)" if instance.computes_firsts else "")
+        inputs = f"{norm} output" + (" (own columns)" if instance.computes_firsts else "")
         return Role(f"GroupMember({self.sharding})", describe_placements(module, self.placements),
                     inputs, output)
 
@@ -499,7 +528,7 @@ class GroupMember(_Bound, TPStyle):
             start, width = instance.spans[self.index]
             y = x.narrow(-1, start, width)
         else:
-            y = linear(local(x), module)
+            y = instance.deferred_linear(local(x), module, self.index)
         instance.record_first(self.index, x, y)
         return y
 
@@ -521,7 +550,7 @@ class GroupUp(_Bound, ColumnParallel):
     def role(self, module: nn.Module, tp: int) -> Role:
         deferred = self._instance().deferred
         backward = () if deferred else (("all_reduce", module.in_features),)
-        inputs = "replicated latent" + (" (grad reduced by the group)" if deferred else "")
+        inputs = "replicated latent" + (" (grad reduced by norm)" if deferred else "")
         return Role("GroupUp", describe_placements(module, self.placements), inputs,
                     "sharded", (), backward)
 
@@ -529,7 +558,7 @@ class GroupUp(_Bound, ColumnParallel):
         instance = self._instance()
         h = local(h)
         if instance.deferred:
-            y = linear(h, module)
+            y = instance.deferred_linear(h, module, self.index)
         else:
             (y,) = comm.column_linears(h, [local(module.weight)], group)
             y = y + local(module.bias) if module.bias is not None else y

@@ -211,7 +211,7 @@ class ColumnParallel(TPStyle):
         elif self.output_dtensor:
             output = "DTensor Shard(-1)"
         backward = (("all_reduce", n_in),) if self.reduce_input_grad else ()
-        inputs = "replicated" if self.reduce_input_grad else "replicated (grad reduced upstream)"
+        inputs = "replicated" if self.reduce_input_grad else "replicated (grad reduced by producer)"
         return Role("ColumnParallel", describe_placements(module, self.placements), inputs,
                     output, forward, backward)
 

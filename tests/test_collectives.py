@@ -218,6 +218,24 @@ def test_column_linears_overlap_grad_all_reduce(mesh, split_input):
     assert [w.grad.shape for w in weights] == [w.shape for w in weights]
 
 
+def test_deferred_group_grad_all_reduce_runs_behind_weight_grads(mesh):
+    """Linears that leave their input grads to a group's `reduce_grad` leave their
+    weight-grad GEMMs to it too: it launches the all-reduce, runs them, then waits."""
+    x = torch.randn(BATCH, SEQ, 4, requires_grad=True)
+    weights = [torch.randn(6, 4, requires_grad=True) for _ in range(2)]
+    stash = comm.WeightGradStash()
+    shared = comm.reduce_grad(x, mesh.get_group(), stash, dict(enumerate(weights)))
+    ys = [comm.stashed_linear(shared, w, stash, i) for i, w in enumerate(weights)]
+    with _OpLog() as log:
+        torch.autograd.backward(ys, [torch.ones_like(y) for y in ys])
+    launch, wait = log.names.index("all_reduce"), log.names.index("wait_tensor")
+    assert log.names[:launch].count("mm") == 2  # the two input-grad GEMMs
+    assert log.names[launch:wait].count("mm") == 2  # the weight grads, behind the all-reduce
+    assert [w.grad.shape for w in weights] == [(6, 4)] * 2 and not stash.entries
+    want = torch.ones(BATCH * SEQ, 6).t() @ x.detach().flatten(0, 1)
+    assert all(torch.equal(w.grad, want) for w in weights)
+
+
 def test_column_linears_skip_unneeded_grads(mesh):
     """A frozen weight gets no grad and an input without grad issues no all-reduce."""
     x = torch.randn(BATCH, SEQ, 4)
