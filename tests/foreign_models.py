@@ -37,6 +37,26 @@ class LowRank(nn.Module):
         return self.up(z)
 
 
+class NormedLatent(LowRank):
+    """A pair with a trainable LayerNorm on its latent (listed as `ModelLayout.crossing`):
+    a parameter between down and up."""
+
+    def forward(self, x):
+        return self.up(F.silu(self.norm(self.down(x))))
+
+
+def with_normed_latents(model: nn.Module) -> nn.Module:
+    """Give every low-rank pair of `model` a random LayerNorm on its latent."""
+    from distributed import randomize
+
+    for module in list(model.modules()):
+        if type(module) is LowRank:
+            module.__class__ = NormedLatent
+            module.norm = nn.LayerNorm(module.down.out_features)
+            randomize(module.norm, seed=1)
+    return model
+
+
 def projection(d_in, d_out, rank, act="silu", bias=False) -> nn.Module:
     if rank is None:
         return nn.Linear(d_in, d_out, bias=bias)

@@ -12,6 +12,7 @@ import dataclasses
 from collections import Counter
 
 import foreign_models as fm
+from boost_titan.examples import own_model
 import pytest
 import torch
 import torch.nn.functional as F
@@ -87,6 +88,21 @@ def test_all_reduces_per_block(name, strategy, tp):
     assert [Counter(calls) for calls in declared] == measured
 
 
+def test_parameter_between_down_and_up_is_not_deferred():
+    """A LayerNorm on the latent: each up all-reduces its own input grad (4 + 7)."""
+    with fake_tp_mesh(2) as mesh:
+        runs = []
+        for layers in (1, 2):
+            model = fm.with_normed_latents(fm.build("plain-cola", "btp", layers=layers))
+            apply_plan(model, mesh, btp_plan(NORMED_LAYOUT, loss_parallel=False),
+                       src_data_rank=None)
+            runs.append(_collectives(model))
+    r = fm.RANK
+    assert runs[1][0] - runs[0][0] == Counter(
+        {("all_reduce", 3 * r + 1): 1, ("all_reduce", 2 * r + 1): 1, ("all_reduce", r): 2})
+    assert runs[1][1] - runs[0][1] == Counter({("all_reduce", r): 7})
+
+
 def test_btp_sizes_per_block():
     """Per token: 3r+1, r, 2r+1, r forward and 3r, r, 2r, r backward; the parallel block
     5r+1, r, r and 5r, r, r."""
@@ -109,6 +125,40 @@ def test_plan_table_reads_as_a_table():
     row = next(line for line in lines if line.startswith("model.layers.*.input_layernorm"))
     assert "(x3)" in row and "all-reduce 49" in row and "BottleneckGroupNorm" in row
     assert any("GroupUp" in line and "self_attn.q_proj.up" in line for line in lines)
+
+
+def test_plan_command(capsys):
+    from boost_titan.plan import main
+
+    assert main(["--strategy", "btp", "--flavor", "debug"]) == 0
+    out = capsys.readouterr().out
+    assert "layers.*.attention_norm (x4)" in out and "all-reduce 193" in out
+    assert "forward  4: all-reduce 193, all-reduce 129, all-reduce 64, all-reduce 64" in out
+    model = "boost_titan.examples.own_model"
+    argv = ["--model", f"{model}:Decoder", "--layout", f"{model}:LAYOUT", "--tp", "4"]
+    assert main(argv) == 0
+    assert "backward 4: all-reduce 96, all-reduce 64, all-reduce 32, all-reduce 32" in (
+        capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main([*argv[:4], "--tp", "8"])
+    assert capsys.readouterr().err.strip() == (
+        "error: blocks.0.attn.k_proj.up: 4 attention heads do not split over TP 8; "
+        "choose a TP degree that divides the number of heads (and of kv heads)")
+
+
+def test_library_imports_nothing_of_the_product():
+    """`boost_titan.parallelize` imports torch, `boost_titan.kernels` and itself only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, boost_titan.parallelize\n"
+        "bad = [m for m in sys.modules if m.startswith(('torchtitan', 'boost_titan.'))\n"
+        "       and not m.startswith(('boost_titan.parallelize', 'boost_titan.kernels'))]\n"
+        "print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # ---- wrong layouts: one-line errors, one process ---------------------------------------------
@@ -277,7 +327,9 @@ class ResidualMean(fm.Block):
 
 CASES = [(name, strategy) for name in fm.MODELS for strategy in fm.STRATEGIES]
 EXTRA = ["hf-llama-btp-loss-parallel", "plain-cola-btp-sync", "plain-cola-btp-ungrouped",
-         "plain-cola-megatron-ungrouped", "plain-cola-vanilla-ungrouped"]
+         "plain-cola-megatron-ungrouped", "plain-cola-vanilla-ungrouped",
+         "normed-latent-btp", "normed-latent-vanilla"]
+NORMED_LAYOUT = dataclasses.replace(fm.PLAIN_LAYOUT, crossing=("norm",))
 
 
 def _extra(name: str) -> tuple[str, str, dict]:
@@ -287,7 +339,17 @@ def _extra(name: str) -> tuple[str, str, dict]:
         "plain-cola-btp-ungrouped": ("plain-cola", "btp", {"group_linears": False}),
         "plain-cola-megatron-ungrouped": ("plain-cola", "megatron", {"group_linears": False}),
         "plain-cola-vanilla-ungrouped": ("plain-cola", "vanilla", {"group_linears": False}),
+        "normed-latent-btp": ("plain-cola", "btp", {"normed": True}),
+        "normed-latent-vanilla": ("plain-cola", "vanilla", {"normed": True}),
     }[name]
+
+
+def _model(name: str, strategy: str, options: dict) -> tuple[nn.Module, ModelLayout, dict]:
+    """The case's model, layout and plan options."""
+    options = dict(options)
+    if options.pop("normed", False):
+        return fm.with_normed_latents(fm.build(name, strategy)), NORMED_LAYOUT, options
+    return fm.build(name, strategy), fm.MODELS[name][1], options
 
 
 def _all_cases() -> dict[str, tuple[str, str, dict]]:
@@ -322,8 +384,8 @@ def _worker(rank: int, world_size: int) -> dict:
     mesh = init_device_mesh("cpu", (world_size,))
     results = {}
     for case, (name, strategy, options) in _all_cases().items():
-        model = fm.build(name, strategy)
-        apply_plan(model, mesh, plan_for(fm.MODELS[name][1], strategy, **options))
+        model, layout, options = _model(name, strategy, options)
+        apply_plan(model, mesh, plan_for(layout, strategy, **options))
         results[case] = _run(model, options["loss_parallel"])
     model = fm.build("plain-cola", "btp")
     apply_plan(model, mesh, btp_plan(fm.PLAIN_LAYOUT), verify=True)
@@ -334,6 +396,7 @@ def _worker(rank: int, world_size: int) -> dict:
         results["verify-caught"] = None
     except PlanError as e:
         results["verify-caught"] = str(e)
+    results["example"] = own_model.main(steps=6)
     return results
 
 
@@ -350,8 +413,7 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("case", list(_all_cases()))
 def test_matches_unsharded_model(tp_results, case):
     tp, results = tp_results
-    name, strategy, _ = _all_cases()[case]
-    model = fm.build(name, strategy)
+    model, _, _ = _model(*_all_cases()[case])
     inputs, labels = tokens()
     logits = model(inputs)
     loss = loss_of(logits, labels)
@@ -364,6 +426,16 @@ def test_matches_unsharded_model(tp_results, case):
     worst = max(errors, key=errors.get)
     print(f"{case} tp={tp}: max rel err {errors[worst]:.2e} ({worst})")
     assert errors[worst] <= RTOL, f"{worst}: relative error {errors[worst]:.2e}"
+
+
+@pytest.mark.slow
+def test_readme_example(tp_results):
+    """`boost_titan/examples/own_model.py`: verify passes, 4 + 4 all-reduces per block,
+    and AdamW lowers the loss."""
+    _, results = tp_results
+    example = results["example"]
+    assert (example["forward"], example["backward"]) == (4, 4)
+    assert example["losses"][-1] < example["losses"][0] - 0.1
 
 
 @pytest.mark.slow

@@ -27,6 +27,8 @@ CASES: dict[str, tuple[str, str, dict, dict]] = {
     "svd-vanilla": ("svd", "vanilla", {}, {}),
     "cola-vanilla": ("cola", "vanilla", {}, {}),
     "lax-vanilla": ("lax", "vanilla", {}, {}),
+    "lax-vanilla-ungrouped": ("lax", "vanilla", {}, {"group_linears": False}),
+    "cola-vanilla-ungrouped": ("cola", "vanilla", {}, {"group_linears": False}),
     "fullrank-megatron": ("fullrank", "megatron", {}, {}),
     "fullrank-megatron-ungrouped": ("fullrank", "megatron", {}, {"group_linears": False}),
 }

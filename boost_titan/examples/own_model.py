@@ -13,6 +13,7 @@ prints the plan, the all-reduces per block and the loss of a few AdamW steps.
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -131,7 +132,9 @@ def all_reduces_per_block(model: nn.Module, tokens: torch.Tensor) -> tuple[int, 
     counts = []
     for blocks in (model.blocks, model.blocks[:1]):
         saved, model.blocks = model.blocks, blocks
-        with CommDebugMode() as comm:
+        with CommDebugMode() as comm, warnings.catch_warnings():
+            # CommDebugMode's module hooks warn about the token input, which needs no grad
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
             logits = model(tokens)
             forward = comm.get_total_counts()
             logits.float().square().mean().backward()
