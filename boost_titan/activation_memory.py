@@ -36,8 +36,11 @@ from boost_titan.boost_llama import (
     BoostTransformer,
     flavor_args,
 )
+from boost_titan.boost_llama.strategies import STRATEGIES
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.saved_activations import saved_activation_bytes
+
+LOW_RANK_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.low_rank)
 
 MODES = ("none", "full", "selective", "lowrank")
 """No AC; TorchTitan's full and op-level selective AC; BOOST's low-rank AC."""
@@ -128,8 +131,10 @@ def check_layer_args(args: BoostModelArgs, *, tp: int, seq_len: int, strategy: s
     args.validate()
     if not args.low_rank:
         raise ConfigError("activation memory is measured for low-rank archs; pick svd, cola or lax")
-    if strategy not in ("btp", "vanilla"):
-        raise ConfigError(f"unknown strategy {strategy!r}; choose btp or vanilla")
+    if strategy not in LOW_RANK_STRATEGIES:
+        raise ConfigError(
+            f"unknown strategy {strategy!r}; choose {' or '.join(LOW_RANK_STRATEGIES)}"
+        )
     if not 0 < seq_len <= args.max_seq_len:
         raise ConfigError(f"--seq-len must be in 1..{args.max_seq_len} for this flavor")
     divisors = {"n_heads": args.n_heads, "n_kv_heads": args.kv_heads, "dim": args.dim,
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--flavor", default="1B", choices=list(FLAVORS))
     parser.add_argument("--arch", default="cola", choices=["svd", "cola", "lax"])
-    parser.add_argument("--strategy", default="btp", choices=["btp", "vanilla"])
+    parser.add_argument("--strategy", default="btp", choices=LOW_RANK_STRATEGIES)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1, help="micro-batch size")

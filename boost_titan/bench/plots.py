@@ -28,7 +28,7 @@ def write_plot(records: list[PerfRecord], path: str | Path) -> None:
     comm.set(ylabel="MiB per layer per rank (fwd + bwd)", title="TP communication volume")
     gpus = list(records[0].predicted_step_s)
     for gpu, dash in zip(gpus, ("-", "--", ":")):
-        for other in ("megatron", "vanilla"):
+        for other in (s for s in STYLE if s != "btp"):
             ratio = [by[f, other].predicted_step_s[gpu] / by[f, "btp"].predicted_step_s[gpu] for f in flavors]
             speed.plot(x, ratio, "o" + dash, color=STYLE[other], label=f"btp vs {other} ({gpu})")
     speed.axhline(1.0, color="gray", lw=0.8)

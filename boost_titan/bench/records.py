@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from boost_titan.boost_llama.strategies import STRATEGIES
+
 MIB = 2**20
 
 
@@ -148,7 +150,7 @@ def format_validation(rows: list[ValidationRow], gpu: str) -> str:
         "config", "paper s fr/van/btp", f"model s ({gpu}) fr/van/btp",
         "btp/fr paper", "btp/fr model", "btp/van paper", "btp/van model",
     ]
-    order = ("megatron", "vanilla", "btp")
+    order = STRATEGIES
     table = []
     for row in rows:
         ps, ms = row.paper_speedup, row.predicted_speedup
