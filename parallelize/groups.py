@@ -281,7 +281,33 @@ def _stacked_bias(firsts: Sequence[nn.Linear], widths: Sequence[int]) -> torch.T
     ])
 
 
-class BottleneckGroupNorm(_Bound, TPStyle):
+class _GroupNorm(_Bound, TPStyle):
+    """The style of a group's norm: it owns the group's instance configuration."""
+
+    def relative(self) -> str:
+        return self.spec.norm
+
+    def configure(self, instance: GroupInstance) -> None:
+        raise NotImplementedError
+
+    def bind(self, root: nn.Module, fqn: str):
+        bound = super().bind(root, fqn)
+        bound.instance.norm_style = bound
+        self.configure(bound.instance)
+        return bound
+
+    def kind_ok(self, module: nn.Module) -> bool:
+        return is_rmsnorm_like(module)
+
+    def kind_names(self) -> str:
+        return "an RMSNorm-like module"
+
+    def validate(self, module: nn.Module, tp: int) -> None:
+        super().validate(module, tp)
+        self._instance().validate(tp)
+
+
+class BottleneckGroupNorm(_GroupNorm):
     """BTP for a pre-norm and its low-rank consumers (see the module docstring).
 
     In: the hidden state, sharded. Out: the consumers' replicated latents A_p norm(x),
@@ -302,27 +328,10 @@ class BottleneckGroupNorm(_Bound, TPStyle):
             raise ValueError(f"rmsnorm must be one of {', '.join(RMSNORM_MODES)}, not {rmsnorm!r}")
         self.spec, self.rmsnorm, self.grouped, self.defer = spec, rmsnorm, grouped, defer
 
-    def relative(self) -> str:
-        return self.spec.norm
-
-    def bind(self, root: nn.Module, fqn: str):
-        bound = super().bind(root, fqn)
-        instance = bound.instance
-        instance.norm_style = bound
+    def configure(self, instance: GroupInstance) -> None:
         instance.deferred = self.defer and instance.self_contained
         instance.computes_firsts = True
         instance.spans = _spans([f.out_features for f in instance.firsts])
-        return bound
-
-    def kind_ok(self, module: nn.Module) -> bool:
-        return is_rmsnorm_like(module)
-
-    def kind_names(self) -> str:
-        return "an RMSNorm-like module"
-
-    def validate(self, module: nn.Module, tp: int) -> None:
-        super().validate(module, tp)
-        self._instance().validate(tp)
 
     def _stacks(self) -> list[list[nn.Linear]]:
         firsts = self._instance().firsts
@@ -376,7 +385,7 @@ class BottleneckGroupNorm(_Bound, TPStyle):
         return out
 
 
-class ReplicatedGroupNorm(_Bound, TPStyle):
+class ReplicatedGroupNorm(_GroupNorm):
     """Megatron / vanilla for a pre-norm and its column-parallel consumers.
 
     In: replicated. The norm runs replicated. `grouped` (or `gather_latents`): the
@@ -394,26 +403,9 @@ class ReplicatedGroupNorm(_Bound, TPStyle):
         super().__init__()
         self.spec, self.grouped, self.gather_latents = spec, grouped, gather_latents
 
-    def relative(self) -> str:
-        return self.spec.norm
-
-    def bind(self, root: nn.Module, fqn: str):
-        bound = super().bind(root, fqn)
-        instance = bound.instance
-        instance.norm_style = bound
+    def configure(self, instance: GroupInstance) -> None:
         instance.deferred = False
         instance.computes_firsts = self.grouped or self.gather_latents
-        return bound
-
-    def kind_ok(self, module: nn.Module) -> bool:
-        return is_rmsnorm_like(module)
-
-    def kind_names(self) -> str:
-        return "an RMSNorm-like module"
-
-    def validate(self, module: nn.Module, tp: int) -> None:
-        super().validate(module, tp)
-        self._instance().validate(tp)
 
     def role(self, module: nn.Module, tp: int) -> Role:
         instance = self._instance()

@@ -15,6 +15,8 @@ forward (CoLA: SiLU; SVD: none). Each comes with its `ModelLayout`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from boost_titan.parallelize import ModelLayout
@@ -316,18 +318,13 @@ class ParallelDecoder(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-PARALLEL_LAYOUT = ModelLayout(
+PARALLEL_LAYOUT = dataclasses.replace(
+    PLAIN_LAYOUT,
     blocks="h.*",
     shared_inputs={
         "norm": ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
     },
-    own_inputs=("attn.o_proj", "mlp.down_proj"),
     embedding="wte",
-    final_norm="ln_f",
-    head="lm_head",
-    head_dim=8,
-    qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"),
-    attention_out=("attn.o_proj",),
 )
 
 CONFIG = dict(vocab=64, dim=64, heads=8, kv_heads=4, ffn=96, layers=3)

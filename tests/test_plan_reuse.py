@@ -12,7 +12,6 @@ import dataclasses
 from collections import Counter
 
 import foreign_models as fm
-from boost_titan.examples import own_model
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,6 +30,7 @@ from torch.distributed.tensor import DTensor
 
 from boost_titan.bench.collectives import record_collectives
 from boost_titan.bench.trace import fake_tp_mesh
+from boost_titan.examples import own_model
 
 BUILDERS = {"btp": btp_plan, "vanilla": vanilla_plan, "megatron": megatron_plan}
 RTOL = 1e-5

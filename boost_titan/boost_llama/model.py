@@ -40,20 +40,22 @@ def _project(
     return projection(x), None
 
 
+def _projections(args: BoostModelArgs, crossing: bool, *names: str) -> list[nn.Module]:
+    """The block's projections `names` (keys of `projection_shapes`) for `args.arch`."""
+    shapes = args.projection_shapes()
+    return [
+        make_projection(args.arch, *shapes[n], args.effective_rank, args.activation, crossing)
+        for n in names
+    ]
+
+
 class Attention(nn.Module):
     """Multi-head (optionally grouped-query) attention with rotary embeddings."""
 
     def __init__(self, args: BoostModelArgs, crossing: bool) -> None:
         super().__init__()
-        shapes = args.projection_shapes()
-
-        def projection(name: str) -> nn.Module:
-            return make_projection(
-                args.arch, *shapes[name], args.effective_rank, args.activation, crossing
-            )
-
         self.head_dim = args.head_dim
-        self.wq, self.wk, self.wv, self.wo = (projection(n) for n in ("q", "k", "v", "o"))
+        self.wq, self.wk, self.wv, self.wo = _projections(args, crossing, "q", "k", "v", "o")
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: torch.Tensor
@@ -70,14 +72,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, args: BoostModelArgs, crossing: bool) -> None:
         super().__init__()
-        shapes = args.projection_shapes()
-
-        def projection(name: str) -> nn.Module:
-            return make_projection(
-                args.arch, *shapes[name], args.effective_rank, args.activation, crossing
-            )
-
-        self.w1, self.w3, self.w2 = (projection(n) for n in ("gate", "up", "down"))
+        self.w1, self.w3, self.w2 = _projections(args, crossing, "gate", "up", "down")
         self.gate_silu = not (args.low_rank and args.activation == "silu")
 
     def gate(self, g: torch.Tensor) -> torch.Tensor:
