@@ -113,8 +113,6 @@ class _ReduceGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.stash is None:
-            return _all_reduce(grad, ctx.group), None, None, None
         # launched now, waited for after the stashed weight-grad GEMMs: it runs behind them
         reduced = funcol.all_reduce(grad.contiguous(), "sum", ctx.group)
         grads_w = []

@@ -1,6 +1,7 @@
 """Fused online-RMSNorm kernels: the Triton path (under TRITON_INTERPRET on CPU, compiled on
-CUDA when present) equals the torch reference, and an autograd wrapper built on them
-matches torch autograd of the plain norm + projection.
+CUDA when present) equals the torch reference, and the product's online RMSNorm built on
+them (`parallelize.norms.online_rmsnorm_down`) matches torch autograd of the plain norm +
+projections.
 
 Tolerances: fp32 outputs within fp32 summation-order error (rtol 1e-5); bf16 outputs
 within one bf16 ulp (rtol 2**-7), since the interpreter's fp32->bf16 casts truncate where
@@ -80,43 +81,41 @@ def test_compiled_triton_matches_reference(shape, dtype):
     _check_against_reference(shape, dtype, "cuda")
 
 
-class _NormDown(torch.autograd.Function):
-    """`F.linear(rms_norm(x) * weight, down)` on one rank, through the fused functions:
-    `_OnlineRMSNormDown` without the all-reduce."""
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A 1-process gloo group: the product's online RMSNorm runs as under TP, its
+    all-reduce being an identity."""
+    import torch.distributed as dist
 
-    @staticmethod
-    def forward(ctx, x, weight, down, eps):
-        scaled, sum_sq = rmsnorm_partial_stats(x, weight)
-        inv_rms = torch.rsqrt(sum_sq / x.shape[-1] + eps).to(x.dtype)
-        out = F.linear(scaled, down) * inv_rms
-        ctx.save_for_backward(x, weight, down, inv_rms, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight, down, inv_rms, out = ctx.saved_tensors
-        grad_y = grad * inv_rms
-        coef = inv_rms.pow(2) / x.shape[-1] * (grad * out).sum(-1, keepdim=True)
-        grad_x, grad_weight = rmsnorm_partial_backward(x, weight, grad_y @ down, coef)
-        grad_down = (grad_y.flatten(0, -2).t() @ x.flatten(0, -2)) * weight
-        return grad_x, grad_weight, grad_down, None
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e-3], ids=["unit-scale", "eps-scale"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_autograd_wrapper_matches_torch(request, backend):
+def test_online_rmsnorm_down_matches_torch(request, one_rank_group, backend, scale):
+    """The product's `online_rmsnorm_down` (one rank) equals F.rms_norm + F.linear for
+    two down-projections, forward and every gradient, with a random norm weight far from 1;
+    at `eps-scale` the mean square is comparable to eps, so a wrong eps shows."""
+    from boost_titan.parallelize.norms import online_rmsnorm_down
+
     if backend == "triton":
         request.getfixturevalue("triton_interpret")
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 5, 48, generator=gen)
-    weight = 1 + 0.1 * torch.randn(48, generator=gen)
-    down = torch.randn(12, 48, generator=gen) / 7
-    grad = torch.randn(2, 5, 12, generator=gen)
-    leaves = [t.clone().requires_grad_() for t in (x, weight, down)]
-    out = _NormDown.apply(*leaves, 1e-6)
-    out.backward(grad)
-    ref_leaves = [t.clone().requires_grad_() for t in (x, weight, down)]
-    ref_out = F.linear(F.rms_norm(ref_leaves[0], (48,), ref_leaves[1], 1e-6), ref_leaves[2])
-    ref_out.backward(grad)
-    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
-    for leaf, ref in zip(leaves, ref_leaves):
-        torch.testing.assert_close(leaf.grad, ref.grad, rtol=1e-4, atol=1e-5)
+    d, eps = 48, 1e-6
+    x = scale * torch.randn(2, 5, d, generator=gen)
+    weight = 0.5 + torch.rand(d, generator=gen)
+    downs = [torch.randn(r, d, generator=gen) / 7 for r in (12, 8)]
+    grads = [torch.randn(2, 5, r, generator=gen) for r in (12, 8)]
+    leaves = [t.clone().requires_grad_() for t in (x, weight, *downs)]
+    outs = online_rmsnorm_down(leaves[0], leaves[1], leaves[2:], d, eps, one_rank_group)
+    torch.autograd.backward(outs, grads)
+    ref = [t.clone().requires_grad_() for t in (x, weight, *downs)]
+    normed = F.rms_norm(ref[0], (d,), ref[1], eps)
+    ref_outs = [F.linear(normed, down) for down in ref[2:]]
+    torch.autograd.backward(ref_outs, grads)
+    for out, ref_out in zip(outs, ref_outs):
+        torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+    for leaf, want in zip(leaves, ref):
+        torch.testing.assert_close(leaf.grad, want.grad, rtol=1e-4, atol=1e-5 * want.grad.abs().max().item())
