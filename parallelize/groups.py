@@ -146,6 +146,12 @@ class GroupInstance:
     """The group output holds the first linears' outputs (members slice it); else it is
     the norm output and each member runs its own GEMM."""
     spans: list[tuple[int, int]] = field(default_factory=list)
+    parts: list[torch.Tensor | None] = field(default_factory=list)
+    """The current forward call's consumer outputs, split off the group output in one op
+    (eager mode): each consumer takes its own, so backward concatenates their grads
+    instead of summing one zero-padded full-width grad per consumer."""
+    owner: weakref.ref | None = None
+    """The group output the parts were split from (weak: kept alive by the model only)."""
     stash: comm.WeightGradStash | None = None
     """The current forward call's: the linears that leave their input grads partial
     leave their weight-grad GEMMs to the group's backward all-reduce too, which runs
@@ -204,6 +210,24 @@ class GroupInstance:
                 )
 
     # ---- recording for the first-forward check ---------------------------------------
+    def hand_out(self, out: torch.Tensor) -> None:
+        """Split the group output into the consumers' parts for this forward call."""
+        if torch.compiler.is_compiling():
+            return
+        self.parts = list(out.split([width for _, width in self.spans], dim=-1))
+        self.owner = weakref.ref(out)
+
+    def take(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Consumer `index`'s columns of the group output `x`: its part when `x` is the
+        output it was split from (once), else a narrow view (compiled forwards)."""
+        part = self.parts[index] if index < len(self.parts) else None
+        owner = self.owner() if self.owner is not None else None
+        if part is None or owner is None or not usage.same_data(x, owner):
+            start, width = self.spans[index]
+            return x.narrow(-1, start, width)
+        self.parts[index] = None
+        return part.view_as(part)
+
     def new_stash(self) -> comm.WeightGradStash | None:
         self.stash = None if torch.compiler.is_compiling() else comm.WeightGradStash()
         return self.stash
@@ -237,6 +261,7 @@ class GroupInstance:
                 "but was called with another tensor; fix ModelLayout.shared_inputs"
             )
         self.record.firsts[index] = usage.nodes_between(y, output)
+        self.record.latents[index] = y.grad_fn
 
     def record_up(self, index: int, h: torch.Tensor, y: torch.Tensor) -> None:
         if self.record is not None and not torch.compiler.is_compiling():
@@ -381,6 +406,7 @@ class BottleneckGroupNorm(_GroupNorm):
             zs = [comm.reduce_grad(z, group, stash, instance.stashed_weights(instance.seconds, m))
                   for z, m in zip(zs, members)]
         out = zs[0] if len(zs) == 1 else torch.cat(zs, dim=-1)
+        instance.hand_out(out)
         instance.record_output(out)
         return out
 
@@ -457,6 +483,7 @@ class ReplicatedGroupNorm(_GroupNorm):
         if self.gather_latents:
             ys = [comm.gather_last(y, group) for y in ys]
         out = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        instance.hand_out(out)
         instance.record_output(out)
         return out
 
@@ -517,8 +544,7 @@ class GroupMember(_Bound, TPStyle):
                     f"output ({instance.width} features per rank), got {x.shape[-1]}; its input "
                     "does not come from that norm, fix ModelLayout.shared_inputs"
                 )
-            start, width = instance.spans[self.index]
-            y = x.narrow(-1, start, width)
+            y = instance.take(self.index, x)
         else:
             y = instance.deferred_linear(local(x), module, self.index)
         instance.record_first(self.index, x, y)

@@ -46,6 +46,8 @@ class GroupRecord:
     output: torch.Tensor | None = None
     firsts: dict[int, set[Node]] = field(default_factory=dict)
     """Per consumer: the nodes between its output and the group output."""
+    latents: dict[int, Node] = field(default_factory=dict)
+    """Per consumer: the node of its output (its latent, under BTP)."""
     ups: dict[int, tuple[Node | None, Node | None]] = field(default_factory=dict)
     """Per consumer: (node of the up's input, node of the up's output)."""
 
@@ -133,8 +135,7 @@ class BlockCheck:
         deferred = [g for g in groups if g.deferred]
         if deferred:
             ups = {g.record.ups[i][1] for g in deferred for i in g.record.ups}
-            latents = {n: (g, i) for g in deferred for i, nodes in g.record.firsts.items()
-                       for n in nodes}
+            latents = {n: (g, i) for g in deferred for i, n in g.record.latents.items()}
             bypass = walk(outputs, stop=self.inputs | ups)
             for node, (g, i) in latents.items():
                 if node in bypass:

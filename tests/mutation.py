@@ -119,8 +119,8 @@ MUTANTS = [
       "        if False:\n            stash = instance.new_stash()", "deferred group never reduces"),
     M("parallelize/groups.py", "instance.deferred = self.defer and instance.self_contained",
       "instance.deferred = self.defer", "defer a group with a parameter between down and up"),
-    M("parallelize/groups.py", "            y = x.narrow(-1, start, width)",
-      "            y = x.narrow(-1, min(start + 1, x.shape[-1] - width), width)", "group member's columns off by one"),
+    M("parallelize/groups.py", "self.parts = list(out.split(", "self.parts = list(out.roll(1, -1).split(",
+      "group members' columns off by one"),
     M("parallelize/groups.py", "            out = comm.reduce_grad(normed, group, stash, weights)",
       "            out = normed", "replicated group's grad not all-reduced"),
     M("parallelize/groups.py", "            ys = list(comm.column_linears(normed, weights, group))",
@@ -152,7 +152,7 @@ def _copy_repo(dest: Path) -> None:
 
 def _killer(output: str) -> str | None:
     """The first failing test (or collection error) in pytest's output, None if all passed."""
-    found = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+    found = re.search(r"^(?:FAILED|ERROR) (.+?)(?: - |$)", output, re.MULTILINE)
     if found:
         return found.group(1)
     return None if re.search(r"\d+ passed", output) and " failed" not in output else "pytest error"

@@ -236,6 +236,21 @@ def test_deferred_group_grad_all_reduce_runs_behind_weight_grads(mesh):
     assert all(torch.equal(w.grad, want) for w in weights)
 
 
+@pytest.mark.parametrize("strategy,arch", [("btp", "cola"), ("vanilla", "cola"), ("megatron", "fullrank")])
+def test_group_members_grads_concatenated(mesh, strategy, arch):
+    """Consumers take their parts of a norm group's output split in one op, so backward
+    concatenates their grads (no zero-padded full-width grad per consumer to sum)."""
+    torch.manual_seed(0)
+    args = small_args(arch)
+    model = parallel_model(args, strategy, mesh)
+    h = torch.randn(BATCH, SEQ, layer_input_dim(args, strategy, mesh.size()), requires_grad=True)
+    out, _ = model.layers["1"](h, model.rope)
+    with _OpLog() as log:
+        out.backward(torch.randn_like(out))
+    assert "slice_backward" not in log.names
+    assert log.names.count("cat") >= 2  # one per group
+
+
 def test_column_linears_skip_unneeded_grads(mesh):
     """A frozen weight gets no grad and an input without grad issues no all-reduce."""
     x = torch.randn(BATCH, SEQ, 4)
