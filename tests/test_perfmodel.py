@@ -482,7 +482,7 @@ def test_cli_breakdown_validate_plot_and_errors(capsys, tmp_path):
         assert title in out
     assert main(["validate", "--json", "-"]) == 0
     tables = {r["table"] for r in json.loads(capsys.readouterr().out)}
-    assert tables == {"iteration", "gemm_ablation", "comm_ablation", "switch"}
+    assert tables == {"constant", "iteration", "gemm_ablation", "comm_ablation", "switch"}
     png = tmp_path / "perf.png"
     assert main(["plot", "--out", str(png)]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"

@@ -124,8 +124,11 @@ def _run_validate(ns: argparse.Namespace) -> int:
     rows = validation.validation_rows(ns.gpu, ns.ac)
     gemm, comm = validation.gemm_ablation(ns.gpu), validation.comm_ablation(ns.gpu)
     switches = validation.switch_rows(ns.gpu)
+    constants = validation.constant_rows(ns.gpu)
     if ns.json != "-":
-        print(f"Seconds per iteration, paper vs model (CoLA, seq 4096, {ns.gpu}; "
+        print(f"Constants of GPU profile {ns.gpu} (sources: boost_titan/bench/gpus.py)")
+        print(records.format_constants(constants))
+        print(f"\nSeconds per iteration, paper vs model (CoLA, seq 4096, {ns.gpu}; "
               f"model within +-{validation.TOLERANCE:.0%} of both published speedups: "
               f"{sum(all(validation.within_tolerance(r).values()) for r in rows)} of {len(rows)} rows)")
         print(records.format_validation(rows, ns.gpu))
@@ -135,7 +138,8 @@ def _run_validate(ns: argparse.Namespace) -> int:
         print(records.format_comm_ablation(comm))
         print("\nThe product's switches: BTP's predicted step, default vs flipped")
         print(records.format_switches(switches))
-    tagged = ([{"table": "iteration"} | r.to_json() for r in rows]
+    tagged = ([{"table": "constant"} | asdict(r) for r in constants]
+              + [{"table": "iteration"} | r.to_json() for r in rows]
               + [{"table": "gemm_ablation"} | asdict(r) for r in gemm]
               + [{"table": "comm_ablation"} | asdict(r) for r in comm]
               + [{"table": "switch", "speedup": r.speedup} | asdict(r) for r in switches])

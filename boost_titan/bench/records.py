@@ -166,6 +166,15 @@ class SwitchRow:
         return self.flipped_s / self.default_s
 
 
+@dataclass
+class ConstantRow:
+    """One constant of the time model: its value and source (a tag of `gpus`)."""
+
+    constant: str
+    value: str
+    source: str
+
+
 def _render(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [header, ["-" * w for w in widths], *rows]
@@ -257,3 +266,7 @@ def format_breakdown(records: list[PerfRecord]) -> str:
                          *[f"{split[p]:.3f} ({split[p] / step:.0%})" for p in parts],
                          f"{r.hidden_comm_s[gpu]:.3f}"])
     return _render(header, rows)
+
+
+def format_constants(rows: list[ConstantRow]) -> str:
+    return _render(["constant", "value", "source"], [[r.constant, r.value, r.source] for r in rows])

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 from boost_titan.bench import costs
 from boost_titan.bench import perfmodel as pm
-from boost_titan.bench.gpus import gpu_profile
+from boost_titan.bench.gpus import GEMM_TILES, NCCL, gpu_profile
 from boost_titan.bench.records import (
     CommAblationRow,
+    ConstantRow,
     GemmAblationRow,
     SwitchRow,
     ValidationRow,
@@ -144,6 +145,41 @@ def switch_rows(gpu: str = PAPER_GPU) -> list[SwitchRow]:
             flipped = pm.evaluate(row.flavor, args, dataclasses.replace(default, **change), [gpu])
             rows.append(SwitchRow(config_name(row.flavor, row.tp, row.pp), switch, base,
                                   flipped.predicted_step_s[gpu]))
+    return rows
+
+
+def constant_rows(gpu: str = PAPER_GPU) -> list[ConstantRow]:
+    """Every constant of a profile with its source tag (see `gpus`), and what `costs`
+    derives from them."""
+    p = gpu_profile(gpu)
+    e = costs.mainloop_efficiency(p)
+    m, n, k = p.mamf_shape
+    rows = [
+        ConstantRow("bf16 / fp32 peak", f"{p.peak_flops['bf16'] / 1e12:g} / {p.peak_flops['fp32'] / 1e12:g} TFLOP/s",
+                    "datasheet"),
+        ConstantRow("max achievable bf16 matmul", f"{p.mamf_flops / 1e12:g} TFLOP/s at {m}x{n}x{k}", "[MAMF]"),
+        ConstantRow("SMs", str(p.sm_count), "datasheet"),
+        ConstantRow("GEMM tiles", ", ".join(f"{a}x{b}" for a, b in GEMM_TILES), "[GEMM]"),
+        ConstantRow("GEMM epilogue overlapped", str(p.epilogue_overlapped), "[GEMM] / [CUTL]"),
+        ConstantRow("-> GEMM main loop", f"{e:.3f} of peak", "derived: reproduces [MAMF] at its shape"),
+        ConstantRow("-> epilogue cost", f"{costs.epilogue_k(p, 'bf16', 2, e):.0f} steps of k (bf16)",
+                    "derived: b * peak * main loop / (2 * sustained HBM)"),
+        ConstantRow("HBM bandwidth", f"{p.hbm_bw / 1e12:g} TB/s x {p.hbm_efficiency:.3f} sustained", "datasheet, [COPY]"),
+        ConstantRow("flash attention fwd / bwd", f"{p.attention_fwd_efficiency:g} / {p.attention_bwd_efficiency:g} of peak",
+                    "[FA2] / [FA3]"),
+        ConstantRow("kernel launch", f"{p.launch_s * 1e6:g} us", "[GRAPH]"),
+        ConstantRow("NVLink", f"{p.nvlink_links} links x {p.nvlink_link_bw / 1e9:g} GB/s, cap {p.nccl_bus_cap / 1e9:g} GB/s, "
+                    f"{p.gpus_per_node} GPUs per node, " + ("NVSwitch" if p.nvswitch else "no switch"),
+                    "[HGX], [NCCL]" + (", [BOOST]" if gpu == PAPER_GPU else "")),
+        ConstantRow("-> bus bandwidth TP2 / TP4 / TP8", " / ".join(
+            f"{p.bus_bw(t) / 1e9:g}" if t <= p.gpus_per_node else "-" for t in (2, 4, 8)) + " GB/s", "derived"),
+        ConstantRow("ring latency Simple / LL", f"{NCCL.base_s * 1e6:g} + {NCCL.hop_s * 1e6:g} / "
+                    f"{NCCL.ll_base_s * 1e6:g} + {NCCL.ll_hop_s * 1e6:g} us per step, LL at "
+                    f"{NCCL.ll_bandwidth_fraction:g} of the bandwidth", "[NCCL]"),
+        ConstantRow("inter-node", f"{p.net_bw / 1e9:g} GB/s per GPU, + {NCCL.net_hop_s * 1e6:g} us", "[NCCL]"),
+        ConstantRow("AdamW + clipping", f"{pm.ADAMW_BYTES_PER_PARAM} + {pm.CLIP_GRAD_PASSES} x grad bytes per parameter",
+                    "counted"),
+    ]
     return rows
 
 
