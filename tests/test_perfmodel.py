@@ -323,6 +323,10 @@ def test_btp_online_norm_streams():
     assert by["attention_norm.append_statistic"] == 2 * (6 + 1) * 2  # 3r + the statistic
     assert by["attention_norm.rescale"] == 2 * 6 * 2
     assert by["qkv.silu"] == 3 * 2 * 2 * 2 and "gate.silu" not in by  # CoLA: SiLU on latents only
+    back = {s.name: s.bytes for s in bwd}
+    assert back["attention_norm.bwd"] == 5 * 4 * 2  # dx and the weight grad read x and dy
+    assert back["attention_norm.grad_rescale"] == 2 * 6 * 2
+    assert back["attention_norm.grad_dot_out"] == 4 * 6 * 2  # product (3) and row sum (1)
     sync_fwd, _ = streams.block_streams(w, "sync", 2)
     assert {s.name: s.bytes for s in sync_fwd}["attention_norm"] == 4 * 42
     vanilla = pm.layer_widths(TINY, plan("vanilla"))  # replicated activations, latents split
@@ -430,6 +434,13 @@ def test_step_parts_add_up_and_the_pipeline_bubble():
     assert pm.stage_times(args, two, TOY)[0]["comm"] == pytest.approx(12 * block["comm"] + send)
 
 
+def test_memory_kernels_add_up_to_the_blocks_memory_time():
+    args, p = pm.model_args("1B", "cola", "btp"), pm.Plan(strategy="btp", tp=2, seq_len=512)
+    kernels = pm.memory_kernels(args, p, TOY)
+    assert sum(kernels.values()) == pytest.approx(24 * 4 * pm.block_time(args, p, TOY)["memory"])
+    assert list(kernels.values()) == sorted(kernels.values(), reverse=True)
+
+
 def test_tp_stays_inside_a_node():
     with pytest.raises(ConfigError, match="4 GPUs per node"):
         pm.evaluate("7B", pm.model_args("7B", "cola", "btp"), pm.Plan(strategy="btp", tp=8), ["a100-hgx4"])
@@ -446,6 +457,10 @@ def test_validation_within_tolerance_of_every_paper_row():
         for ratio, ok in validation.within_tolerance(row).items():
             assert ok != ((row.flavor, ratio) in validation.KNOWN_GAPS), (row.flavor, ratio, row.predicted_speedup)
     assert rows[2].paper_speedup["btp_vs_vanilla"] == pytest.approx(1.64 / 0.72)
+    # in each row's published batch layout the seconds themselves land within 25 %
+    for row in rows:
+        for strategy, seconds in row.paper_s.items():
+            assert abs(row.predicted_s[strategy] / seconds - 1) <= 0.25, (row.flavor, strategy)
 
 
 def test_ablations_against_the_published_ones():
@@ -476,6 +491,7 @@ def test_cli_breakdown_validate_plot_and_errors(capsys, tmp_path):
     assert main(["model", "--flavor", "1B,7B", "--tp", "2,4", "--gpu", "a100", "--breakdown"]) == 0
     out = capsys.readouterr().out
     assert "Predicted step split" in out and "bubble" in out and "hidden comm s" in out
+    assert "rope" in out  # the largest memory-bound kernel of every strategy here
     assert main(["validate"]) == 0
     out = capsys.readouterr().out
     for title in ("13B TP4xPP2", "GEMM ablation", "Communication ablation", "online vs sync RMSNorm"):

@@ -91,7 +91,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_model(ns: argparse.Namespace) -> int:
-    from boost_titan.bench.records import format_breakdown
+    from boost_titan.bench.records import format_breakdown, format_memory_kernels
 
     records = perfmodel.sweep(**plans_from_args(ns))
     if ns.json != "-":
@@ -99,6 +99,8 @@ def _run_model(ns: argparse.Namespace) -> int:
         if ns.breakdown:
             print("\nPredicted step split (seconds, share of the step):")
             print(format_breakdown(records))
+            print("\nWhere the memory-bound time goes (the blocks' kernels, forward + backward):")
+            print(format_memory_kernels(records))
     _emit_json([r.to_json() for r in records], ns.json)
     if ns.plot:
         write_plot(records, ns.plot)

@@ -469,6 +469,20 @@ def ends_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> tuple[dict[s
     return embedding, output
 
 
+def memory_kernels(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+    """Seconds per step of each memory-bound kernel of the blocks (forward and backward
+    under one name) on a rank holding the most blocks, largest first."""
+    fwd, bwd = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
+    per_step = max(_stage_layers(args, plan)) * plan.microbatches
+    seconds: dict[str, float] = {}
+    for stream in fwd + bwd:
+        name = stream.name.removesuffix(".bwd")
+        seconds[name] = seconds.get(name, 0.0) + per_step * costs.stream_time([stream], gpu, plan.tokens)
+    for stream in weight_streams(args, plan):
+        seconds[stream.name] = per_step * costs.stream_time([stream], gpu)
+    return dict(sorted(seconds.items(), key=lambda item: -item[1]))
+
+
 def _stage_layers(args: BoostModelArgs, plan: Plan) -> list[int]:
     """Blocks per pipeline stage (the first stages take the remainder)."""
     base, extra = divmod(args.n_layers, plan.pp)
@@ -561,6 +575,7 @@ def evaluate(flavor: str, args: BoostModelArgs, plan: Plan, gpus: list[str]) -> 
         predicted_step_s={g: parts["step"] for g, parts in times.items()},
         time_breakdown_s={g: {k: parts[k] for k in TIME_PARTS} for g, parts in times.items()},
         hidden_comm_s={g: parts["comm_hidden"] for g, parts in times.items()},
+        memory_kernels_s={g: memory_kernels(args, plan, profile) for g, profile in profiles.items()},
         speedup_gpu=gpus[0],
     )
 

@@ -25,7 +25,8 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
 - predicted_step_s: {gpu: seconds per optimizer step}; time_breakdown_s: {gpu: {part: s}}
   with parts gemm, memory (memory-bound kernels), attention, optimizer, comm (exposed
   communication) and bubble, which add up to the step; hidden_comm_s: {gpu: s} of
-  collectives run behind weight-grad GEMMs (not in the step).
+  collectives run behind weight-grad GEMMs (not in the step); memory_kernels_s: {gpu:
+  {kernel: s}}, the blocks' memory-bound kernels per step, largest first.
 - predicted_speedup: {other strategy: other's step / this step} on `speedup_gpu`
   (> 1 means this strategy is faster), among records of the same configuration.
 """
@@ -84,6 +85,7 @@ class PerfRecord(LayerRecord):
     predicted_step_s: dict[str, float]
     time_breakdown_s: dict[str, dict[str, float]]
     hidden_comm_s: dict[str, float]
+    memory_kernels_s: dict[str, dict[str, float]]
     speedup_gpu: str
     predicted_speedup: dict[str, float] = field(default_factory=dict)
 
@@ -252,6 +254,17 @@ def format_switches(rows: list[SwitchRow]) -> str:
         [r.config, r.switch, f"{r.default_s:.3f}", f"{r.flipped_s:.3f}", f"x{r.speedup:.3f}"]
         for r in rows
     ])
+
+
+def format_memory_kernels(records: list[PerfRecord], top: int = 4) -> str:
+    """The blocks' largest memory-bound kernels per step, with their share of the step."""
+    rows = []
+    for r in records:
+        for gpu, kernels in r.memory_kernels_s.items():
+            step = r.predicted_step_s[gpu]
+            rows.append([r.flavor, r.strategy, str(r.tp), gpu, ", ".join(
+                f"{name} {s:.3f} ({s / step:.0%})" for name, s in list(kernels.items())[:top])])
+    return _render(["flavor", "strategy", "tp", "gpu", "largest memory-bound kernels, s per step (share)"], rows)
 
 
 def format_breakdown(records: list[PerfRecord]) -> str:
