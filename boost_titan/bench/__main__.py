@@ -134,6 +134,8 @@ def _run_validate(ns: argparse.Namespace) -> int:
               f"model within +-{validation.TOLERANCE:.0%} of both published speedups: "
               f"{sum(all(validation.within_tolerance(r).values()) for r in rows)} of {len(rows)} rows)")
         print(records.format_validation(rows, ns.gpu))
+        for (flavor, ratio), reason in validation.KNOWN_GAPS.items():
+            print(f"known gap, {flavor} {ratio}: {reason}")
         print("\nGEMM ablation: one low-rank pair's forward GEMMs, 7B, batch 4 x 4096, TP4")
         print(records.format_gemm_ablation(gemm))
         print("\nCommunication ablation: one layer's forward TP collectives, 7B, batch 4 x 4096, TP4")

@@ -146,8 +146,7 @@ def write_validation_plot(
             for key, other in (("btp_vs_megatron", "megatron"), ("btp_vs_vanilla", "vanilla")):
                 ax.plot(flavors.index(r.flavor), r.paper_speedup[key], "s", color=STYLE[other], mfc="none", ms=9)
     ax.set_xticks(range(len(flavors)), flavors)
-    ax.set_title(f"Predicted BTP speedup by size, TP{base.tp}, {base.micro_batch}x{base.microbatches} "
-                 "(squares: paper, same setup)")
+    ax.set_title(f"BTP speedup by size, TP{base.tp}, {base.micro_batch}x{base.microbatches} (squares: paper)")
 
     for ax in (axes[0, 0], axes[0, 1]):
         ax.set_xticks(list(x), names, fontsize=8)

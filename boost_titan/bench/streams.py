@@ -55,7 +55,6 @@ SYNC_NORM_BACKWARD = Eager(fp32_bytes=52, passes=9, casts=3, kernels=14)
 """Weight product and its grad (3b + 2b + b), three casts, the fp32 chain of the scale
 and the statistic (12 + 8 + 4 + 8 + 8 + 12), and the sum of the two grads of x (3b)."""
 
-NORMS = ("attention_norm", "ffn_norm")
 NORM_CONSUMERS = {"attention_norm": 3, "ffn_norm": 2}
 """Low-rank pairs (or full linears) reading each pre-norm's output: q, k, v; gate, up."""
 CE_FORWARD_BYTES = 16
@@ -119,15 +118,13 @@ def _consumer_grads(name: str, w: Widths, widths: tuple[int, ...], b: int) -> St
 
 def block_streams(w: Widths, norm_mode: str, b: int) -> tuple[list[Stream], list[Stream]]:
     """Memory-bound kernels of one block per token on one rank: (forward, backward).
-
-    `norm_mode`: replicated (megatron, vanilla, and any plan at TP1), online or sync (BTP).
-    `firsts`: what each of a norm's consumers writes per rank (its latent, or full-rank
-    output); `rotated`: the RoPE'd queries and keys."""
+    `norm_mode`: replicated (megatron, vanilla, and any plan at TP1), online or sync (BTP)."""
     r, f, lat = w.residual, w.ffn, w.latent
+    # what each of a norm's consumers writes per rank: its latent, or its full-rank output
     firsts = {"attention_norm": (lat,) * 3 if lat else (w.q, w.kv, w.kv),
               "ffn_norm": (lat,) * 2 if lat else (f, f)}
     silu = int(w.silu_latents and lat > 0)
-    rotated = w.q + w.kv
+    rotated = w.q + w.kv  # RoPE'd queries and keys
 
     fwd = _norm_forward("attention_norm", w, norm_mode, b)
     fwd += _silu("qkv", lat, 3 * silu, b, False)
