@@ -36,6 +36,7 @@ from boost_titan.boost_llama.args import (
     projection_params,
 )
 from boost_titan.boost_llama.strategies import STRATEGIES as REGISTRY
+from boost_titan.boost_llama.strategies import sizes as strategy_sizes
 from boost_titan.config import RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 
@@ -128,12 +129,10 @@ def check(args: BoostModelArgs, plan: Plan) -> None:
         raise ConfigError(f"pp {plan.pp} must be 1..{args.n_layers} (the number of layers)")
     if min(plan.seq_len, plan.micro_batch, plan.microbatches) < 1:
         raise ConfigError("seq_len, micro_batch and microbatches must be positive")
-    sharded = {"dim": args.dim, "n_heads": args.n_heads, "n_kv_heads": args.kv_heads,
-               "ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size}
-    if plan.strategy == "vanilla":
-        sharded["rank"] = args.effective_rank
-    for name, size in sharded.items():
-        if size % plan.tp:
+    sizes = strategy_sizes(args)
+    for name in REGISTRY[plan.strategy].divisible:
+        if sizes[name] % plan.tp:
+            size = sizes[name]
             raise ConfigError(f"{name} {size} is not divisible by tp {plan.tp}; pick a tp that divides it")
 
 

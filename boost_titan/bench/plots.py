@@ -13,9 +13,10 @@ from boost_titan.bench.records import (
     ValidationRow,
     config_name,
 )
+from boost_titan.boost_llama.strategies import STRATEGIES
 
-STYLE = {"megatron": "tab:blue", "vanilla": "tab:red", "btp": "tab:green"}
-LABEL = {"megatron": "full-rank TP", "vanilla": "vanilla low-rank TP", "btp": "BTP"}
+STYLE = dict(zip(STRATEGIES, ("tab:blue", "tab:red", "tab:green")))
+"""A colour per strategy of the registry (baseline first)."""
 PART_COLOURS = {"gemm": "tab:blue", "memory": "tab:orange", "attention": "tab:purple",
                 "optimizer": "tab:gray", "comm": "tab:red", "bubble": "tab:olive"}
 TOLERANCE_BAND = 0.15
@@ -91,8 +92,8 @@ def write_validation_plot(
 
     ax = axes[0, 0]
     for s, c in STYLE.items():
-        ax.plot(x, [r.predicted_s[s] for r in rows], "-", color=c, marker="o", label=f"{LABEL[s]} (model)")
-        ax.plot(x, [r.paper_s[s] for r in rows], "s", color=c, mfc="none", ms=9, label=f"{LABEL[s]} (paper)")
+        ax.plot(x, [r.predicted_s[s] for r in rows], "-", color=c, marker="o", label=f"{s} (model)")
+        ax.plot(x, [r.paper_s[s] for r in rows], "s", color=c, mfc="none", ms=9, label=f"{s} (paper)")
     ax.set(ylabel="seconds per iteration", title="Iteration time: model vs published")
 
     ax = axes[0, 1]
@@ -100,8 +101,8 @@ def write_validation_plot(
         paper = [r.paper_speedup[key] for r in rows]
         ax.fill_between(x, [p * (1 - TOLERANCE_BAND) for p in paper], [p * (1 + TOLERANCE_BAND) for p in paper],
                         color=STYLE[other], alpha=0.12)
-        ax.plot(x, [r.predicted_speedup[key] for r in rows], "-o", color=STYLE[other], label=f"BTP vs {LABEL[other]} (model)")
-        ax.plot(x, paper, "s", color=STYLE[other], mfc="none", ms=9, label=f"BTP vs {LABEL[other]} (paper, +-15 %)")
+        ax.plot(x, [r.predicted_speedup[key] for r in rows], "-o", color=STYLE[other], label=f"btp vs {other} (model)")
+        ax.plot(x, paper, "s", color=STYLE[other], mfc="none", ms=9, label=f"btp vs {other} (paper, +-15 %)")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set(ylabel="speedup (other / BTP)", title="BTP speedup: model vs published")
 
@@ -125,7 +126,7 @@ def write_validation_plot(
         ax.bar(i - width / 2, r.predicted_s * 1e3, width, color=STYLE[r.strategy], label="model" * (i == 0))
         ax.bar(i + width / 2, r.paper_s * 1e3, width, color="white", edgecolor=STYLE[r.strategy], hatch="//",
                label="paper" * (i == 0))
-    ax.set_xticks(range(len(comm)), [LABEL[r.strategy] for r in comm])
+    ax.set_xticks(range(len(comm)), [r.strategy for r in comm])
     ax.set(ylabel="ms per layer (forward)", title="Communication ablation, 7B, batch 4, TP4 (model | paper)")
 
     ax = axes[1, 1]
@@ -133,7 +134,7 @@ def write_validation_plot(
         ax.bar(i - width / 2, 100 * r.predicted_utilisation, width, color=STYLE[r.strategy], label="model" * (i == 0))
         ax.bar(i + width / 2, 100 * r.paper_utilisation, width, color="white", edgecolor=STYLE[r.strategy],
                hatch="//", label="paper" * (i == 0))
-    ax.set_xticks(range(len(gemm)), [f"{LABEL[r.strategy]}\n{r.part}" for r in gemm], fontsize=8)
+    ax.set_xticks(range(len(gemm)), [f"{r.strategy}\n{r.part}" for r in gemm], fontsize=8)
     ax.set(ylabel="GEMM utilisation, % of peak", title="GEMM ablation, 7B, batch 4, TP4 (model | paper)")
 
     ax = axes[1, 2]
