@@ -1,4 +1,5 @@
-"""Analytic performance model: hand-computed small cases, the paper's 7B payloads, the CLI."""
+"""Analytic performance model: hand-computed small cases of every term, the eager kernel
+counts measured on the product's code, the paper's 7B payloads, validation, the CLI."""
 
 from __future__ import annotations
 
@@ -6,12 +7,21 @@ import dataclasses
 import json
 
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
+from boost_titan.bench import costs, streams, validation
 from boost_titan.bench import perfmodel as pm
 from boost_titan.bench.__main__ import main
+from boost_titan.bench.gpus import GPUS, NCCL, GpuProfile
 from boost_titan.bench.records import PerfRecord
+from boost_titan.bench.trace import fake_tp_mesh
+from boost_titan.bench.work import Collective, Gemm, Stream
 from boost_titan.boost_llama.args import BoostModelArgs, param_count
+from boost_titan.boost_llama.layers import apply_rope, rope_table
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.norms import sync_rmsnorm
 
 # d=8, r=2, d_ff=16, 2 heads of 4; one micro-batch of T = 3 tokens (seq 3), bf16, TP2.
 TINY = BoostModelArgs(dim=8, n_layers=2, n_heads=2, ffn_dim=16, rank=2, vocab_size=10, arch="cola")
@@ -48,6 +58,28 @@ def test_tiny_collectives_grouped_online():
     assert sizes(bwd) == [("gate_up", 8), ("qkv", 8)]
 
 
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
+@pytest.mark.parametrize("strategy", pm.STRATEGIES)
+def test_backward_all_reduces_hide_behind_weight_grads(strategy, grouped):
+    """Each backward input-grad all-reduce names the GEMMs whose weight grads it runs
+    behind: grouped, the one GEMM of the group; ungrouped, each member's; forward ones none."""
+    p = plan(strategy, group_linears=grouped)
+    fwd, bwd = pm.layer_collectives(args_for(strategy), p)
+    names = {g.name for g in pm.layer_gemms(args_for(strategy), p)}
+    assert all(not c.behind for c in fwd)
+    assert all(c.behind and set(c.behind) <= names for c in bwd)
+    behind = {c.name: c.behind for c in bwd}
+    if strategy == "btp":
+        assert behind["qkv.B" if grouped else "q.B"] == (("q.B", "k.B", "v.B") if grouped else ("q.B",))
+    elif strategy == "vanilla":
+        assert behind["qkv.A"] == (("qkv.A",) if grouped else ("q.A", "k.A", "v.A"))
+        assert behind["down.A"] == ("down.A",)
+    else:
+        assert behind["gate_up"] == (("gate_up",) if grouped else ("gate", "up"))
+    _, step_bwd = pm.step_collectives(args_for(strategy), p)
+    assert [c.behind for c in step_bwd] == ([(), ()] if strategy == "btp" else [("lm_head",)])
+
+
 def test_tiny_collectives_sync_and_ungrouped():
     fwd, bwd = pm.layer_collectives(TINY, plan("btp", rmsnorm="sync"))
     assert [n for _, n in sizes(fwd)] == [1, 6, 2, 1, 4, 2]
@@ -77,6 +109,12 @@ def test_tiny_flops_and_gemms():
     assert pm.layer_flops(TINY, plan("btp")) == 816 + 144
     assert pm.layer_flops(TINY, plan("vanilla")) == 816 + 288  # attention replicated
     assert pm.layer_flops(TINY_FULL, plan("megatron")) == 6 * 640 // 2 + 144
+    megatron = {g.name: (g.m, g.n, g.k) for g in pm.layer_gemms(TINY_FULL, plan("megatron"))}
+    assert megatron == {"qkv": (3, 12, 8), "o": (3, 8, 4), "gate_up": (3, 16, 8), "down": (3, 8, 8)}
+    ungrouped = pm.layer_gemms(TINY_FULL, plan("megatron", group_linears=False))
+    assert [g.name for g in ungrouped] == ["q", "k", "v", "o", "gate", "up", "down"]
+    # without TP the model runs one GEMM per projection, grouped or not
+    assert [g.name for g in pm.layer_gemms(TINY, plan("btp", tp=1))][:3] == ["q.A", "q.B", "k.A"]
     btp = {g.name: (g.m, g.n, g.k) for g in pm.layer_gemms(TINY, plan("btp"))}
     assert btp["qkv.A"] == (3, 6, 4) and btp["q.B"] == (3, 4, 2) and btp["down.A"] == (3, 2, 8)
     vanilla = {g.name: (g.m, g.n, g.k) for g in pm.layer_gemms(TINY, plan("vanilla"))}
@@ -152,19 +190,293 @@ def test_record_fields_and_speedups():
     assert by["btp"].predicted_speedup["megatron"] == pytest.approx(
         by["megatron"].predicted_step_s["a100"] / by["btp"].predicted_step_s["a100"])
     entry = by["btp"].collectives_fwd[0]
-    assert set(entry) == {"kind", "name", "elements_per_token", "bytes"}
+    assert set(entry) == {"kind", "name", "elements_per_token", "bytes", "behind"}
     assert sum(c["bytes"] for c in by["btp"].collectives_fwd) == by["btp"].comm_bytes_per_layer_fwd
     for parts, step in zip(by["btp"].time_breakdown_s.values(), by["btp"].predicted_step_s.values()):
+        assert set(parts) == set(pm.TIME_PARTS)
         assert sum(parts.values()) == pytest.approx(step)
 
 
-def test_validation_rows():
-    rows = pm.validation_rows("a100")
-    assert [(r.flavor, r.tp, r.pp) for r in rows] == list(pm.PAPER_ITERATION_S)
+
+
+# ---- pricing: hand-computed small cases --------------------------------------------------
+TOY = GpuProfile(
+    name="toy", peak_flops={"bf16": 1e12, "fp32": 1e11}, mamf_flops=0.5e12, mamf_shape=(512, 512, 1024),
+    sm_count=2, hbm_bw=1e12, hbm_efficiency=0.5, epilogue_overlapped=True,
+    attention_fwd_efficiency=0.5, attention_bwd_efficiency=0.25, gpus_per_node=4, nvlink_links=12,
+    nvlink_link_bw=10e9, nvswitch=False, nccl_bus_cap=100e9, net_bw=10e9, launch_s=1e-6,
+)
+"""Two SMs, no epilogue cost: the 512x512 calibration shape fills whole waves, so the main
+loop runs at exactly 0.5 of peak; HBM sustains 0.5 TB/s; pairs of GPUs share 4 links."""
+
+
+def test_gemm_schedule_hand_computed():
+    assert costs.mainloop_efficiency(TOY) == pytest.approx(0.5)
+    # [256, 1024] x [1024, 128]: best is two 128x128 tiles, one wave on the two SMs, each
+    # block 2*128*128*1024 FLOPs at 1e12 * 0.5 / 2 per SM (split-K would add a reduction)
+    g = Gemm("g", 256, 128, 1024)
+    block = 2 * 128 * 128 * 1024 / 2.5e11
+    assert costs.gemm_time(g, "bf16", 2, TOY) == pytest.approx(block + 1e-6)
+    assert costs.gemm_utilisation(g, "bf16", 2, TOY) == pytest.approx(g.flops / ((block + 1e-6) * 1e12))
+    # three 128-tiles on two SMs: two waves, the second half empty (wave quantisation; k
+    # too short to split, and the 256-row tile computes padding in the same time)
+    short = 2 * 128 * 128 * 256 / 2.5e11
+    assert costs.schedule_time(Gemm("g", 384, 128, 256), "bf16", 2, TOY, 0.5) == pytest.approx(2 * short)
+    # a tiny GEMM still occupies a whole 128x128 tile (tile quantisation) ...
+    tiny = Gemm("tiny", 16, 16, 16)
+    assert costs.gemm_time(tiny, "bf16", 2, TOY) == pytest.approx(2 * 128 * 128 * 16 / 2.5e11 + 1e-6)
+    # ... unless moving its operands takes longer (roofline)
+    slow = dataclasses.replace(TOY, name="toy, slow HBM", hbm_bw=1e9)
+    assert costs.gemm_time(tiny, "bf16", 2, slow) == pytest.approx(tiny.bytes(2) / 0.5e9 + 1e-6)
+
+
+def test_split_k_pays_an_fp32_reduction():
+    # [128, 8192] x [8192, 128]: one tile would leave an SM idle; two k-halves fill both and
+    # add the partial tiles' fp32 reduction (2 * 4 + 2 bytes per output element)
+    g = Gemm("g", 128, 128, 8192)
+    half = 2 * 128 * 128 * 4096 / 2.5e11
+    reduction = (2 * 4 + 2) * 128 * 128 / 0.5e12
+    assert costs.schedule_time(g, "bf16", 2, TOY, 0.5) == pytest.approx(half + reduction)
+
+
+def test_epilogue_makes_thin_reductions_slower_on_a100():
+    a100 = GPUS["a100"]
+    e = costs.mainloop_efficiency(a100)
+    assert costs.epilogue_k(a100, "bf16", 2, e) == pytest.approx(2 * 312e12 * e / (2 * 2.039e12 * 1355 / 1555))
+    assert costs.epilogue_k(GPUS["h100"], "bf16", 2, 0.8) == 0.0  # overlapped on Hopper
+    # calibration: at the measured maximum-achievable-matmul shape the model runs at the measured rate
+    m, n, k = a100.mamf_shape
+    probe = Gemm("mamf", m, n, k)
+    assert probe.flops / costs.schedule_time(probe, "bf16", 2, a100, e) == pytest.approx(271.2e12)
+    # same FLOPs, reduction dim 256 (vanilla TP4's up) vs 1024 (BTP's): the thin one is slower
+    util = {k: costs.gemm_utilisation(Gemm("g", 16384, 2**22 // k, k), "bf16", 2, a100) for k in (256, 1024)}
+    assert util[256] < 0.62 < 0.70 < util[1024]
+
+
+def test_memory_bound_kernels_and_launches():
+    kernels = [Stream("a", 10.0), Stream("b", 6.0, launches=3)]
+    assert costs.stream_time(kernels, TOY, tokens=100) == pytest.approx(1600 / 0.5e12 + 4e-6)
+    assert costs.hbm_time(1e9, TOY) == pytest.approx(2e-3)
+
+
+def test_attention_hand_computed():
+    flops = 4 * 10**12  # counted with the causal mask not halved: executes half
+    assert costs.attention_time(flops, "bf16", TOY) == pytest.approx(2.0 / 0.5 + 1e-6)
+    assert costs.attention_time(flops, "bf16", TOY, backward=True) == pytest.approx(2.5 * 2.0 / 0.25 + 3e-6)
+
+
+def test_collectives_on_nccl_ring_model():
+    # no switch: a pair of GPUs shares 12 / 3 = 4 links (40 GB/s); four GPUs use all 12, capped at 100
+    assert TOY.bus_bw(2) == 40e9 and TOY.bus_bw(4) == 100e9
+    assert GPUS["a100"].bus_bw(2) == GPUS["a100"].bus_bw(8) == 235e9  # NVSwitch
+    assert GPUS["a100-hgx4"].bus_bw(2) == 80e9 and GPUS["a100-hgx4"].bus_bw(4) == 235e9
+    big = 10**8  # Simple protocol: base + 6 hops + 2 * 3/4 of the buffer over the bus
+    expected = NCCL.base_s + 6 * NCCL.hop_s + 1.5 * big / 100e9
+    assert costs.collective_time("all_reduce", big, 4, TOY) == pytest.approx(expected)
+    tiny = 1024  # LL protocol: lower latency, a quarter of the bandwidth
+    expected = NCCL.ll_base_s + 6 * NCCL.ll_hop_s + 1.5 * tiny / 25e9
+    assert costs.collective_time("all_reduce", tiny, 4, TOY) == pytest.approx(expected)
+    # all-gather: p - 1 steps over the gathered buffer (4 inputs); reduce-scatter over its input
+    expected = NCCL.base_s + 3 * NCCL.hop_s + 0.75 * 4 * big / 100e9
+    assert costs.collective_time("all_gather", big, 4, TOY) == pytest.approx(expected)
+    expected = NCCL.base_s + 3 * NCCL.hop_s + 0.75 * big / 100e9
+    assert costs.collective_time("reduce_scatter", big, 4, TOY) == pytest.approx(expected)
+    assert costs.collective_time("all_reduce", big, 1, TOY) == 0.0
+    assert costs.send_time(10**9, TOY) == pytest.approx(NCCL.base_s + NCCL.net_hop_s + 0.1)
+
+
+def test_overlap_hides_only_what_weight_grads_cover():
+    p = pm.Plan(strategy="btp", tp=4, seq_len=1000)
+    ar = Collective("all_reduce", "x", 10**4, behind=("a", "b"))
+    cost = costs.collective_time("all_reduce", 10**4 * 1000 * 2, 4, TOY)
+    assert pm.overlapped([ar], {"a": cost / 4, "b": cost / 4}, p, TOY) == pytest.approx((cost / 2, cost / 2))
+    assert pm.overlapped([ar], {"a": cost, "b": cost}, p, TOY) == pytest.approx((0.0, cost))
+    exposed = dataclasses.replace(ar, behind=())
+    assert pm.overlapped([exposed], {}, p, TOY) == pytest.approx((cost, 0.0))
+
+
+# ---- memory-bound inventory --------------------------------------------------------------
+def test_tiny_block_streams_hand_computed():
+    """megatron, TP2, bf16: residual 8, q = kv = 4, ffn 8 per rank, grouped."""
+    w = pm.layer_widths(TINY_FULL, plan("megatron"))
+    fwd, bwd = streams.block_streams(w, "replicated", 2)
+    by = {s.name: s.bytes for s in fwd}
+    assert by["rope"] == (4 + 4) * 48 and by["gate_mul"] == 3 * 8 * 2 and by["attention_norm"] == 2 * 8 * 2
+    # norm 32, rope 384, add 48, norm 32, silu(gate) 32, product 48, add 48
+    assert sum(s.bytes for s in fwd) == 624
+    # slice-backward of the grouped q/k/v output (12 wide): 3 x (own 4 + zeros 12) + 2 sums of 12
+    grads = {s.name: s for s in bwd}["attention_norm.slice_grads"]
+    assert (grads.bytes, grads.launches) == ((12 + 3 * 12 + 2 * 3 * 12) * 2, 5)
+    assert sum(s.bytes for s in bwd) == 1360
+    # ungrouped: the consumers' input grads are summed instead (2 adds of the residual)
+    w = pm.layer_widths(TINY_FULL, plan("megatron", group_linears=False))
+    _, bwd = streams.block_streams(w, "replicated", 2)
+    assert {s.name: s.bytes for s in bwd}["attention_norm.sum_grads"] == 2 * 3 * 8 * 2
+
+
+def test_btp_online_norm_streams():
+    w = pm.layer_widths(TINY, plan("btp"))  # residual 4, latents 2 (whole), q/k/v 3 x 2
+    assert (w.residual, w.latent, w.q, w.ffn) == (4, 2, 4, 8)
+    fwd, bwd = streams.block_streams(w, "online", 2)
+    by = {s.name: s.bytes for s in fwd}
+    assert by["attention_norm.stats"] == 2 * 4 * 2
+    assert by["attention_norm.append_statistic"] == 2 * (6 + 1) * 2  # 3r + the statistic
+    assert by["attention_norm.rescale"] == 2 * 6 * 2
+    assert by["qkv.silu"] == 3 * 2 * 2 * 2 and "gate.silu" not in by  # CoLA: SiLU on latents only
+    back = {s.name: s.bytes for s in bwd}
+    assert back["attention_norm.bwd"] == 5 * 4 * 2  # dx and the weight grad read x and dy
+    assert back["attention_norm.grad_rescale"] == 2 * 6 * 2
+    assert back["attention_norm.grad_dot_out"] == 4 * 6 * 2  # product (3) and row sum (1)
+    sync_fwd, _ = streams.block_streams(w, "sync", 2)
+    assert {s.name: s.bytes for s in sync_fwd}["attention_norm"] == 4 * 42
+    vanilla = pm.layer_widths(TINY, plan("vanilla"))  # replicated activations, latents split
+    assert (vanilla.residual, vanilla.q, vanilla.ffn, vanilla.latent) == (8, 8, 16, 1)
+
+
+class _KernelLog(TorchDispatchMode):
+    """The non-view kernels dispatched, each with the (numel, bytes) of its inputs and outputs."""
+
+    VIEWS = {"view", "_unsafe_view", "select", "slice", "expand", "t", "alias", "unsqueeze", "detach",
+             "narrow", "unbind", "all_reduce", "wait_tensor", "_wrap_tensor_autograd", "randn_like", "ones_like"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels: list[tuple[str, list[tuple[int, int]]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        if name not in self.VIEWS:
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            self.kernels.append((name, [(t.numel(), t.numel() * t.element_size()) for t in tensors]))
+        return out
+
+    def nbytes(self, min_numel: int = 0) -> int:
+        """Bytes of the tensors of at least `min_numel` elements (leaves out per-row
+        statistics, norm weights and RoPE's cos/sin table)."""
+        return sum(b for _, tensors in self.kernels for n, b in tensors if n >= min_numel)
+
+
+def _measure(forward, *inputs) -> tuple[_KernelLog, _KernelLog]:
+    with _KernelLog() as fwd:
+        out = forward(*inputs)
+    grad = torch.ones_like(out)
+    with _KernelLog() as bwd:
+        out.backward(grad)
+    return fwd, bwd
+
+
+def test_rope_eager_cost_measured_on_the_product():
+    """`apply_rope` in bf16: the kernels and bytes the model prices, counted from its aten
+    ops (the fp32 cos/sin table, [seq, head_dim/2], left out)."""
+    b, s, h, hd = 2, 16, 4, 8
+    table = rope_table(hd, s, 10000.0)
+    x = torch.randn(b, s, h, hd, dtype=torch.bfloat16, requires_grad=True)
+    fwd, bwd = _measure(lambda t: apply_rope(t, table), x)
+    n = x.numel()
+    assert fwd.nbytes(n // 4) == n * streams.ROPE_FORWARD.bytes(2)
+    assert bwd.nbytes(n // 4) == n * streams.ROPE_BACKWARD.bytes(2)
+    assert (len(fwd.kernels), len(bwd.kernels)) == (streams.ROPE_FORWARD.launches(2), streams.ROPE_BACKWARD.launches(2))
+
+
+def test_sync_rmsnorm_eager_cost_measured_on_the_product():
+    tokens, width = 64, 32
+    with fake_tp_mesh(2) as mesh:
+        x = torch.randn(tokens, width, dtype=torch.bfloat16, requires_grad=True)
+        g = torch.randn(width, dtype=torch.bfloat16, requires_grad=True)
+        fwd, bwd = _measure(lambda t: sync_rmsnorm(t, g, 2 * width, 1e-5, mesh.get_group()), x)
+    n = tokens * width
+    assert fwd.nbytes(n // 4) == n * streams.SYNC_NORM_FORWARD.bytes(2)
+    assert bwd.nbytes(n // 4) == n * streams.SYNC_NORM_BACKWARD.bytes(2)
+    assert len(fwd.kernels) == streams.SYNC_NORM_FORWARD.launches(2)
+    assert len(bwd.kernels) == streams.SYNC_NORM_BACKWARD.launches(2)
+
+
+def test_slice_backward_of_grouped_outputs_measured():
+    """Three consumers reading columns of one grouped output: autograd writes a zero grad of
+    the whole output per consumer, copies its columns in, and sums the three."""
+    w = pm.layer_widths(TINY, plan("btp"))
+    tokens, widths = 16, (w.latent,) * 3
+    out = torch.randn(tokens, sum(widths), dtype=torch.bfloat16, requires_grad=True)
+    starts = [0, widths[0], widths[0] + widths[1]]
+    with _KernelLog() as log:
+        ys = [out.narrow(-1, s, n) for s, n in zip(starts, widths)]
+        torch.autograd.backward(ys, [torch.ones_like(y) for y in ys])
+    _, bwd = streams.block_streams(w, "online", 2)
+    model = {s.name: s for s in bwd}["attention_norm.slice_grads"]
+    assert log.nbytes() == tokens * model.bytes and len(log.kernels) == model.launches
+
+
+# ---- step composition ---------------------------------------------------------------------
+def test_step_parts_add_up_and_the_pipeline_bubble():
+    args = pm.model_args("1B", "cola", "btp")
+    one = pm.Plan(strategy="btp", tp=2, seq_len=512, microbatches=4)
+    stages = pm.stage_times(args, one, TOY)
+    step = pm.step_time(args, one, TOY)
+    assert sum(step[k] for k in pm.TIME_PARTS) == pytest.approx(step["step"])
+    per_mb = sum(v for k, v in stages[0].items() if k != "comm_hidden")
+    assert step["bubble"] == 0.0
+    params = pm.params_per_rank(args, one)
+    accumulate = costs.stream_time([Stream("acc", 3 * 3 * params * 2)], TOY)
+    optimizer = params * (28 + 3 * 2) / 0.5e12 + 4e-6
+    assert step["optimizer"] == pytest.approx(optimizer)
+    assert step["step"] == pytest.approx(4 * per_mb + accumulate + optimizer)
+    # two stages, one micro-batch: the stages run one after the other, the faster one is bubble
+    two = dataclasses.replace(one, pp=2, microbatches=1)
+    stages = [sum(v for k, v in s.items() if k != "comm_hidden") for s in pm.stage_times(args, two, TOY)]
+    step = pm.step_time(args, two, TOY)
+    assert step["bubble"] == pytest.approx(min(stages))
+    assert step["step"] - step["optimizer"] == pytest.approx(sum(stages))
+    # the first stage: half the blocks' exposed communication plus receiving the grads of its
+    # output (btp sends its d/tp shard), over the network
+    send = costs.send_time(two.tokens * args.dim // 2 * 2, TOY)
+    block = pm.block_time(args, two, TOY)
+    assert pm.stage_times(args, two, TOY)[0]["comm"] == pytest.approx(12 * block["comm"] + send)
+
+
+def test_memory_kernels_add_up_to_the_blocks_memory_time():
+    args, p = pm.model_args("1B", "cola", "btp"), pm.Plan(strategy="btp", tp=2, seq_len=512)
+    kernels = pm.memory_kernels(args, p, TOY)
+    assert sum(kernels.values()) == pytest.approx(24 * 4 * pm.block_time(args, p, TOY)["memory"])
+    assert list(kernels.values()) == sorted(kernels.values(), reverse=True)
+
+
+def test_tp_stays_inside_a_node():
+    with pytest.raises(ConfigError, match="4 GPUs per node"):
+        pm.evaluate("7B", pm.model_args("7B", "cola", "btp"), pm.Plan(strategy="btp", tp=8), ["a100-hgx4"])
+
+
+# ---- validation against the published measurements ----------------------------------------
+def test_validation_within_tolerance_of_every_paper_row():
+    """Both published speedups (BTP vs full-rank TP, BTP vs vanilla) of all four published
+    configurations within +-15 %, except the documented KNOWN_GAPS, which must still be
+    outside (so a fix retires them)."""
+    rows = validation.validation_rows()
+    assert [(r.flavor, r.tp, r.pp) for r in rows] == [(r.flavor, r.tp, r.pp) for r in validation.PAPER_ROWS]
+    for row in rows:
+        for ratio, ok in validation.within_tolerance(row).items():
+            assert ok != ((row.flavor, ratio) in validation.KNOWN_GAPS), (row.flavor, ratio, row.predicted_speedup)
     assert rows[2].paper_speedup["btp_vs_vanilla"] == pytest.approx(1.64 / 0.72)
-    assert set(rows[0].to_json()["predicted_speedup"]) == {"btp_vs_megatron", "btp_vs_vanilla"}
+    # in each row's published batch layout the seconds themselves land within 25 %
+    for row in rows:
+        for strategy, seconds in row.paper_s.items():
+            assert abs(row.predicted_s[strategy] / seconds - 1) <= 0.25, (row.flavor, strategy)
 
 
+def test_ablations_against_the_published_ones():
+    comm = {r.strategy: r for r in validation.comm_ablation()}
+    for r in comm.values():
+        assert abs(r.predicted_s / r.paper_s - 1) <= 0.20, r
+        assert r.predicted_bytes == pytest.approx(r.paper_bytes, rel=1e-3), r  # + BTP's 2 statistics
+    gemm = {(r.strategy, r.part): r.predicted_utilisation for r in validation.gemm_ablation()}
+    for part in ("attention", "mlp"):
+        assert gemm["vanilla", part] < gemm["btp", part]
+    switches = validation.switch_rows()
+    assert {r.switch for r in switches} == set(validation.SWITCHES)
+    assert all(r.speedup > 1 for r in switches if r.switch.startswith("online"))
+
+
+# ---- command line -------------------------------------------------------------------------
 def test_cli_json(capsys):
     argv = ["model", "--flavor", "7B", "--strategy", "megatron,vanilla,btp", "--tp", "4",
             "--micro-batch", "4", "--json", "-"]
@@ -175,13 +487,23 @@ def test_cli_json(capsys):
     assert records[0]["comm_bytes_per_layer_fwd"] == 2**28
 
 
-def test_cli_table_validate_plot_and_errors(capsys, tmp_path):
-    assert main(["model", "--flavor", "1B,7B", "--tp", "2,4", "--gpu", "a100"]) == 0
-    assert "btp" in capsys.readouterr().out
+def test_cli_breakdown_validate_plot_and_errors(capsys, tmp_path):
+    assert main(["model", "--flavor", "1B,7B", "--tp", "2,4", "--gpu", "a100", "--breakdown"]) == 0
+    out = capsys.readouterr().out
+    assert "Predicted step split" in out and "bubble" in out and "hidden comm s" in out
+    assert "rope" in out  # the largest memory-bound kernel of every strategy here
     assert main(["validate"]) == 0
-    assert "13B TP4xPP2" in capsys.readouterr().out
-    out = tmp_path / "perf.png"
-    assert main(["plot", "--out", str(out), "--flavor", "1B,7B"]) == 0
-    assert out.read_bytes()[:4] == b"\x89PNG"
+    out = capsys.readouterr().out
+    for title in ("13B TP4xPP2", "GEMM ablation", "Communication ablation", "online vs sync RMSNorm"):
+        assert title in out
+    assert main(["validate", "--json", "-"]) == 0
+    tables = {r["table"] for r in json.loads(capsys.readouterr().out)}
+    assert tables == {"constant", "iteration", "gemm_ablation", "comm_ablation", "switch"}
+    png = tmp_path / "perf.png"
+    assert main(["plot", "--out", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
     assert main(["model", "--flavor", "7B", "--tp", "3"]) == 2
     assert "not divisible by tp 3" in capsys.readouterr().err
+    assert main(["model", "--flavor", "7B", "--tp", "8", "--gpu", "a100-hgx4"]) == 2
+    assert "GPUs per node" in capsys.readouterr().err
+

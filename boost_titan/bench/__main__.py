@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple
 from boost_titan.bench import cpu, perfmodel, trace
 from boost_titan.bench.gpus import GPUS
 from boost_titan.bench.plots import write_plot
-from boost_titan.bench.records import format_records, format_validation
+from boost_titan.bench.records import format_records
 from boost_titan.config import ARCHS, RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 
@@ -82,15 +82,25 @@ def _emit_json(payload: list[dict], target: str | None) -> None:
 # ---- model -----------------------------------------------------------------------------
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     add_plan_args(parser)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also split each predicted step into gemm / memory-bound / attention / "
+                             "optimizer / exposed communication / pipeline bubble")
     parser.add_argument("--json", metavar="PATH|-",
                         help="write the records as a JSON list ('-': stdout only)")
     parser.add_argument("--plot", metavar="PATH.png", help="write the two-panel figure of this sweep")
 
 
 def _run_model(ns: argparse.Namespace) -> int:
+    from boost_titan.bench.records import format_breakdown, format_memory_kernels
+
     records = perfmodel.sweep(**plans_from_args(ns))
     if ns.json != "-":
         print(format_records(records))
+        if ns.breakdown:
+            print("\nPredicted step split (seconds, share of the step):")
+            print(format_breakdown(records))
+            print("\nWhere the memory-bound time goes (the blocks' kernels, forward + backward):")
+            print(format_memory_kernels(records))
     _emit_json([r.to_json() for r in records], ns.json)
     if ns.plot:
         write_plot(records, ns.plot)
@@ -99,30 +109,64 @@ def _run_model(ns: argparse.Namespace) -> int:
 
 # ---- validate --------------------------------------------------------------------------
 def _add_validate_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu", default="a100", choices=tuple(GPUS))
+    from boost_titan.bench.validation import PAPER_GPU
+
+    parser.add_argument("--gpu", default=PAPER_GPU, choices=tuple(GPUS),
+                        help=f"GPU profile (default {PAPER_GPU}: the paper's 4-GPU A100 nodes)")
     parser.add_argument("--ac", default="none", choices=perfmodel.AC_MODES)
-    parser.add_argument("--json", metavar="PATH|-")
+    parser.add_argument("--json", metavar="PATH|-",
+                        help="write every row as a JSON list, each tagged with its table")
 
 
 def _run_validate(ns: argparse.Namespace) -> int:
-    rows = perfmodel.validation_rows(ns.gpu, ns.ac)
+    from dataclasses import asdict
+
+    from boost_titan.bench import records, validation
+
+    rows = validation.validation_rows(ns.gpu, ns.ac)
+    gemm, comm = validation.gemm_ablation(ns.gpu), validation.comm_ablation(ns.gpu)
+    switches = validation.switch_rows(ns.gpu)
+    constants = validation.constant_rows(ns.gpu)
     if ns.json != "-":
-        print(format_validation(rows, ns.gpu))
-    _emit_json([r.to_json() for r in rows], ns.json)
+        print(f"Constants of GPU profile {ns.gpu} (sources: boost_titan/bench/gpus.py)")
+        print(records.format_constants(constants))
+        print(f"\nSeconds per iteration, paper vs model (CoLA, seq 4096, {ns.gpu}; "
+              f"model within +-{validation.TOLERANCE:.0%} of both published speedups: "
+              f"{sum(all(validation.within_tolerance(r).values()) for r in rows)} of {len(rows)} rows)")
+        print(records.format_validation(rows, ns.gpu))
+        for (flavor, ratio), reason in validation.KNOWN_GAPS.items():
+            print(f"known gap, {flavor} {ratio}: {reason}")
+        print("\nGEMM ablation: one low-rank pair's forward GEMMs, 7B, batch 4 x 4096, TP4")
+        print(records.format_gemm_ablation(gemm))
+        print("\nCommunication ablation: one layer's forward TP collectives, 7B, batch 4 x 4096, TP4")
+        print(records.format_comm_ablation(comm))
+        print("\nThe product's switches: BTP's predicted step, default vs flipped")
+        print(records.format_switches(switches))
+    tagged = ([{"table": "constant"} | asdict(r) for r in constants]
+              + [{"table": "iteration"} | r.to_json() for r in rows]
+              + [{"table": "gemm_ablation"} | asdict(r) for r in gemm]
+              + [{"table": "comm_ablation"} | asdict(r) for r in comm]
+              + [{"table": "switch", "speedup": r.speedup} | asdict(r) for r in switches])
+    _emit_json(tagged, ns.json)
     return 0
 
 
 # ---- plot ------------------------------------------------------------------------------
 def _add_plot_args(parser: argparse.ArgumentParser) -> None:
-    add_plan_args(parser)
-    parser.set_defaults(flavor=list(PLOT_FLAVORS))
+    from boost_titan.bench.validation import PAPER_GPU
+
+    parser.add_argument("--gpu", default=PAPER_GPU, choices=tuple(GPUS))
     parser.add_argument("--out", default="docs/perf_model.png")
 
 
 def _run_plot(ns: argparse.Namespace) -> int:
-    if len(ns.tp) != 1 or set(ns.strategy) != set(perfmodel.STRATEGIES):
-        raise ConfigError("plot takes one --tp and all three strategies; use `model --plot` for other sweeps")
-    write_plot(perfmodel.sweep(**plans_from_args(ns)), ns.out)
+    from boost_titan.bench import validation
+    from boost_titan.bench.plots import write_validation_plot
+
+    sweep = perfmodel.sweep(list(PLOT_FLAVORS), "cola", list(perfmodel.STRATEGIES), [4], [ns.gpu],
+                            seq_len=4096, micro_batch=1, microbatches=4)
+    write_validation_plot(validation.validation_rows(ns.gpu), validation.gemm_ablation(ns.gpu),
+                          validation.comm_ablation(ns.gpu), sweep, ns.out)
     print(f"wrote {ns.out}")
     return 0
 
@@ -139,8 +183,10 @@ def _run_trace(ns: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "model": Subcommand("analytic comm/FLOPs/memory/step-time model", _add_model_args, _run_model),
-    "validate": Subcommand("model vs BOOST §6 published iteration times", _add_validate_args, _run_validate),
-    "plot": Subcommand("regenerate the model figure (1B..30B)", _add_plot_args, _run_plot),
+    "validate": Subcommand("model vs the BOOST authors' published iteration times and ablations",
+                           _add_validate_args, _run_validate),
+    "plot": Subcommand("regenerate docs/perf_model.png: model vs published measurements",
+                       _add_plot_args, _run_plot),
     "trace": Subcommand("measure one block under the real TP plan (fake process group, CPU)",
                         _add_trace_args, _run_trace),
     "cpu": Subcommand("time training steps of each TP strategy on CPU (gloo, 1 thread per rank)", cpu.add_args, cpu.run),

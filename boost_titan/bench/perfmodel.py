@@ -5,23 +5,28 @@ Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch
   a rank hands to the collective: T * elements_per_token * dtype bytes.
 - FLOPs: 2*M*N*K for every GEMM on the local shard; attention 4*T*seq_len*d_attn (QK^T and
   AV) with the causal mask NOT halved, the usual MFU convention. Vanilla runs attention on
-  all heads on every rank. Elementwise ops (norms, SiLU, RoPE, residual adds) are neither
-  counted nor timed. Backward = 2x forward (dX and dW GEMMs).
+  all heads on every rank. Backward GEMMs = 2x forward (dX and dW).
 - Memory: bf16 training keeps bf16 params and grads plus an fp32 master copy and AdamW's two
   fp32 moments (2+2+12 bytes per parameter); fp32 training 4+4+8.
-- Time: every GEMM on a roofline (`gemm_time`); attention executes the causal half of its
-  FLOPs at FlashAttention's efficiency; collectives on an alpha-beta ring over NVLink (TP
-  inside a node), pipeline sends over InfiniBand; nothing overlaps. A step is `microbatches`
-  micro-batches through a 1F1B pipeline plus one AdamW update.
+- Time (`step_time`): every kernel class priced by `costs` on a `gpus` profile: GEMMs on a
+  roofline with a derived shape-dependent efficiency, memory-bound kernels (`streams`) by
+  bytes over sustained HBM bandwidth, causal flash attention, one launch per kernel,
+  collectives on NCCL's ring model, pipeline sends over the network, the optimizer by bytes
+  per parameter. Overlap is what the plans do: each backward input-grad all-reduce of a
+  column-parallel group runs behind that group's weight-grad GEMMs; forward collectives
+  and everything else are exposed. A step is `microbatches` micro-batches through a 1F1B
+  pipeline (fill and drain: the bubble) plus gradient clipping and one AdamW update.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
+from boost_titan.bench import costs
 from boost_titan.bench.gpus import GpuProfile, gpu_profile
-from boost_titan.bench.records import PerfRecord, ValidationRow
+from boost_titan.bench.records import PerfRecord
+from boost_titan.bench.streams import block_streams, embedding_streams, head_streams
+from boost_titan.bench.work import Collective, Gemm, Stream, Widths
 from boost_titan.boost_llama.args import (
     PAPER_VOCAB,
     PROJECTIONS,
@@ -31,6 +36,7 @@ from boost_titan.boost_llama.args import (
     projection_params,
 )
 from boost_titan.boost_llama.strategies import STRATEGIES as REGISTRY
+from boost_titan.boost_llama.strategies import sizes as strategy_sizes
 from boost_titan.config import RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 
@@ -39,18 +45,21 @@ AC_MODES = ("none", "full", "selective", "lowrank")
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
 """Bytes per parameter of (weights, grads, optimizer state incl. any fp32 master copy)."""
-OPTIMIZER_BYTES_PER_PARAM = 28
-"""HBM traffic of one AdamW update per parameter (read master, grad, m, v; write master,
-m, v, weight): 4+2+4+4+4+4+4+2 in bf16 training, 4+4+4+4+4+4+4 in fp32."""
-EFFICIENCY_HALF_DIM = 64
-"""A GEMM whose smallest dim is m reaches gemm_efficiency * m / (m + 64) of peak: per-tile
-prologue/epilogue and tile quantisation cost about 64 elements of the smallest dim, so
-m = 256 keeps 80 %, 128 keeps 67 %, 1024 keeps 94 %."""
+ADAMW_BYTES_PER_PARAM = 28
+"""HBM traffic of one fused AdamW update per parameter (read master, grad, m, v; write
+master, m, v, weight): 4+2+4+4+4+4+4+2 in bf16 training, 4+4+4+4+4+4+4 in fp32."""
+CLIP_GRAD_PASSES = 3
+"""Gradient clipping reads every grad for the norm, then reads and writes it to scale."""
+OPTIMIZER_LAUNCHES = 4
+"""Fused multi-tensor kernels: grad norm, its reduction, scaling, AdamW."""
 NORM_FED = ("q", "gate")
 """The first projection after each RMSNorm: its group's all-reduce carries the online
 statistic (grouped or not), and sync RMSNorm's own all-reduce sits before it."""
 SHARED_INPUTS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
 """Projections grouped by the input they consume (the two norm outputs, o's, down's)."""
+TIME_PARTS = ("gemm", "memory", "attention", "optimizer", "comm", "bubble")
+"""Classes a predicted step splits into; they add up to the step time. comm is the
+communication nothing hides (TP collectives not overlapped, pipeline sends)."""
 
 
 @dataclass(frozen=True)
@@ -77,51 +86,8 @@ class Plan:
         return DTYPE_BYTES[self.dtype]
 
 
-@dataclass(frozen=True)
-class Collective:
-    """One collective of the TP group; sizes are those of each rank's input tensor."""
-
-    kind: str
-    name: str
-    elements_per_token: int
-
-    def bytes(self, tokens: int, dtype_bytes: int) -> int:
-        return tokens * self.elements_per_token * dtype_bytes
-
-    def to_json(self, tokens: int, dtype_bytes: int) -> dict:
-        return dataclasses.asdict(self) | {"bytes": self.bytes(tokens, dtype_bytes)}
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """A per-rank product [m, k] x [k, n]."""
-
-    name: str
-    m: int
-    n: int
-    k: int
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.n * self.k
-
-    def bytes(self, dtype_bytes: int) -> int:
-        return (self.m * self.k + self.k * self.n + self.m * self.n) * dtype_bytes
-
-    def intensity(self, dtype_bytes: int) -> float:
-        return self.flops / self.bytes(dtype_bytes)
-
-    def backward(self) -> tuple[Gemm, Gemm]:
-        """dX = dY W^T ([m, n] x [n, k]) and dW = X^T dY ([k, m] x [m, n])."""
-        dx = Gemm(f"{self.name}.dX", self.m, self.k, self.n)
-        return dx, Gemm(f"{self.name}.dW", self.k, self.n, self.m)
-
-    def to_json(self, dtype_bytes: int) -> dict:
-        return dataclasses.asdict(self) | {"flops": self.flops, "intensity": self.intensity(dtype_bytes)}
-
-
-def _all_reduce(name: str, elements: int) -> Collective:
-    return Collective("all_reduce", name, elements)
+def _all_reduce(name: str, elements: int, behind: tuple[str, ...] = ()) -> Collective:
+    return Collective("all_reduce", name, elements, behind)
 
 
 # ---- configuration ---------------------------------------------------------------------
@@ -163,18 +129,22 @@ def check(args: BoostModelArgs, plan: Plan) -> None:
         raise ConfigError(f"pp {plan.pp} must be 1..{args.n_layers} (the number of layers)")
     if min(plan.seq_len, plan.micro_batch, plan.microbatches) < 1:
         raise ConfigError("seq_len, micro_batch and microbatches must be positive")
-    sharded = {"dim": args.dim, "n_heads": args.n_heads, "n_kv_heads": args.kv_heads,
-               "ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size}
-    if plan.strategy == "vanilla":
-        sharded["rank"] = args.effective_rank
-    for name, size in sharded.items():
-        if size % plan.tp:
+    sizes = strategy_sizes(args)
+    for name in REGISTRY[plan.strategy].divisible:
+        if sizes[name] % plan.tp:
+            size = sizes[name]
             raise ConfigError(f"{name} {size} is not divisible by tp {plan.tp}; pick a tp that divides it")
 
 
+def _grouped(plan: Plan) -> bool:
+    """A norm's consumers run their first GEMMs as one (without TP the model runs as
+    written: one GEMM per projection)."""
+    return plan.group_linears and plan.tp > 1
+
+
 def _groups(plan: Plan) -> list[tuple[str, ...]]:
-    """Projections whose down-projections run as one GEMM (and one all-reduce)."""
-    if plan.group_linears:
+    """Projections whose first GEMMs run as one GEMM (and one all-reduce)."""
+    if _grouped(plan):
         return list(SHARED_INPUTS)
     return [(p,) for p in PROJECTIONS]
 
@@ -195,18 +165,21 @@ def layer_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective
     statistic (+1, in the activation dtype) to the first group after each norm, sync
     RMSNorm adds one all-reduce of [T, 1] per norm each way; backward, the input grads of
     the column-parallel B's (one per group).
+    Every backward input-grad all-reduce runs behind the weight-grad GEMMs of the
+    column-parallel GEMMs whose input grads it sums (`Collective.behind`).
     """
     if plan.tp == 1:
         return [], []
     shapes, groups, r = args.projection_shapes(), _groups(plan), args.effective_rank
     if plan.strategy == "megatron":
         fwd = [_all_reduce("o", shapes["o"][1]), _all_reduce("down", shapes["down"][1])]
-        bwd = [_all_reduce("gate_up", shapes["gate"][0]), _all_reduce("qkv", shapes["q"][0])]
+        bwd = [_all_reduce("gate_up", shapes["gate"][0], _firsts(plan, ("gate", "up"), "")),
+               _all_reduce("qkv", shapes["q"][0], _firsts(plan, ("q", "k", "v"), ""))]
         return fwd, bwd
     if plan.strategy == "vanilla":
         fwd = [_all_reduce(f"{p}.B", shapes[p][1]) for p in PROJECTIONS]
-        inputs = reversed(SHARED_INPUTS)
-        bwd = [_all_reduce(f"{_group_name(g)}.A", shapes[g[0]][0]) for g in inputs]
+        bwd = [_all_reduce(f"{_group_name(g)}.A", shapes[g[0]][0], _firsts(plan, g, ".A"))
+               for g in reversed(SHARED_INPUTS)]
         return fwd, bwd
     norms = {"q": "attention_norm", "gate": "ffn_norm"}
     fwd, bwd = [], []
@@ -218,10 +191,17 @@ def layer_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective
             stat = 1
         fwd.append(_all_reduce(f"{name}.A", r * len(group) + stat))
     for group in reversed(groups):
-        bwd.append(_all_reduce(f"{_group_name(group)}.B", r * len(group)))
+        bwd.append(_all_reduce(f"{_group_name(group)}.B", r * len(group), tuple(f"{p}.B" for p in group)))
         if group[0] in NORM_FED and plan.rmsnorm == "sync":
             bwd.append(_all_reduce(norms[group[0]], 1))
     return fwd, bwd
+
+
+def _firsts(plan: Plan, members: tuple[str, ...], suffix: str) -> tuple[str, ...]:
+    """Names of the first GEMMs of `members` (grouped: theirs is one GEMM)."""
+    if _grouped(plan) and len(members) > 1:
+        return (_group_name(members) + suffix,)
+    return tuple(p + suffix for p in members)
 
 
 def step_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective], list[Collective]]:
@@ -231,7 +211,7 @@ def step_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective]
     all-reduces three [T] statistics (max, sum of exp, target logit). btp first runs the
     final norm as a sync RMSNorm on the sharded residual and all-gathers it ([T, d/tp] in,
     reduce-scatter of [T, d] backward); megatron/vanilla hold a replicated residual and
-    all-reduce the lm_head input grad. Embeddings (btp: sharded on the embedding dim;
+    all-reduce the lm_head input grad behind its weight-grad GEMM. Embeddings (btp: sharded on the embedding dim;
     others: replicated) need no communication.
     """
     if plan.tp == 1:
@@ -242,7 +222,7 @@ def step_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective]
         fwd = [_all_reduce("final_norm", 1), Collective("all_gather", "final_gather", d // plan.tp), *loss]
         bwd = [Collective("reduce_scatter", "final_gather", d), _all_reduce("final_norm", 1)]
         return fwd, bwd
-    return loss, [_all_reduce("lm_head", d)]
+    return loss, [_all_reduce("lm_head", d, ("lm_head",))]
 
 
 def pipeline_send_elements(args: BoostModelArgs, plan: Plan) -> int:
@@ -250,26 +230,21 @@ def pipeline_send_elements(args: BoostModelArgs, plan: Plan) -> int:
     return args.dim // plan.tp if plan.strategy == "btp" else args.dim
 
 
-def collective_time(c: Collective, plan: Plan, gpu: GpuProfile) -> float:
-    """Alpha-beta ring over NVLink: all-reduce 2(p-1)/p of the buffer, all-gather and
-    reduce-scatter (p-1)/p of the full (gathered / unreduced) buffer."""
-    p = plan.tp
-    size = c.bytes(plan.tokens, plan.dtype_bytes)
-    bw, alpha = gpu.nvlink_bw * gpu.link_efficiency, gpu.nvlink_alpha_s
-    if c.kind == "all_reduce":
-        return 2 * (p - 1) / p * size / bw + 2 * (p - 1) * alpha
-    full = size * p if c.kind == "all_gather" else size
-    return (p - 1) / p * full / bw + (p - 1) * alpha
-
-
 # ---- compute ---------------------------------------------------------------------------
 def layer_gemms(args: BoostModelArgs, plan: Plan) -> list[Gemm]:
-    """Forward GEMMs of one block on one rank, in execution order."""
+    """Forward GEMMs of one block on one rank, in execution order. Grouped, a norm's
+    consumers run their first GEMMs as one (megatron: q/k/v and gate/up themselves;
+    low-rank: their A's)."""
     t, tp, shapes = plan.tokens, plan.tp, args.projection_shapes()
     if plan.strategy == "megatron":
-        column = ("q", "k", "v", "gate", "up")
-        return [Gemm(p, t, d_out // tp, d_in) if p in column else Gemm(p, t, d_out, d_in // tp)
-                for p, (d_in, d_out) in shapes.items()]
+        gemms = []
+        for group in _groups(plan):
+            if group[0] in ("o", "down"):  # row-parallel
+                gemms.append(Gemm(group[0], t, shapes[group[0]][1], shapes[group[0]][0] // tp))
+            else:  # column-parallel
+                n = sum(shapes[p][1] for p in group) // tp
+                gemms.append(Gemm(_group_name(group), t, n, shapes[group[0]][0]))
+        return gemms
     r, gemms = args.effective_rank, []
     for group in _groups(plan):
         d_in = shapes[group[0]][0]
@@ -282,6 +257,33 @@ def layer_gemms(args: BoostModelArgs, plan: Plan) -> list[Gemm]:
     return gemms
 
 
+def layer_widths(args: BoostModelArgs, plan: Plan) -> Widths:
+    """Per-rank widths of one block's activations: btp shards the residual and keeps
+    latents whole; vanilla keeps activations whole and shards latents; megatron shards
+    heads and the MLP."""
+    tp, shapes = plan.tp, args.projection_shapes()
+    replicated = plan.strategy == "vanilla"
+    split = 1 if replicated else tp
+    latent = 0
+    if args.low_rank:
+        latent = args.effective_rank // tp if replicated else args.effective_rank
+    return Widths(
+        residual=args.dim // tp if plan.strategy == "btp" else args.dim,
+        q=shapes["q"][1] // split,
+        kv=shapes["k"][1] // split,
+        ffn=args.ffn_dim // split,
+        latent=latent,
+        grouped=_grouped(plan),
+        silu_latents=args.low_rank and args.activation == "silu",
+        silu_gate=not (args.low_rank and args.activation == "silu"),
+    )
+
+
+def _norm_mode(plan: Plan) -> str:
+    """How the block's pre-norms run: replicated, or BTP's online / sync."""
+    return plan.rmsnorm if plan.strategy == "btp" and plan.tp > 1 else "replicated"
+
+
 def attention_flops(args: BoostModelArgs, plan: Plan) -> int:
     """Forward QK^T and AV of one block on one rank (causal mask not halved)."""
     heads_per_rank = args.n_heads if plan.strategy == "vanilla" else args.n_heads // plan.tp
@@ -291,18 +293,6 @@ def attention_flops(args: BoostModelArgs, plan: Plan) -> int:
 def layer_flops(args: BoostModelArgs, plan: Plan) -> int:
     """Forward FLOPs of one block on one rank."""
     return sum(g.flops for g in layer_gemms(args, plan)) + attention_flops(args, plan)
-
-
-def gemm_time(g: Gemm, dtype: str, gpu: GpuProfile) -> float:
-    """Roofline: the slower of compute at a shape-dependent efficiency and HBM traffic."""
-    m = min(g.m, g.n, g.k)
-    efficiency = gpu.gemm_efficiency * m / (m + EFFICIENCY_HALF_DIM)
-    return max(g.flops / (gpu.peak_flops[dtype] * efficiency), g.bytes(DTYPE_BYTES[dtype]) / gpu.hbm_bw)
-
-
-def attention_time(flops: int, dtype: str, gpu: GpuProfile) -> float:
-    """FlashAttention skips masked tiles: it executes half of the counted causal FLOPs."""
-    return flops / 2 / (gpu.peak_flops[dtype] * gpu.attention_efficiency)
 
 
 # ---- memory ----------------------------------------------------------------------------
@@ -365,54 +355,175 @@ def memory_per_rank(args: BoostModelArgs, plan: Plan) -> dict[str, int]:
 
 
 # ---- time ------------------------------------------------------------------------------
-def step_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
-    """Seconds per optimizer step, split into parts that add up to `step`."""
-    dtype = plan.dtype
+def _gemm_time(g: Gemm, plan: Plan, gpu: GpuProfile) -> float:
+    return costs.gemm_time(g, plan.dtype, plan.dtype_bytes, gpu)
+
+
+def _collective_time(c: Collective, plan: Plan, gpu: GpuProfile) -> float:
+    return costs.collective_time(c.kind, c.bytes(plan.tokens, plan.dtype_bytes), plan.tp, gpu)
+
+
+def overlapped(
+    collectives: list[Collective], weight_grads: dict[str, float], plan: Plan, gpu: GpuProfile
+) -> tuple[float, float]:
+    """(exposed, hidden) seconds of `collectives`: each runs behind the weight-grad GEMMs
+    named in its `behind`, and only what outlasts them is exposed."""
+    exposed = hidden = 0.0
+    for c in collectives:
+        cost = _collective_time(c, plan, gpu)
+        cover = sum(weight_grads[name] for name in c.behind)
+        exposed += max(0.0, cost - cover)
+        hidden += min(cost, cover)
+    return exposed, hidden
+
+
+_MEMBERS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+_NORM_CONSUMERS = ("q", "k", "v", "gate", "up")
+
+
+def weight_streams(args: BoostModelArgs, plan: Plan) -> list[Stream]:
+    """Weight-sized memory-bound kernels of one block per micro-batch: grouped first GEMMs
+    concatenate their weight shards every forward; BTP's online RMSNorm scales its
+    down-projections' weight grads by the norm weight."""
+    b, streams = plan.dtype_bytes, []
+    online = _norm_mode(plan) == "online"
+    for g in layer_gemms(args, plan):
+        base = g.name.removesuffix(".A")
+        weight = 2 * g.n * g.k * b  # read + write
+        if _grouped(plan) and base in _MEMBERS:
+            streams.append(Stream(f"{base}.concat_weights", weight))
+        if online and g.name.endswith(".A") and _MEMBERS.get(base, (base,))[0] in _NORM_CONSUMERS:
+            streams.append(Stream(f"{base}.scale_weight_grad", weight))
+    return streams
+
+
+def block_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+    """Seconds of one block per micro-batch on one rank, forward + backward (+ what `ac`
+    recomputes), by class: gemm, memory, attention, comm (exposed) and comm_hidden (the
+    backward collectives' time spent behind weight-grad GEMMs)."""
     gemms = layer_gemms(args, plan)
+    gemm_fwd = {g.name: _gemm_time(g, plan, gpu) for g in gemms}
+    input_grads = sum(_gemm_time(g.backward()[0], plan, gpu) for g in gemms)
+    weight_grads = {g.name: _gemm_time(g.backward()[1], plan, gpu) for g in gemms}
+    attention = attention_flops(args, plan)
+    attn_fwd = costs.attention_time(attention, plan.dtype, gpu)
+    attn_bwd = costs.attention_time(attention, plan.dtype, gpu, backward=True)
+    fwd_streams, bwd_streams = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
+    mem_fwd = costs.stream_time(fwd_streams, gpu, plan.tokens)
+    mem_bwd = costs.stream_time(bwd_streams, gpu, plan.tokens)
+    mem_weights = costs.stream_time(weight_streams(args, plan), gpu)
     fwd_c, bwd_c = layer_collectives(args, plan)
-    gemm_fwd = sum(gemm_time(g, dtype, gpu) for g in gemms)
-    gemm_bwd = sum(gemm_time(b, dtype, gpu) for g in gemms for b in g.backward())
-    attn_fwd = attention_time(attention_flops(args, plan), dtype, gpu)
-    comm_fwd = sum(collective_time(c, plan, gpu) for c in fwd_c)
-    comm_bwd = sum(collective_time(c, plan, gpu) for c in bwd_c)
-    recompute = _recompute_time(args, plan, gpu, gemm_fwd + attn_fwd, comm_fwd)
-
-    head = Gemm("lm_head", plan.tokens, args.vocab_size // plan.tp, args.dim)
-    head_s = gemm_time(head, dtype, gpu) + sum(gemm_time(b, dtype, gpu) for b in head.backward())
-    head_s += sum(collective_time(c, plan, gpu) for c in sum(step_collectives(args, plan), []))
-    p2p_s = 0.0
-    if plan.pp > 1:  # one activation send forward, one gradient send backward
-        size = plan.tokens * pipeline_send_elements(args, plan) * plan.dtype_bytes
-        p2p_s = 2 * (gpu.ib_alpha_s + size / (gpu.ib_bw * gpu.link_efficiency))
-
-    per_mb = plan.microbatches * _layers_per_stage(args, plan)
+    comm_fwd = sum(_collective_time(c, plan, gpu) for c in fwd_c)
+    comm_bwd, hidden = overlapped(bwd_c, weight_grads, plan, gpu)
     parts = {
-        "gemm": per_mb * (gemm_fwd + gemm_bwd),
-        "attention": per_mb * 3 * attn_fwd,
-        "comm": per_mb * (comm_fwd + comm_bwd),
-        "recompute": per_mb * recompute,
-        "head": plan.microbatches * head_s,
-        "p2p": plan.microbatches * p2p_s,
+        "gemm": sum(gemm_fwd.values()) + input_grads + sum(weight_grads.values()),
+        "memory": mem_fwd + mem_bwd + mem_weights,
+        "attention": attn_fwd + attn_bwd,
+        "comm": comm_fwd + comm_bwd,
+        "comm_hidden": hidden,
     }
-    stage = sum(parts.values()) / plan.microbatches
-    parts["bubble"] = (plan.pp - 1) * stage
-    parts["optimizer"] = params_per_rank(args, plan) * OPTIMIZER_BYTES_PER_PARAM / gpu.hbm_bw
-    return parts | {"step": sum(parts.values())}
+    b_gemms = sum(t for name, t in gemm_fwd.items() if name.endswith(".B"))
+    replay = _recomputed(plan, sum(gemm_fwd.values()), b_gemms, attn_fwd, mem_fwd, comm_fwd)
+    return {k: v + replay.get(k, 0.0) for k, v in parts.items()}
 
 
-def _recompute_time(
-    args: BoostModelArgs, plan: Plan, gpu: GpuProfile, compute_fwd: float, comm_fwd: float
-) -> float:
-    """Extra backward seconds per block: full replays the forward with its collectives;
-    selective half of that; lowrank the B GEMMs and attention (vanilla also replays its
-    B all-reduces, which sit inside the recomputed segments)."""
-    if plan.ac in ("full", "selective"):
-        return (compute_fwd + comm_fwd) / (2 if plan.ac == "selective" else 1)
+def _recomputed(
+    plan: Plan, gemm_fwd: float, b_gemms: float, attn_fwd: float, mem_fwd: float, comm_fwd: float
+) -> dict[str, float]:
+    """Extra backward seconds per block by class: full replays the forward with its
+    collectives; selective half of that; lowrank the B GEMMs, attention and the
+    element-wise work (vanilla also replays its B all-reduces, which sit inside the
+    recomputed segments)."""
     if plan.ac == "none":
-        return 0.0
-    b_gemms = sum(gemm_time(g, plan.dtype, gpu) for g in layer_gemms(args, plan) if g.name.endswith(".B"))
-    attn = attention_time(attention_flops(args, plan), plan.dtype, gpu)
-    return b_gemms + attn + (comm_fwd if plan.strategy == "vanilla" else 0.0)
+        return {}
+    if plan.ac in ("full", "selective"):
+        share = 0.5 if plan.ac == "selective" else 1.0
+        return {"gemm": share * gemm_fwd, "attention": share * attn_fwd,
+                "memory": share * mem_fwd, "comm": share * comm_fwd}
+    return {"gemm": b_gemms, "attention": attn_fwd, "memory": mem_fwd,
+            "comm": comm_fwd if plan.strategy == "vanilla" else 0.0}
+
+
+def ends_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds per micro-batch of the model's ends, by class: (embedding, on the first
+    stage; final norm + lm_head + cross-entropy + their collectives, on the last)."""
+    b, t, btp = plan.dtype_bytes, plan.tokens, plan.strategy == "btp"
+    residual = args.dim // plan.tp if btp else args.dim
+    emb_fwd, emb_bwd = embedding_streams(residual, b)
+    zero_grad = Stream("embedding.zero_grad", args.vocab_size * residual * STATE_BYTES[plan.dtype][1])
+    embedding = {"memory": costs.stream_time(emb_fwd + emb_bwd, gpu, t) + costs.stream_time([zero_grad], gpu)}
+
+    head = Gemm("lm_head", t, args.vocab_size // plan.tp, args.dim)
+    dx, dw = head.backward()
+    norm = "sync" if btp and plan.tp > 1 else "replicated"
+    head_fwd, head_bwd = head_streams(residual, args.vocab_size // plan.tp, norm, b)
+    fwd_c, bwd_c = step_collectives(args, plan)
+    comm_bwd, hidden = overlapped(bwd_c, {"lm_head": _gemm_time(dw, plan, gpu)}, plan, gpu)
+    output = {
+        "gemm": sum(_gemm_time(g, plan, gpu) for g in (head, dx, dw)),
+        "memory": costs.stream_time(head_fwd + head_bwd, gpu, t),
+        "comm": sum(_collective_time(c, plan, gpu) for c in fwd_c) + comm_bwd,
+        "comm_hidden": hidden,
+    }
+    return embedding, output
+
+
+def memory_kernels(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+    """Seconds per step of each memory-bound kernel of the blocks (forward and backward
+    under one name) on a rank holding the most blocks, largest first."""
+    fwd, bwd = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
+    per_step = max(_stage_layers(args, plan)) * plan.microbatches
+    seconds: dict[str, float] = {}
+    for stream in fwd + bwd:
+        name = stream.name.removesuffix(".bwd")
+        seconds[name] = seconds.get(name, 0.0) + per_step * costs.stream_time([stream], gpu, plan.tokens)
+    for stream in weight_streams(args, plan):
+        seconds[stream.name] = per_step * costs.stream_time([stream], gpu)
+    return dict(sorted(seconds.items(), key=lambda item: -item[1]))
+
+
+def _stage_layers(args: BoostModelArgs, plan: Plan) -> list[int]:
+    """Blocks per pipeline stage (the first stages take the remainder)."""
+    base, extra = divmod(args.n_layers, plan.pp)
+    return [base + (s < extra) for s in range(plan.pp)]
+
+
+def stage_times(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> list[dict[str, float]]:
+    """Seconds per micro-batch of each pipeline stage by class: its blocks, its ends and,
+    across stages, receiving activations (forward) and grads (backward) over the network."""
+    block = block_time(args, plan, gpu)
+    embedding, output = ends_time(args, plan, gpu)
+    send = costs.send_time(plan.tokens * pipeline_send_elements(args, plan) * plan.dtype_bytes, gpu)
+    stages = []
+    for s, layers in enumerate(_stage_layers(args, plan)):
+        parts = {k: layers * v for k, v in block.items()}
+        for end in [embedding] * (s == 0) + [output] * (s == plan.pp - 1):
+            parts = {k: parts[k] + end.get(k, 0.0) for k in parts}
+        parts["comm"] += ((s > 0) + (s < plan.pp - 1)) * send
+        stages.append(parts)
+    return stages
+
+
+def step_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+    """Seconds per optimizer step: `TIME_PARTS` (which add up to `step`), plus
+    comm_hidden (collective time the plans hide behind weight-grad GEMMs).
+
+    1F1B: the slowest stage runs all micro-batches back to back; the others' time for
+    one micro-batch is the fill and drain around it (the bubble). Then, on every rank,
+    the grads of micro-batches after the first are accumulated, clipped, and AdamW steps.
+    """
+    stages = stage_times(args, plan, gpu)
+    totals = [sum(v for k, v in s.items() if k != "comm_hidden") for s in stages]
+    slowest = stages[totals.index(max(totals))]
+    parts = {k: plan.microbatches * slowest.get(k, 0.0) for k in TIME_PARTS}
+    parts["bubble"] = sum(totals) - max(totals)
+    params, grad_bytes = params_per_rank(args, plan), STATE_BYTES[plan.dtype][1]
+    accumulate = Stream("accumulate_grads", (plan.microbatches - 1) * 3 * params * grad_bytes)
+    parts["memory"] += costs.stream_time([accumulate], gpu)
+    update = params * (ADAMW_BYTES_PER_PARAM + CLIP_GRAD_PASSES * grad_bytes)
+    parts["optimizer"] = costs.hbm_time(update, gpu) + OPTIMIZER_LAUNCHES * gpu.launch_s
+    step = sum(parts.values())
+    return parts | {"step": step, "comm_hidden": plan.microbatches * slowest["comm_hidden"]}
 
 
 def recompute_flops(args: BoostModelArgs, plan: Plan) -> int:
@@ -430,11 +541,16 @@ def evaluate(flavor: str, args: BoostModelArgs, plan: Plan, gpus: list[str]) -> 
     """The full record of one configuration; step times on every profile in `gpus`, the
     first of which `add_speedups` compares on."""
     check(args, plan)
+    profiles = {g: gpu_profile(g) for g in gpus}
+    for name, profile in profiles.items():
+        if plan.tp > profile.gpus_per_node:
+            raise ConfigError(f"tp {plan.tp} exceeds the {profile.gpus_per_node} GPUs per node of profile "
+                              f"{name}; tensor parallelism stays inside one node, lower --tp or pick another --gpu")
     t, db = plan.tokens, plan.dtype_bytes
     fwd, bwd = layer_collectives(args, plan)
     step_fwd, step_bwd = step_collectives(args, plan)
     flops = layer_flops(args, plan)
-    times = {g: step_time(args, plan, gpu_profile(g)) for g in gpus}
+    times = {g: step_time(args, plan, profile) for g, profile in profiles.items()}
     return PerfRecord(
         flavor=flavor, arch=args.arch, strategy=plan.strategy, tp=plan.tp, pp=plan.pp,
         seq_len=plan.seq_len, micro_batch=plan.micro_batch, microbatches=plan.microbatches,
@@ -456,7 +572,9 @@ def evaluate(flavor: str, args: BoostModelArgs, plan: Plan, gpus: list[str]) -> 
         params_per_rank=params_per_rank(args, plan),
         memory_bytes_per_rank=memory_per_rank(args, plan),
         predicted_step_s={g: parts["step"] for g, parts in times.items()},
-        time_breakdown_s={g: {k: v for k, v in parts.items() if k != "step"} for g, parts in times.items()},
+        time_breakdown_s={g: {k: parts[k] for k in TIME_PARTS} for g, parts in times.items()},
+        hidden_comm_s={g: parts["comm_hidden"] for g, parts in times.items()},
+        memory_kernels_s={g: memory_kernels(args, plan, profile) for g, profile in profiles.items()},
         speedup_gpu=gpus[0],
     )
 
@@ -485,26 +603,3 @@ def sweep(
     ]
     add_speedups(records)
     return records
-
-
-# ---- validation against BOOST §6 -------------------------------------------------------
-PAPER_ITERATION_S: dict[tuple[str, int, int], dict[str, float]] = {
-    ("1B", 1, 1): {"megatron": 0.85, "vanilla": 0.56, "btp": 0.59},
-    ("3B", 2, 1): {"megatron": 1.14, "vanilla": 1.41, "btp": 0.78},
-    ("7B", 4, 1): {"megatron": 1.06, "vanilla": 1.64, "btp": 0.72},
-    ("13B", 4, 2): {"megatron": 2.07, "vanilla": 2.42, "btp": 1.30},
-}
-"""BOOST §6 seconds per iteration (flavor, tp, pp): CoLA, A100-80GB, seq 4096, micro-batch 1
-x 4 accumulation, for full-rank TP (megatron), vanilla low-rank TP and BOOST (btp)."""
-
-
-def validation_rows(gpu: str = "a100", ac: str = "none") -> list[ValidationRow]:
-    """The model's seconds per iteration next to the published ones, for the paper's setup."""
-    rows = []
-    for (flavor, tp, pp), paper in PAPER_ITERATION_S.items():
-        plan = dict(tp=tp, pp=pp, seq_len=4096, micro_batch=1, microbatches=4, ac=ac)
-        records = [evaluate(flavor, model_args(flavor, "cola", s), Plan(strategy=s, **plan), [gpu])
-                   for s in paper]
-        predicted = {r.strategy: r.predicted_step_s[gpu] for r in records}
-        rows.append(ValidationRow(flavor=flavor, tp=tp, pp=pp, paper_s=paper, predicted_s=predicted))
-    return rows

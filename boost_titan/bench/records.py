@@ -10,8 +10,9 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
 - comm_bytes_per_layer_fwd / _bwd: sum of their payloads, bytes per rank.
 - collectives_fwd / collectives_bwd: one entry per collective of a block, in issue order
   (backward: reverse layer order; compare as multisets, autograd may reorder):
-  {kind: all_reduce | all_gather | reduce_scatter, name, elements_per_token, bytes}.
-  elements_per_token and bytes describe the tensor each rank hands to the collective.
+  {kind: all_reduce | all_gather | reduce_scatter, name, elements_per_token, bytes,
+  behind}. elements_per_token and bytes describe the tensor each rank hands to the
+  collective; behind lists the GEMMs whose weight grads run while it is in flight.
 - step_collectives_fwd / _bwd: the same for the model-level extras (final norm, gather,
   lm_head, loss parallel), once per micro-batch and pipeline, not per layer.
 - flops_per_layer: forward FLOPs of a block per rank (GEMMs + attention, see perfmodel);
@@ -21,7 +22,11 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
 - activation_bytes_per_layer: saved-for-backward bytes of a block per rank.
 - params_total: parameters of the whole model; params_per_rank: on the busiest rank.
 - memory_bytes_per_rank: {params, grads, optimizer, activations, total}.
-- predicted_step_s: {gpu: seconds per optimizer step}; time_breakdown_s: {gpu: {part: s}}.
+- predicted_step_s: {gpu: seconds per optimizer step}; time_breakdown_s: {gpu: {part: s}}
+  with parts gemm, memory (memory-bound kernels), attention, optimizer, comm (exposed
+  communication) and bubble, which add up to the step; hidden_comm_s: {gpu: s} of
+  collectives run behind weight-grad GEMMs (not in the step); memory_kernels_s: {gpu:
+  {kernel: s}}, the blocks' memory-bound kernels per step, largest first.
 - predicted_speedup: {other strategy: other's step / this step} on `speedup_gpu`
   (> 1 means this strategy is faster), among records of the same configuration.
 """
@@ -79,8 +84,14 @@ class PerfRecord(LayerRecord):
     memory_bytes_per_rank: dict[str, int]
     predicted_step_s: dict[str, float]
     time_breakdown_s: dict[str, dict[str, float]]
+    hidden_comm_s: dict[str, float]
+    memory_kernels_s: dict[str, dict[str, float]]
     speedup_gpu: str
     predicted_speedup: dict[str, float] = field(default_factory=dict)
+
+
+def config_name(flavor: str, tp: int, pp: int) -> str:
+    return f"{flavor} TP{tp}" + (f"xPP{pp}" if pp > 1 else "")
 
 
 @dataclass
@@ -90,8 +101,12 @@ class ValidationRow:
     flavor: str
     tp: int
     pp: int
+    micro_batch: int
+    microbatches: int
     paper_s: dict[str, float]
     predicted_s: dict[str, float]
+    predicted_breakdown_s: dict[str, dict[str, float]]
+    """Per strategy, the predicted step's split (see PerfRecord.time_breakdown_s)."""
 
     @staticmethod
     def _speedups(seconds: dict[str, float]) -> dict[str, float]:
@@ -111,6 +126,55 @@ class ValidationRow:
             "paper_speedup": self.paper_speedup,
             "predicted_speedup": self.predicted_speedup,
         }
+
+
+@dataclass
+class GemmAblationRow:
+    """One low-rank pair's forward GEMMs: modelled vs published utilisation and time."""
+
+    strategy: str
+    part: str
+    flops: int
+    predicted_utilisation: float
+    predicted_s: float
+    paper_utilisation: float
+    paper_s: float
+
+
+@dataclass
+class CommAblationRow:
+    """One layer's forward TP collectives: modelled vs published bytes and time."""
+
+    strategy: str
+    collectives: int
+    predicted_bytes: int
+    predicted_s: float
+    paper_bytes: float
+    paper_s: float
+
+
+@dataclass
+class SwitchRow:
+    """BTP's predicted step with a product switch at its default and flipped."""
+
+    config: str
+    switch: str
+    default_s: float
+    flipped_s: float
+
+    @property
+    def speedup(self) -> float:
+        """How much faster the default is than the flipped setting."""
+        return self.flipped_s / self.default_s
+
+
+@dataclass
+class ConstantRow:
+    """One constant of the time model: its value and source (a tag of `gpus`)."""
+
+    constant: str
+    value: str
+    source: str
 
 
 def _render(header: list[str], rows: list[list[str]]) -> str:
@@ -145,20 +209,77 @@ def format_records(records: list[PerfRecord]) -> str:
 
 
 def format_validation(rows: list[ValidationRow], gpu: str) -> str:
-    """Paper vs model: seconds per iteration and BTP speedups, one row per configuration."""
+    """Paper vs model: seconds per iteration and BTP speedups (model's deviation in %)."""
     header = [
-        "config", "paper s fr/van/btp", f"model s ({gpu}) fr/van/btp",
+        "config", "batch", "paper s fr/van/btp", f"model s ({gpu}) fr/van/btp",
         "btp/fr paper", "btp/fr model", "btp/van paper", "btp/van model",
     ]
-    order = STRATEGIES
     table = []
     for row in rows:
         ps, ms = row.paper_speedup, row.predicted_speedup
         table.append([
-            f"{row.flavor} TP{row.tp}" + (f"xPP{row.pp}" if row.pp > 1 else ""),
-            "/".join(f"{row.paper_s[s]:.2f}" for s in order),
-            "/".join(f"{row.predicted_s[s]:.2f}" for s in order),
-            f"{ps['btp_vs_megatron']:.2f}", f"{ms['btp_vs_megatron']:.2f}",
-            f"{ps['btp_vs_vanilla']:.2f}", f"{ms['btp_vs_vanilla']:.2f}",
+            config_name(row.flavor, row.tp, row.pp), f"{row.micro_batch}x{row.microbatches}",
+            "/".join(f"{row.paper_s[s]:.2f}" for s in STRATEGIES),
+            "/".join(f"{row.predicted_s[s]:.2f}" for s in STRATEGIES),
+            *[cell for key in ("btp_vs_megatron", "btp_vs_vanilla")
+              for cell in (f"{ps[key]:.2f}", f"{ms[key]:.2f} ({ms[key] / ps[key] - 1:+.0%})")],
         ])
     return _render(header, table)
+
+
+def format_gemm_ablation(rows: list[GemmAblationRow]) -> str:
+    """GEMM utilisation and time of one low-rank pair, model vs published."""
+    header = ["strategy", "pair", "GFLOP", "util model", "util paper", "ms model", "ms paper"]
+    return _render(header, [
+        [r.strategy, r.part, f"{r.flops / 1e9:.1f}", f"{r.predicted_utilisation:.0%}",
+         f"~{r.paper_utilisation:.0%}", f"{r.predicted_s * 1e3:.2f}", f"~{r.paper_s * 1e3:.2f}"]
+        for r in rows
+    ])
+
+
+def format_comm_ablation(rows: list[CommAblationRow]) -> str:
+    """One layer's forward TP communication, model vs published."""
+    header = ["strategy", "collectives", "MiB model", "MiB paper", "ms model", "ms paper", "model vs paper"]
+    return _render(header, [
+        [r.strategy, str(r.collectives), f"{r.predicted_bytes / MIB:.1f}", f"{r.paper_bytes / MIB:.0f}",
+         f"{r.predicted_s * 1e3:.2f}", f"~{r.paper_s * 1e3:.2f}", f"{r.predicted_s / r.paper_s - 1:+.0%}"]
+        for r in rows
+    ])
+
+
+def format_switches(rows: list[SwitchRow]) -> str:
+    """BTP's predicted step with each product switch at its default and flipped."""
+    header = ["config", "switch", "default s", "flipped s", "predicted speedup"]
+    return _render(header, [
+        [r.config, r.switch, f"{r.default_s:.3f}", f"{r.flipped_s:.3f}", f"x{r.speedup:.3f}"]
+        for r in rows
+    ])
+
+
+def format_memory_kernels(records: list[PerfRecord], top: int = 4) -> str:
+    """The blocks' largest memory-bound kernels per step, with their share of the step."""
+    rows = []
+    for r in records:
+        for gpu, kernels in r.memory_kernels_s.items():
+            step = r.predicted_step_s[gpu]
+            rows.append([r.flavor, r.strategy, str(r.tp), gpu, ", ".join(
+                f"{name} {s:.3f} ({s / step:.0%})" for name, s in list(kernels.items())[:top])])
+    return _render(["flavor", "strategy", "tp", "gpu", "largest memory-bound kernels, s per step (share)"], rows)
+
+
+def format_breakdown(records: list[PerfRecord]) -> str:
+    """Where each predicted step goes: seconds and share per time class, per GPU profile."""
+    parts = list(next(iter(records[0].time_breakdown_s.values()))) if records else []
+    header = ["flavor", "strategy", "tp", "pp", "gpu", "step s", *parts, "hidden comm s"]
+    rows = []
+    for r in records:
+        for gpu, split in r.time_breakdown_s.items():
+            step = r.predicted_step_s[gpu]
+            rows.append([r.flavor, r.strategy, str(r.tp), str(r.pp), gpu, f"{step:.3f}",
+                         *[f"{split[p]:.3f} ({split[p] / step:.0%})" for p in parts],
+                         f"{r.hidden_comm_s[gpu]:.3f}"])
+    return _render(header, rows)
+
+
+def format_constants(rows: list[ConstantRow]) -> str:
+    return _render(["constant", "value", "source"], [[r.constant, r.value, r.source] for r in rows])
