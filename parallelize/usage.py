@@ -57,7 +57,8 @@ def same_data(a: torch.Tensor, b: torch.Tensor) -> bool:
     may hand a module an identity-wrapped copy of its input)."""
     return a is b or (
         a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
-        and a.data_ptr() == b.data_ptr()
+        and a.storage_offset() == b.storage_offset()
+        and a.untyped_storage()._cdata == b.untyped_storage()._cdata
     )
 
 

@@ -304,10 +304,12 @@ def test_tiny_block_streams_hand_computed():
     assert by["rope"] == (4 + 4) * 48 and by["gate_mul"] == 3 * 8 * 2 and by["attention_norm"] == 2 * 8 * 2
     # norm 32, rope 384, add 48, norm 32, silu(gate) 32, product 48, add 48
     assert sum(s.bytes for s in fwd) == 624
-    # slice-backward of the grouped q/k/v output (12 wide): 3 x (own 4 + zeros 12) + 2 sums of 12
-    grads = {s.name: s for s in bwd}["attention_norm.slice_grads"]
-    assert (grads.bytes, grads.launches) == ((12 + 3 * 12 + 2 * 3 * 12) * 2, 5)
-    assert sum(s.bytes for s in bwd) == 1360
+    # the grouped q/k/v output's grads (12 wide) concatenated: read 12, write 12
+    grads = {s.name: s for s in bwd}["attention_norm.cat_grads"]
+    assert (grads.bytes, grads.launches) == (2 * 12 * 2, 1)
+    # and the gate/up output's (16 wide): read 16, write 16
+    assert {s.name: s for s in bwd}["ffn_norm.cat_grads"].bytes == 2 * 16 * 2
+    assert sum(s.bytes for s in bwd) == 1040
     # ungrouped: the consumers' input grads are summed instead (2 adds of the residual)
     w = pm.layer_widths(TINY_FULL, plan("megatron", group_linears=False))
     _, bwd = streams.block_streams(w, "replicated", 2)
@@ -392,18 +394,17 @@ def test_sync_rmsnorm_eager_cost_measured_on_the_product():
     assert len(bwd.kernels) == streams.SYNC_NORM_BACKWARD.launches(2)
 
 
-def test_slice_backward_of_grouped_outputs_measured():
-    """Three consumers reading columns of one grouped output: autograd writes a zero grad of
-    the whole output per consumer, copies its columns in, and sums the three."""
+def test_grouped_output_grads_measured():
+    """Three consumers taking their parts of one split group output (as
+    `GroupInstance.hand_out` / `take` do): the split's backward concatenates their grads."""
     w = pm.layer_widths(TINY, plan("btp"))
     tokens, widths = 16, (w.latent,) * 3
     out = torch.randn(tokens, sum(widths), dtype=torch.bfloat16, requires_grad=True)
-    starts = [0, widths[0], widths[0] + widths[1]]
+    ys = [part.view_as(part) for part in out.split(widths, dim=-1)]
     with _KernelLog() as log:
-        ys = [out.narrow(-1, s, n) for s, n in zip(starts, widths)]
         torch.autograd.backward(ys, [torch.ones_like(y) for y in ys])
     _, bwd = streams.block_streams(w, "online", 2)
-    model = {s.name: s for s in bwd}["attention_norm.slice_grads"]
+    model = {s.name: s for s in bwd}["attention_norm.cat_grads"]
     assert log.nbytes() == tokens * model.bytes and len(log.kernels) == model.launches
 
 

@@ -7,9 +7,9 @@ dtype's bytes per element; sizes are bytes per token. Single-kernel operations: 
 kernels), SiLU, products, adds, concatenations. Two operations of the product's own code
 decompose into many element-wise kernels with fp32 temporaries: RoPE (`apply_rope`) and
 sync RMSNorm (`sync_rmsnorm`, also BTP's final norm); `Eager` holds their traffic, counted
-from the aten ops they dispatch (tests/test_perfmodel.py measures it again). Grouped
-outputs read through views get autograd's slice-backward (zeros + copy per consumer, then
-a sum). Under torch.compile most of this fuses; the model prices eager.
+from the aten ops they dispatch (tests/test_perfmodel.py measures it again). A norm
+group hands its consumers the parts of one split, so their grads meet in one
+concatenation. Under torch.compile most of this fuses; the model prices eager.
 """
 
 from __future__ import annotations
@@ -105,14 +105,13 @@ def _silu(name: str, width: int, count: int, b: int, backward: bool) -> list[Str
 
 
 def _consumer_grads(name: str, w: Widths, widths: tuple[int, ...], b: int) -> Stream:
-    """The grads of a norm's consumers meeting at the norm. Grouped, each consumer read
-    its `widths` columns of one output through a view: autograd's slice-backward writes a
-    zero grad of the whole output and copies its columns in, and the n grads are summed.
-    Ungrouped, their input grads (residual-wide) are summed."""
+    """The grads of a norm's consumers meeting at the norm. Grouped, each consumer took its
+    part of one split of the group output: the split's backward concatenates the n grads
+    (reads them, writes the whole output once). Ungrouped, their input grads
+    (residual-wide) are summed."""
     n = len(widths)
     if w.grouped:
-        out = sum(widths)
-        return Stream(f"{name}.slice_grads", (sum(widths) + n * out + (n - 1) * 3 * out) * b, 2 * n - 1)
+        return Stream(f"{name}.cat_grads", 2 * sum(widths) * b, 1)
     return Stream(f"{name}.sum_grads", (n - 1) * 3 * w.residual * b, n - 1)
 
 
