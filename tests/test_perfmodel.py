@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from boost_titan.parallelize.norms import sync_rmsnorm
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -21,7 +22,6 @@ from boost_titan.bench.work import Collective, Gemm, Stream
 from boost_titan.boost_llama.args import BoostModelArgs, param_count
 from boost_titan.boost_llama.layers import apply_rope, rope_table
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.norms import sync_rmsnorm
 
 # d=8, r=2, d_ff=16, 2 heads of 4; one micro-batch of T = 3 tokens (seq 3), bf16, TP2.
 TINY = BoostModelArgs(dim=8, n_layers=2, n_heads=2, ffn_dim=16, rank=2, vocab_size=10, arch="cola")
