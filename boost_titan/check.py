@@ -16,7 +16,7 @@ import tempfile
 
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.run_log import is_complete_checkpoint
+from boost_titan.runtime.checkpoint_files import is_complete_checkpoint
 
 USAGE = "usage: python -m boost_titan.check [--nproc N] --job.config_file FILE [--section.key VALUE ...]"
 

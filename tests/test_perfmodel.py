@@ -10,11 +10,11 @@ import pytest
 from boost_titan.bench import perfmodel as pm
 from boost_titan.bench.__main__ import main
 from boost_titan.bench.records import PerfRecord
-from boost_titan.boost_llama.args import BoostModelArgs, param_count
+from boost_titan.boost_llama.shapes import ModelShape, param_count
 from boost_titan.config.errors import ConfigError
 
 # d=8, r=2, d_ff=16, 2 heads of 4; one micro-batch of T = 3 tokens (seq 3), bf16, TP2.
-TINY = BoostModelArgs(dim=8, n_layers=2, n_heads=2, ffn_dim=16, rank=2, vocab_size=10, arch="cola")
+TINY = ModelShape(dim=8, n_layers=2, n_heads=2, ffn_dim=16, rank=2, vocab_size=10, arch="cola")
 TINY_FULL = dataclasses.replace(TINY, arch="fullrank")
 BYTES_PER_ELEMENT = 3 * 2  # tokens * bf16
 
@@ -23,7 +23,7 @@ def plan(strategy: str, **kw) -> pm.Plan:
     return pm.Plan(strategy=strategy, **{"tp": 2, "seq_len": 3, **kw})
 
 
-def args_for(strategy: str) -> BoostModelArgs:
+def args_for(strategy: str) -> ModelShape:
     return TINY_FULL if strategy == "megatron" else TINY
 
 

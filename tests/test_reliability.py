@@ -24,7 +24,7 @@ from boost_titan.runtime.restarts import (
     incomplete_checkpoints,
     shared_store_warning,
 )
-from boost_titan.runtime.run_log import latest_checkpoint
+from boost_titan.runtime.checkpoint_files import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10

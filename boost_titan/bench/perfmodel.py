@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from boost_titan.bench.gpus import GpuProfile, gpu_profile
 from boost_titan.bench.records import PerfRecord, ValidationRow
-from boost_titan.boost_llama.args import (
+from boost_titan.boost_llama.shapes import (
     PAPER_VOCAB,
     PROJECTIONS,
-    BoostModelArgs,
-    flavor_args,
+    ModelShape,
+    flavor_shape,
     param_count,
     projection_params,
 )
@@ -37,6 +37,8 @@ from boost_titan.config.errors import ConfigError
 STRATEGIES = tuple(REGISTRY)
 AC_MODES = ("none", "full", "selective", "lowrank")
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32"}
+"""TorchTitan's spellings (`training.mixed_precision_param`) of the DTYPE_BYTES names."""
 STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
 """Bytes per parameter of (weights, grads, optimizer state incl. any fp32 master copy)."""
 OPTIMIZER_BYTES_PER_PARAM = 28
@@ -125,17 +127,17 @@ def _all_reduce(name: str, elements: int) -> Collective:
 
 
 # ---- configuration ---------------------------------------------------------------------
-def model_args(flavor: str, arch: str, strategy: str) -> BoostModelArgs:
+def model_args(flavor: str, arch: str, strategy: str) -> ModelShape:
     """The flavor's arguments as `strategy` trains them: megatron always trains the fullrank
     twin; a flavor without a vocabulary gets the paper's 32000."""
-    args = flavor_args(flavor, arch="fullrank" if strategy == "megatron" else arch)
+    args = flavor_shape(flavor, arch="fullrank" if strategy == "megatron" else arch)
     if not args.vocab_size:
         args.vocab_size = PAPER_VOCAB
     args.validate()
     return args
 
 
-def check(args: BoostModelArgs, plan: Plan) -> None:
+def check(args: ModelShape, plan: Plan) -> None:
     """Raise ConfigError (one line, with the fix) for a plan the model cannot describe."""
     choices = {"strategy": (plan.strategy, STRATEGIES), "ac": (plan.ac, AC_MODES),
                "dtype": (plan.dtype, tuple(DTYPE_BYTES)), "rmsnorm": (plan.rmsnorm, RMSNORM_MODES)}
@@ -184,7 +186,7 @@ def _group_name(group: tuple[str, ...]) -> str:
 
 
 # ---- communication ---------------------------------------------------------------------
-def layer_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective], list[Collective]]:
+def layer_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], list[Collective]]:
     """Collectives of one block, forward and backward, in issue order.
 
     megatron: all-reduce after row-parallel o and down; backward, the grads of the two norm
@@ -224,7 +226,7 @@ def layer_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective
     return fwd, bwd
 
 
-def step_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective], list[Collective]]:
+def step_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], list[Collective]]:
     """Model-level collectives per micro-batch: output side of the model and loss parallel.
 
     Every strategy ends in a vocab-parallel lm_head whose loss-parallel cross entropy
@@ -245,7 +247,7 @@ def step_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective]
     return loss, [_all_reduce("lm_head", d)]
 
 
-def pipeline_send_elements(args: BoostModelArgs, plan: Plan) -> int:
+def pipeline_send_elements(args: ModelShape, plan: Plan) -> int:
     """Elements per token one rank sends across a stage boundary (btp's residual is sharded)."""
     return args.dim // plan.tp if plan.strategy == "btp" else args.dim
 
@@ -263,7 +265,7 @@ def collective_time(c: Collective, plan: Plan, gpu: GpuProfile) -> float:
 
 
 # ---- compute ---------------------------------------------------------------------------
-def layer_gemms(args: BoostModelArgs, plan: Plan) -> list[Gemm]:
+def layer_gemms(args: ModelShape, plan: Plan) -> list[Gemm]:
     """Forward GEMMs of one block on one rank, in execution order."""
     t, tp, shapes = plan.tokens, plan.tp, args.projection_shapes()
     if plan.strategy == "megatron":
@@ -282,13 +284,13 @@ def layer_gemms(args: BoostModelArgs, plan: Plan) -> list[Gemm]:
     return gemms
 
 
-def attention_flops(args: BoostModelArgs, plan: Plan) -> int:
+def attention_flops(args: ModelShape, plan: Plan) -> int:
     """Forward QK^T and AV of one block on one rank (causal mask not halved)."""
     heads_per_rank = args.n_heads if plan.strategy == "vanilla" else args.n_heads // plan.tp
     return 4 * plan.tokens * plan.seq_len * heads_per_rank * args.head_dim
 
 
-def layer_flops(args: BoostModelArgs, plan: Plan) -> int:
+def layer_flops(args: ModelShape, plan: Plan) -> int:
     """Forward FLOPs of one block on one rank."""
     return sum(g.flops for g in layer_gemms(args, plan)) + attention_flops(args, plan)
 
@@ -306,14 +308,14 @@ def attention_time(flops: int, dtype: str, gpu: GpuProfile) -> float:
 
 
 # ---- memory ----------------------------------------------------------------------------
-def layer_params(args: BoostModelArgs, plan: Plan) -> int:
+def layer_params(args: ModelShape, plan: Plan) -> int:
     """Parameters of one block on one rank: every projection is sharded over tp; the two
     norm weights are sharded by btp, replicated by megatron/vanilla."""
     norms = 2 * args.dim // (plan.tp if plan.strategy == "btp" else 1)
     return norms + sum(projection_params(args, p, 0) for p in PROJECTIONS) // plan.tp
 
 
-def params_per_rank(args: BoostModelArgs, plan: Plan) -> int:
+def params_per_rank(args: ModelShape, plan: Plan) -> int:
     """Parameters on the busiest rank: its stage's blocks plus embedding and/or head."""
     tp, btp = plan.tp, plan.strategy == "btp"
     embedding = args.vocab_size * args.dim // (tp if btp else 1)
@@ -322,7 +324,7 @@ def params_per_rank(args: BoostModelArgs, plan: Plan) -> int:
     return _layers_per_stage(args, plan) * layer_params(args, plan) + ends
 
 
-def activation_elements_per_token(args: BoostModelArgs, plan: Plan) -> float:
+def activation_elements_per_token(args: ModelShape, plan: Plan) -> float:
     """Saved-for-backward elements of one block per token on one rank.
 
     none: each norm's input and output (residual width, sharded by btp), RoPE'd q, k, v and
@@ -348,11 +350,11 @@ def activation_elements_per_token(args: BoostModelArgs, plan: Plan) -> float:
     return (none + residual) / 2 if plan.ac == "selective" else none
 
 
-def _layers_per_stage(args: BoostModelArgs, plan: Plan) -> int:
+def _layers_per_stage(args: ModelShape, plan: Plan) -> int:
     return -(-args.n_layers // plan.pp)
 
 
-def memory_per_rank(args: BoostModelArgs, plan: Plan) -> dict[str, int]:
+def memory_per_rank(args: ModelShape, plan: Plan) -> dict[str, int]:
     """Bytes of weights, grads, optimizer state and activations on the busiest rank (1F1B
     keeps min(pp, microbatches) micro-batches of activations alive on the first stage)."""
     n = params_per_rank(args, plan)
@@ -365,7 +367,7 @@ def memory_per_rank(args: BoostModelArgs, plan: Plan) -> dict[str, int]:
 
 
 # ---- time ------------------------------------------------------------------------------
-def step_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+def step_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
     """Seconds per optimizer step, split into parts that add up to `step`."""
     dtype = plan.dtype
     gemms = layer_gemms(args, plan)
@@ -401,7 +403,7 @@ def step_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, fl
 
 
 def _recompute_time(
-    args: BoostModelArgs, plan: Plan, gpu: GpuProfile, compute_fwd: float, comm_fwd: float
+    args: ModelShape, plan: Plan, gpu: GpuProfile, compute_fwd: float, comm_fwd: float
 ) -> float:
     """Extra backward seconds per block: full replays the forward with its collectives;
     selective half of that; lowrank the B GEMMs and attention (vanilla also replays its
@@ -415,7 +417,7 @@ def _recompute_time(
     return b_gemms + attn + (comm_fwd if plan.strategy == "vanilla" else 0.0)
 
 
-def recompute_flops(args: BoostModelArgs, plan: Plan) -> int:
+def recompute_flops(args: ModelShape, plan: Plan) -> int:
     """Extra backward FLOPs of one block per rank caused by `plan.ac`."""
     if plan.ac in ("full", "selective"):
         return layer_flops(args, plan) // (2 if plan.ac == "selective" else 1)
@@ -426,7 +428,7 @@ def recompute_flops(args: BoostModelArgs, plan: Plan) -> int:
 
 
 # ---- records ---------------------------------------------------------------------------
-def evaluate(flavor: str, args: BoostModelArgs, plan: Plan, gpus: list[str]) -> PerfRecord:
+def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> PerfRecord:
     """The full record of one configuration; step times on every profile in `gpus`, the
     first of which `add_speedups` compares on."""
     check(args, plan)

@@ -28,7 +28,8 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
-from boost_titan.runtime.run_log import RunLog, latest_checkpoint
+from boost_titan.runtime.checkpoint_files import latest_checkpoint
+from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
 
 LOSS_LOG = "losses.jsonl"
