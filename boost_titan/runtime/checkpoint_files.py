@@ -41,23 +41,23 @@ def latest_checkpoint(folder: str) -> str | None:
     return complete[-1] if complete else None
 
 
-def read_metadata(path: str, where: str) -> Metadata:
-    """The DCP metadata of the checkpoint folder `path`; `where` opens the error message
-    (e.g. "checkpoint.initial_load_path X"). A file that does not unpickle into DCP
-    metadata (garbage, truncated, foreign) is a one-line ConfigError."""
+def read_metadata(path: str, where: str, fix: str = DAMAGED) -> Metadata:
+    """The DCP metadata of the checkpoint folder `path`. A file that does not unpickle into
+    DCP metadata (garbage, truncated, foreign) is a one-line ConfigError that starts with
+    `where` (e.g. "checkpoint.initial_load_path X") and ends with `fix`."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import Metadata
 
     try:
         metadata = FileSystemReader(path).read_metadata()
     except Exception as e:  # unpickling garbage fails in many ways
-        raise ConfigError(f"{where}: cannot read its .metadata ({type(e).__name__}); {DAMAGED}") from None
+        raise ConfigError(f"{where}: cannot read its .metadata ({type(e).__name__}); {fix}") from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
-        raise ConfigError(f"{where}: its .metadata is not DCP metadata; {DAMAGED}")
+        raise ConfigError(f"{where}: its .metadata is not DCP metadata; {fix}")
     return metadata
 
 
-def check_storage_files(path: str, metadata: Metadata, where: str) -> None:
+def check_storage_files(path: str, metadata: Metadata, where: str, fix: str = DAMAGED) -> None:
     """Every file the metadata names exists under `path` and holds the bytes it points to."""
     needed: dict[str, int] = {}
     for info in metadata.storage_data.values():
@@ -68,15 +68,15 @@ def check_storage_files(path: str, metadata: Metadata, where: str) -> None:
         try:
             size = os.path.getsize(file)
         except OSError:
-            raise ConfigError(f"{where}: {name} is missing (its .metadata names it); {DAMAGED}") from None
+            raise ConfigError(f"{where}: {name} is missing (its .metadata names it); {fix}") from None
         if size < end:
             raise ConfigError(
-                f"{where}: {name} is truncated ({size:,} bytes, its .metadata needs {end:,}); {DAMAGED}"
+                f"{where}: {name} is truncated ({size:,} bytes, its .metadata needs {end:,}); {fix}"
             )
 
 
-def check_readable(path: str, where: str) -> Metadata:
+def check_readable(path: str, where: str, fix: str = DAMAGED) -> Metadata:
     """`read_metadata` plus `check_storage_files`: what a load needs before it starts."""
-    metadata = read_metadata(path, where)
-    check_storage_files(path, metadata, where)
+    metadata = read_metadata(path, where, fix)
+    check_storage_files(path, metadata, where, fix)
     return metadata
