@@ -139,8 +139,9 @@ def check_batch(job, degrees: dict[str, int]) -> None:
 
 
 def check_output_folder(folder: str) -> None:
-    """Create `folder` if needed, prove a file can be written there and that no other job
-    holds it (`DumpFolderLock`)."""
+    """Prove a file can be written in `folder` (created for the test and removed again if
+    it did not exist) and that no other job holds it (`DumpFolderLock`)."""
+    made = _missing_ancestors(folder)
     try:
         os.makedirs(folder, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -150,7 +151,23 @@ def check_output_folder(folder: str) -> None:
         raise ConfigError(
             f"output folder {folder} is not writable ({reason}); set --job.dump_folder to a writable path"
         ) from None
-    DumpFolderLock(folder).probe()
+    finally:
+        for path in made:  # deepest first; a folder someone filled meanwhile stays
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
+    if not made:
+        DumpFolderLock(folder).probe()
+
+
+def _missing_ancestors(folder: str) -> list[str]:
+    """`folder` and its ancestors that do not exist yet, deepest first."""
+    missing, path = [], os.path.abspath(folder)
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
 
 
 def check_model(job, world: int) -> None:

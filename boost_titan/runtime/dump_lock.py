@@ -46,17 +46,19 @@ class DumpFolderLock:
             self._fd = None
 
     def probe(self) -> None:
-        """Raise like `acquire` if another job holds the lock; hold and write nothing."""
-        os.close(self._locked_fd())
+        """Raise like `acquire` if another job holds the lock; create, hold and write nothing."""
+        if os.path.exists(self.path):  # without the file no job holds the lock
+            os.close(self._locked_fd(create=False))
 
-    def _locked_fd(self) -> int:
-        """The lock file, opened (created if needed) and locked by us."""
+    def _locked_fd(self, create: bool = True) -> int:
+        """The lock file, opened (created if needed and `create`) and locked by us."""
         try:
-            os.makedirs(self.folder, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if create:
+                os.makedirs(self.folder, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         except OSError as e:
             raise ConfigError(
-                f"cannot create the lock file {self.path} ({e.strerror or type(e).__name__}); "
+                f"cannot open the lock file {self.path} ({e.strerror or type(e).__name__}); "
                 "set --job.dump_folder to a writable path"
             ) from None
         try:

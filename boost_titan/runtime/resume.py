@@ -25,8 +25,10 @@ LOADABLE_MARKERS = (".metadata", "model.safetensors.index.json")
 
 @dataclass(frozen=True)
 class Choice:
-    """What rank 0 saw: whether the checkpoint folder exists, and the step to load (-1: none)."""
+    """What rank 0 saw: its checkpoint folder, whether it exists, and the step to load
+    (-1: none)."""
 
+    folder: str
     folder_exists: bool
     step: int
 
@@ -37,10 +39,11 @@ def _loadable(path: str) -> bool:
 
 def pick(checkpointer, load_step: int) -> Choice:
     """The choice TorchTitan's `load(step=load_step)` would make on this rank."""
-    if not os.path.exists(checkpointer.folder):
-        return Choice(folder_exists=False, step=-1)
+    folder = checkpointer.folder
+    if not os.path.exists(folder):
+        return Choice(folder, folder_exists=False, step=-1)
     step = checkpointer._find_load_step() if load_step == -1 else load_step
-    return Choice(folder_exists=True, step=step)
+    return Choice(folder, folder_exists=True, step=step)
 
 
 def disagreement(checkpointer, choice: Choice) -> str | None:
@@ -66,11 +69,10 @@ def agree_on_checkpoint(checkpointer, load_step: int) -> Choice:
     dist.all_gather_object(views, (disagreement(checkpointer, choice), own_newest))
     problems = [f"rank {r} {problem}" for r, (problem, _) in enumerate(views) if problem]
     if problems:
-        folder = checkpointer.folder
         plan = (
-            f"rank 0 resumes from {os.path.join(folder, f'step-{choice.step}')}"
+            f"rank 0 resumes from {os.path.join(choice.folder, f'step-{choice.step}')}"
             if choice.step >= 0
-            else f"rank 0 finds no checkpoint in {folder}"
+            else f"rank 0 finds no checkpoint in {choice.folder}"
         )
         raise ConfigError(
             f"{'; '.join(problems)} ({plan}); put job.dump_folder on a file system that every "
