@@ -185,3 +185,16 @@ def test_cli_table_validate_plot_and_errors(capsys, tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert main(["model", "--flavor", "7B", "--tp", "3"]) == 2
     assert "not divisible by tp 3" in capsys.readouterr().err
+
+
+def test_cli_dtype_takes_torchtitans_spelling(capsys):
+    """--dtype float32 / bfloat16 (TorchTitan's names) are fp32 / bf16; others are refused."""
+    runs = {}
+    for dtype in ("fp32", "float32", "bf16", "bfloat16"):
+        assert main(["model", "--flavor", "1B", "--dtype", dtype, "--json", "-"]) == 0
+        runs[dtype] = json.loads(capsys.readouterr().out)
+    assert runs["float32"] == runs["fp32"] != runs["bf16"] == runs["bfloat16"]
+    assert {r["dtype"] for r in runs["bfloat16"]} == {"bf16"}
+    with pytest.raises(SystemExit):
+        main(["model", "--dtype", "float16"])
+    assert "'float16' is not one of bf16, fp32, bfloat16, float32" in capsys.readouterr().err
