@@ -106,10 +106,15 @@ PEAK_MATMUL_SIZE = 512
 """Side of the square fp32 matmuls `measured_peak_flops` times (about 40 ms in all)."""
 
 
-@functools.lru_cache(maxsize=1)
 def measured_peak_flops(device_name: str = "") -> float:
     """FLOPS of the CPU for MFU: the best of 10 fp32 `n x n` matmuls on this process's
-    threads (TorchTitan's `get_peak_flops` replacement; `device_name` is ignored)."""
+    threads, measured once per process (TorchTitan's `get_peak_flops` replacement;
+    `device_name` is ignored)."""
+    return _best_matmul_flops()
+
+
+@functools.cache
+def _best_matmul_flops() -> float:
     from torchtitan.tools.logging import logger
 
     n = PEAK_MATMUL_SIZE
