@@ -31,7 +31,13 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from boost_titan.boost_llama.export_format import CONFIG, MODEL_NAME, WEIGHTS, config_of, model_shapes
+from boost_titan.boost_llama.export_format import (
+    CONFIG,
+    MODEL_NAME,
+    WEIGHTS,
+    config_of,
+    model_shapes,
+)
 from boost_titan.boost_llama.shapes import FLAVORS, ModelShape
 from boost_titan.config import ARCHS, LAX_BASES
 from boost_titan.config.cli import fail

@@ -21,9 +21,9 @@ from boost_titan.data import (
     check_vocab_fits,
     corpus,
     prepare_default_assets,
+    probe,
     tokenizer_vocab_size,
 )
-from boost_titan.data import probe
 from boost_titan.data import tokenizer as tk
 
 TEXT = 'def greet(name: str) -> str:\n    return f"héllo, {name}!"  # ünïcode ✓\n'

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.checkpoint_files import latest_checkpoint
 from boost_titan.runtime.restarts import (
     Fault,
     incomplete_checkpoints,
     shared_store_warning,
 )
-from boost_titan.runtime.checkpoint_files import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10
