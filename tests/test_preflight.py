@@ -100,6 +100,16 @@ def test_damaged_resume_checkpoint(capsys, tmp_path):
     assert "move that step-N folder away" in line
 
 
+def test_initial_checkpoint_not_silently_ignored(capsys, tmp_path):
+    """A checkpoint folder without a complete checkpoint (a crash before the first save)
+    would make TorchTitan skip initial_load_path and start from scratch."""
+    step = save_tiny_checkpoint(tmp_path / "seed" / "step-0")
+    (tmp_path / "dump" / "checkpoint" / "step-5").mkdir(parents=True)  # no .metadata
+    line = one_error(capsys, tmp_path, "--checkpoint.initial_load_path", str(step))
+    assert f"checkpoint.initial_load_path {step} would be ignored: {tmp_path}/dump/checkpoint exists" in line
+    assert line.endswith("delete that folder to start from the initial checkpoint")
+
+
 def test_finished_job_is_reported_before_launch(capsys, tmp_path):
     """A dump folder at training.steps: `nothing to train`, status FINISHED; one step more
     passes and says where it resumes."""
