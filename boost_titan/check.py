@@ -219,12 +219,21 @@ def check_resume(job) -> int | None:
     """The step the job resumes from (None: it does not), after checking that its
     checkpoint can be read."""
     path = resume_checkpoint(job)
+    folder = os.path.join(job.job.dump_folder, job.checkpoint.folder)
+    initial = job.checkpoint.initial_load_path
+    if path is None and initial and job.checkpoint.enable and os.path.exists(folder):
+        raise ConfigError(
+            f"checkpoint.initial_load_path {initial} would be ignored: {folder} exists without a "
+            "complete checkpoint, and TorchTitan then starts from scratch; delete that folder "
+            "to start from the initial checkpoint"
+        )
     if path is None:
         return None
-    check_readable(
-        path, where=f"the checkpoint to resume from, {path}",
-        fix="move that step-N folder away to resume from the one before it, or pass --checkpoint.load_step",
-    )  # fmt: skip
+    fix = (
+        "move that step-N folder away to resume from the one before it, or pass "
+        "--checkpoint.load_step"
+    )
+    check_readable(path, where=f"the checkpoint to resume from, {path}", fix=fix)
     return int(os.path.basename(path).removeprefix("step-"))
 
 

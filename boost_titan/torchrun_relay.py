@@ -4,10 +4,11 @@
 
 `run_train.sh` launches torchrun through this. torchrun's stdout and stderr come through
 one pipe; worker lines (`[rank0]:...`) pass at once; torchrun's own lines are held until
-the next worker line, so what is held at the end is torchrun's closing output. When that is torchrun's failure report (a traceback and a box
-naming the root cause) and a worker printed an `error: ...` line (a user error, or a
-diverged loss), the report is dropped, the worker's error is printed last without its
-rank prefix, and the exit status is the failed worker's (from the box). Otherwise the
+the next worker line, so what is held at the end is torchrun's closing output. When that
+is torchrun's failure report (a traceback and a box naming the root cause) and a worker
+printed an `error: ...` line (a user error, or a diverged loss), the report is dropped,
+the worker's error is printed last without its rank prefix, and the exit status is the
+failed worker's (from the box). Otherwise the
 held lines are printed as they came and the exit status is torchrun's. SIGTERM and
 SIGHUP are passed on to torchrun; SIGINT (Ctrl-C) reaches torchrun from the terminal
 itself, so the relay ignores it and keeps relaying until torchrun has shut down.

@@ -106,7 +106,8 @@ def test_initial_checkpoint_not_silently_ignored(capsys, tmp_path):
     step = save_tiny_checkpoint(tmp_path / "seed" / "step-0")
     (tmp_path / "dump" / "checkpoint" / "step-5").mkdir(parents=True)  # no .metadata
     line = one_error(capsys, tmp_path, "--checkpoint.initial_load_path", str(step))
-    assert f"checkpoint.initial_load_path {step} would be ignored: {tmp_path}/dump/checkpoint exists" in line
+    ignored = f"checkpoint.initial_load_path {step} would be ignored: {tmp_path}/dump/checkpoint"
+    assert f"{ignored} exists without a complete checkpoint" in line
     assert line.endswith("delete that folder to start from the initial checkpoint")
 
 
@@ -141,14 +142,16 @@ def test_undecodable_dataset_file(capsys, tmp_path, name):
     (data / name).write_bytes(b"\x8f\xff" + os.urandom(4096))
     line = one_error(capsys, tmp_path, "--training.dataset_path", str(data))
     assert f"training.dataset_path: {data / name} {UNDECODABLE[name]}" in line
-    assert line.endswith("fix the file or remove it") or line.endswith("convert it to UTF-8 or remove it")
+    assert line.endswith(("fix the file or remove it", "convert it to UTF-8 or remove it"))
 
 
 # ---- messages that name the field and the fix ---------------------------------------------
 MESSAGES = {
     "seq_len 0": (["--training.seq_len", "0"],
-                  "training.seq_len 0 must be >= 1 (tokens per sequence); set --training.seq_len to 1 or more"),
-    "local batch 0": (["--training.local_batch_size", "0"], "training.local_batch_size 0 must be >= 1"),
+                  "training.seq_len 0 must be >= 1 (tokens per sequence); set --training.seq_len "
+                  "to 1 or more"),
+    "local batch 0": (["--training.local_batch_size", "0"],
+                      "training.local_batch_size 0 must be >= 1"),
     "steps -1": (["--training.steps", "-1"], "training.steps -1 must be >= 0"),
     "flag given true": (["--boost.lowrank_ac", "true"],
                         "--boost.lowrank_ac is a flag and takes no value ('true' given); write "
@@ -192,7 +195,8 @@ def test_second_job_refused_and_stale_lock_ignored(capsys, tmp_path):
     holder = hold_lock(dump)
     try:
         line = one_error(capsys, tmp_path)
-        assert f"job.dump_folder {dump} is in use by another job (pid {holder.pid} on {socket.gethostname()}, since " in line
+        holder_info = f"(pid {holder.pid} on {socket.gethostname()}, since "
+        assert f"job.dump_folder {dump} is in use by another job {holder_info}" in line
         assert line.endswith("wait for it to finish, or set --job.dump_folder to another folder")
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -260,7 +264,8 @@ def test_ranks_load_the_checkpoint_rank0_picks(tmp_path):
              ("rank1-misses-newest", 0): (3, 6, 9), ("rank1-misses-newest", 1): (3, 6)}  # fmt: skip
     for (scenario, rank), saved in steps.items():
         for step in saved:
-            save_tiny_checkpoint(tmp_path / scenario / f"rank{rank}" / "checkpoint" / f"step-{step}", step)
+            folder = tmp_path / scenario / f"rank{rank}" / "checkpoint" / f"step-{step}"
+            save_tiny_checkpoint(folder, step)
     results = run_on_ranks(_load_with_own_view, 2, root=str(tmp_path))
     assert [r["rank1-sees-newer"] for r in results] == [6.0, 6.0]
     errors = [r["rank1-misses-newest"] for r in results]
@@ -295,7 +300,8 @@ def test_relay_ends_on_the_worker_error():
     out = io.StringIO()
     assert relay(io.StringIO(FAILED_RUN), out) == 2
     lines = out.getvalue().splitlines()
-    assert lines[-1] == "error: cannot read the text files under /data (bad byte); fix or remove them"
+    error = "error: cannot read the text files under /data (bad byte); fix or remove them"
+    assert lines[-1] == error
     assert lines[:-1] == FAILED_RUN.splitlines()[:3]  # worker lines as they came, no report
 
 
@@ -315,7 +321,8 @@ def test_relay_command_returns_the_worker_status():
     status when its error replaced the report, else CMD's own."""
     printer = [sys.executable, "-c", f"import sys; sys.stdout.write({FAILED_RUN!r}); sys.exit(1)"]
     result = run_module("boost_titan.torchrun_relay", *printer)
-    assert result.returncode == 2 and result.stdout.splitlines()[-1].startswith("error: cannot read")
+    assert result.returncode == 2
+    assert result.stdout.splitlines()[-1].startswith("error: cannot read")
     result = run_module("boost_titan.torchrun_relay", sys.executable, "-c", "print('hi'); exit(5)")
     assert (result.returncode, result.stdout) == (5, "hi\n")
 

@@ -112,7 +112,8 @@ def probe_parquet(path: Path, size: int) -> None:
         raise _fail(path, f'has no "text" column (found {parquet.schema_arrow.names})',
                     'store each document in a "text" column')  # fmt: skip
     if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
-        raise _fail(path, f'has a "text" column of type {field.type}', "store each document as a string")
+        raise _fail(path, f'has a "text" column of type {field.type}',
+                    "store each document as a string")  # fmt: skip
 
 
 PROBES = {"json": probe_json, "parquet": probe_parquet, "text": probe_text}

@@ -51,7 +51,8 @@ def read_metadata(path: str, where: str, fix: str = DAMAGED) -> Metadata:
     try:
         metadata = FileSystemReader(path).read_metadata()
     except Exception as e:  # unpickling garbage fails in many ways
-        raise ConfigError(f"{where}: cannot read its .metadata ({type(e).__name__}); {fix}") from None
+        reason = type(e).__name__
+        raise ConfigError(f"{where}: cannot read its .metadata ({reason}); {fix}") from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
         raise ConfigError(f"{where}: its .metadata is not DCP metadata; {fix}")
     return metadata
@@ -68,7 +69,8 @@ def check_storage_files(path: str, metadata: Metadata, where: str, fix: str = DA
         try:
             size = os.path.getsize(file)
         except OSError:
-            raise ConfigError(f"{where}: {name} is missing (its .metadata names it); {fix}") from None
+            missing = f"{name} is missing (its .metadata names it)"
+            raise ConfigError(f"{where}: {missing}; {fix}") from None
         if size < end:
             raise ConfigError(
                 f"{where}: {name} is truncated ({size:,} bytes, its .metadata needs {end:,}); {fix}"

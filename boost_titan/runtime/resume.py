@@ -78,7 +78,8 @@ def agree_on_checkpoint(checkpointer, load_step: int) -> Choice:
             f"{'; '.join(problems)} ({plan}); put job.dump_folder on a file system that every "
             "rank sees alike, and let one job at a time write to it"
         )
-    newer = [(r, step) for r, (_, step) in enumerate(views) if step > choice.step and load_step == -1]
+    newer = [(r, step) for r, (_, step) in enumerate(views) if step > choice.step]
+    newer = newer if load_step == -1 else []  # a chosen load_step is nobody's newest
     if rank == 0 and newer:
         seen = ", ".join(f"rank {r} step-{step}" for r, step in newer)
         logger.warning(
