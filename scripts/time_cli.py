@@ -7,6 +7,11 @@ this checkout; `PYTHONPATH=ROOT`, so an unpacked older commit can be timed the s
 the table shows the median and the range in seconds. `--rerun` also times `./run_train.sh`
 on a finished job (a 1-step run made first, in a temporary folder): the time until it says
 that there is nothing to train.
+
+To time an older commit the same way (README's "before" column):
+
+    git archive 1036184 | tar -x -C /tmp/before && ln -s "$PWD/.venv" /tmp/before/.venv
+    python scripts/time_cli.py --rerun --root /tmp/before
 """
 
 from __future__ import annotations
