@@ -8,6 +8,10 @@
 # LOG_RANK: ranks whose output is shown (default 0). Extra arguments override the TOML.
 # MAX_RESTARTS: torchrun restarts after a worker failure (default 0); each restart resumes
 # from the newest complete checkpoint in the dump folder.
+#
+# A job that fails the check prints one `error:` line (exit 2) and starts no worker; one
+# whose checkpoint is already at training.steps says so and exits 0. If a worker stops on
+# a user error, its `error:` line ends the output instead of torchrun's failure report.
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/bootstrap_venv.sh
@@ -34,9 +38,15 @@ export NGPU LOG_RANK
 # the crashed attempt's process-group keys, and gloo then connects to a dead peer or hangs.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 
-python -m boost_titan.check --nproc "$NGPU" --job.config_file "$CONFIG_FILE" "$@"
+status=0
+python -m boost_titan.check --nproc "$NGPU" --job.config_file "$CONFIG_FILE" "$@" || status=$?
+if [[ $status -eq 4 ]]; then  # boost_titan.check.FINISHED: nothing to train, check said why
+    exit 0
+fi
+[[ $status -eq 0 ]] || exit "$status"
 
-exec torchrun --nproc_per_node="$NGPU" --rdzv_backend c10d --rdzv_endpoint=localhost:0 \
+exec python -m boost_titan.torchrun_relay \
+    torchrun --nproc_per_node="$NGPU" --rdzv_backend c10d --rdzv_endpoint=localhost:0 \
     --max-restarts "$MAX_RESTARTS" \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
     -m boost_titan.train --job.config_file "$CONFIG_FILE" "$@"

@@ -4,8 +4,14 @@
 
 Takes the same arguments as `boost_titan.train`. The process count comes from `--nproc`,
 else the NGPU environment variable, else the smallest count the parallel degrees allow.
-Prints `config ok: ...` and exits 0, or prints one `error: ...` line and exits 2.
-It also prepares the default data assets (tokenizer) once, before workers start.
+Besides the configuration it opens what the job will read: a sample of every local
+dataset file, and the DCP metadata and files of the checkpoint it will load (the newest
+in the dump folder, else `checkpoint.initial_load_path`); it checks that no other job
+holds the dump folder, and prepares the default tokenizer once, before workers start.
+
+Exit status: 0 and `config ok: ...`; 2 and one `error: ...` line; FINISHED (4) and
+`nothing to train: ...` when the dump folder's checkpoint is already at training.steps
+(`run_train.sh` then launches no worker and exits 0).
 """
 
 from __future__ import annotations
@@ -16,9 +22,27 @@ import tempfile
 
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.run_log import is_complete_checkpoint
+from boost_titan.runtime.checkpoint_files import (
+    check_readable,
+    is_complete_checkpoint,
+    latest_checkpoint,
+)
+from boost_titan.runtime.dump_lock import DumpFolderLock
 
-USAGE = "usage: python -m boost_titan.check [--nproc N] --job.config_file FILE [--section.key VALUE ...]"
+FINISHED = 4
+"""Exit status for a job that has nothing left to train."""
+
+HELP = f"""usage: python -m boost_titan.check [--nproc N] --job.config_file FILE [--section.key VALUE ...]
+
+Validate a training job before any worker starts: the same arguments as
+`python -m boost_titan.train` (the TOML and its overrides; list them with
+`python -m boost_titan.train --help`), plus the process count.
+
+  --nproc N   processes the job runs on (default: $NGPU, else the fewest the
+              [parallelism] degrees allow)
+
+Exit status: 0 (config ok), 2 (bad input, one `error:` line), {FINISHED} (nothing to train:
+the dump folder's checkpoint is already at training.steps)."""
 
 
 def pop_nproc(args: list[str]) -> tuple[int | None, list[str]]:
@@ -91,8 +115,16 @@ def check_batch(job, degrees: dict[str, int]) -> None:
     """Global batch must split into local batches over the data-parallel ranks."""
     t = job.training
     dp = degrees["dp_shard"] * degrees["dp_replicate"]
-    if t.local_batch_size < 1 or t.seq_len < 1 or t.steps < 0:
-        raise ConfigError("training.local_batch_size and seq_len must be >= 1 and steps >= 0")
+    for name, value, least, what in (
+        ("local_batch_size", t.local_batch_size, 1, "sequences per rank and step"),
+        ("seq_len", t.seq_len, 1, "tokens per sequence"),
+        ("steps", t.steps, 0, "steps to train"),
+    ):
+        if value < least:
+            raise ConfigError(
+                f"training.{name} {value} must be >= {least} ({what}); set --training.{name} "
+                f"to {least} or more"
+            )
     if t.global_batch_size > 0 and t.global_batch_size % (t.local_batch_size * dp):
         raise ConfigError(
             f"training.global_batch_size {t.global_batch_size} is not a multiple of "
@@ -107,7 +139,9 @@ def check_batch(job, degrees: dict[str, int]) -> None:
 
 
 def check_output_folder(folder: str) -> None:
-    """Create `folder` if needed and prove a file can be written there."""
+    """Prove a file can be written in `folder` (created for the test and removed again if
+    it did not exist) and that no other job holds it (`DumpFolderLock`)."""
+    made = _missing_ancestors(folder)
     try:
         os.makedirs(folder, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -117,6 +151,23 @@ def check_output_folder(folder: str) -> None:
         raise ConfigError(
             f"output folder {folder} is not writable ({reason}); set --job.dump_folder to a writable path"
         ) from None
+    finally:
+        for path in made:  # deepest first; a folder someone filled meanwhile stays
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
+    if not made:
+        DumpFolderLock(folder).probe()
+
+
+def _missing_ancestors(folder: str) -> list[str]:
+    """`folder` and its ancestors that do not exist yet, deepest first."""
+    missing, path = [], os.path.abspath(folder)
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
 
 
 def check_model(job, world: int) -> None:
@@ -135,12 +186,55 @@ def check_model(job, world: int) -> None:
 
 
 def check_data(job) -> None:
-    """A local dataset must exist and hold non-empty files of a supported kind."""
+    """A local dataset must exist, hold non-empty files of a supported kind, and each file's
+    start must decode as the loader reads it."""
     from boost_titan.data.corpus import local_files, resolve_dataset
+    from boost_titan.data.probe import probe_files
 
     _, path = resolve_dataset(job.training.dataset, job.training.dataset_path)
     if path:
-        local_files(path)
+        probe_files(local_files(path))
+
+
+def resume_checkpoint(job) -> str | None:
+    """The step-N folder the job resumes from, as TorchTitan picks it: with checkpointing on
+    and the dump folder's checkpoint folder present, `checkpoint.load_step` or the newest
+    complete one. None: the job starts from scratch or `checkpoint.initial_load_path`."""
+    c = job.checkpoint
+    folder = os.path.join(job.job.dump_folder, c.folder)
+    if not c.enable or not os.path.exists(folder):
+        return None
+    if c.load_step == -1:
+        return latest_checkpoint(folder)
+    path = os.path.join(folder, f"step-{c.load_step}")
+    if not is_complete_checkpoint(path):
+        raise ConfigError(
+            f"checkpoint.load_step {c.load_step}: {path} is not a complete checkpoint; choose "
+            f"a step saved in {folder}, or -1 for the newest"
+        )
+    return path
+
+
+def check_resume(job) -> int | None:
+    """The step the job resumes from (None: it does not), after checking that its
+    checkpoint can be read."""
+    path = resume_checkpoint(job)
+    folder = os.path.join(job.job.dump_folder, job.checkpoint.folder)
+    initial = job.checkpoint.initial_load_path
+    if path is None and initial and job.checkpoint.enable and os.path.exists(folder):
+        raise ConfigError(
+            f"checkpoint.initial_load_path {initial} would be ignored: {folder} exists without a "
+            "complete checkpoint, and TorchTitan then starts from scratch; delete that folder "
+            "to start from the initial checkpoint"
+        )
+    if path is None:
+        return None
+    fix = (
+        "move that step-N folder away to resume from the one before it, or pass "
+        "--checkpoint.load_step"
+    )
+    check_readable(path, where=f"the checkpoint to resume from, {path}", fix=fix)
+    return int(os.path.basename(path).removeprefix("step-"))
 
 
 def check_initial_checkpoint(checkpoint) -> None:
@@ -186,6 +280,14 @@ def check_initial_checkpoint(checkpoint) -> None:
         )
 
 
+def check_initial_readable(checkpoint) -> None:
+    """The DCP checkpoint at `checkpoint.initial_load_path` opens: its metadata unpickles
+    and every file it names is whole. (Call it when the job will read it: not resuming.)"""
+    path = checkpoint.initial_load_path
+    if path and checkpoint.enable and not checkpoint.initial_load_in_hf:
+        check_readable(path, where=f"checkpoint.initial_load_path {path}")
+
+
 def check_initial_export(job) -> None:
     """An export given with `initial_load_in_hf` must hold exactly the job's model."""
     if not job.checkpoint.initial_load_in_hf:
@@ -196,8 +298,13 @@ def check_initial_export(job) -> None:
     check_export(job.checkpoint.initial_load_path, model_args_for(job))
 
 
+class NothingToTrain(Exception):
+    """The job's checkpoint is already at training.steps; the message says so."""
+
+
 def check(args: list[str]) -> str:
-    """Validate a job given train's arguments; return the `config ok` summary."""
+    """Validate a job given train's arguments; return the `config ok` summary. Raises
+    ConfigError for bad input and NothingToTrain for a finished job."""
     nproc, args = pop_nproc(args)
     job = parse_job_config(args)
     world, degrees = resolve_world(job, nproc)
@@ -205,27 +312,41 @@ def check(args: list[str]) -> str:
     check_output_folder(job.job.dump_folder)
     check_data(job)
     check_initial_checkpoint(job.checkpoint)
+    resumed = check_resume(job)
+    if resumed is None:
+        check_initial_readable(job.checkpoint)
     check_model(job, world)
     check_initial_export(job)
+    if resumed is not None and resumed >= job.training.steps:
+        raise NothingToTrain(
+            f"nothing to train: already at step {resumed} ({resume_checkpoint(job)}) and "
+            f"training.steps is {job.training.steps}; raise --training.steps to continue, or "
+            "set --job.dump_folder to a new folder to start over"
+        )
     from boost_titan.boost_llama.strategies import resolve_strategy
 
     strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
     layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no parallelism"
+    start = f", resumes from step {resumed}" if resumed is not None else ""
     return (
         f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
         f"{job.boost.tp_strategy} -> {strategy}) on {world} process{'es' if world > 1 else ''} ({layout}), "
-        f"seq_len {job.training.seq_len}, {job.training.steps} steps, outputs in {job.job.dump_folder}"
+        f"seq_len {job.training.seq_len}, {job.training.steps} steps{start}, outputs in {job.job.dump_folder}"
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--help" in args or "-h" in args:
-        print(USAGE)
+        print(HELP)
+        return
     try:
         print(check(args), flush=True)
     except ConfigError as e:
         fail(str(e))
+    except NothingToTrain as e:
+        print(e, flush=True)
+        raise SystemExit(FINISHED) from None
 
 
 if __name__ == "__main__":

@@ -29,26 +29,28 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-from boost_titan.boost_llama import FLAVORS, BoostModelArgs
-from boost_titan.boost_llama.state_dict_adapter import (
+from boost_titan.boost_llama.export_format import (
     CONFIG,
     MODEL_NAME,
     WEIGHTS,
     config_of,
     model_shapes,
 )
+from boost_titan.boost_llama.shapes import FLAVORS, ModelShape
 from boost_titan.config import ARCHS, LAX_BASES
 from boost_titan.config.cli import fail
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.run_log import is_complete_checkpoint, latest_checkpoint
+from boost_titan.runtime.checkpoint_files import (
+    check_readable,
+    is_complete_checkpoint,
+    latest_checkpoint,
+)
+
+if TYPE_CHECKING:  # torch is imported when a checkpoint is read, not for --help
+    import torch
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 NON_MODEL_PREFIXES = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.")
 """Top-level keys of a TorchTitan checkpoint that are not model weights."""
@@ -70,13 +72,9 @@ def model_metadata(checkpoint: str) -> dict[str, TensorStorageMetadata]:
         raise ConfigError(
             f"--checkpoint {checkpoint} has no DCP .metadata (incomplete or not a checkpoint); {hint}"
         )
-    try:
-        metadata = FileSystemReader(checkpoint).read_metadata()
-    except Exception as e:  # a truncated or foreign file: unpickling fails in many ways
-        raise ConfigError(
-            f"--checkpoint {checkpoint}: cannot read its .metadata ({type(e).__name__}); "
-            "the checkpoint is damaged, use another step-N folder"
-        ) from None
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = check_readable(checkpoint, where=f"--checkpoint {checkpoint}")
     return {
         key: md
         for key, md in metadata.state_dict_metadata.items()
@@ -93,8 +91,8 @@ def infer_args(
     norm_eps: float | None = None,
     rope_theta: float | None = None,
     max_seq_len: int | None = None,
-) -> BoostModelArgs:
-    """The model args of a checkpoint from its shapes plus the flags shapes cannot replace.
+) -> ModelShape:
+    """The model shape of a checkpoint from its shapes plus the flags shapes cannot replace.
 
     Raises ConfigError when a flag is needed, contradicts the shapes, or the checkpoint's
     keys and shapes are not exactly those of the resulting model.
@@ -164,14 +162,14 @@ def infer_args(
                 "the head count; pass --n-heads (and --norm-eps, --rope-theta, --max-seq-len "
                 "if not the defaults)"
             )
-    defaults = base or BoostModelArgs()
+    defaults = base or ModelShape()
     n_heads = n_heads or defaults.n_heads
     if dim % n_heads or kv_dim % (dim // n_heads):
         raise ConfigError(
             f"--n-heads {n_heads} does not fit the checkpoint (dim {dim}, k/v width {kv_dim}); "
             "pass the head count it was trained with"
         )
-    args = BoostModelArgs(
+    args = ModelShape(
         dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=kv_dim // (dim // n_heads),
         ffn_dim=ffn_dim, vocab_size=vocab_size, rank=rank, arch=arch,
         lax_base=lax_base or "cola",
@@ -194,6 +192,11 @@ def infer_args(
 
 def load_model_state(checkpoint: str) -> dict[str, torch.Tensor]:
     """The model weights of a DCP checkpoint as full tensors (one process, no process group)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
+
     metadata = model_metadata(checkpoint)
     state = {
         key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in metadata.items()
@@ -221,8 +224,8 @@ def _prepare_out(out: Path) -> None:
         )
 
 
-def export(checkpoint: str, out: str, **flags: Any) -> BoostModelArgs:
-    """Write `out/model.safetensors` + `out/config.json` for `checkpoint`; return the args.
+def export(checkpoint: str, out: str, **flags: Any) -> ModelShape:
+    """Write `out/model.safetensors` + `out/config.json` for `checkpoint`; return the shape.
 
     `flags` are `infer_args`'s keywords. Nothing is left at `out` unless all succeeded.
     """

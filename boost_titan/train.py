@@ -7,7 +7,9 @@ Adds the `[boost]` config section, runs on CPU/gloo when there is no accelerator
 the `boost_llama` TrainSpec and runs TorchTitan's `main` with `BoostTrainer`. User errors
 (`ConfigError`) and a diverged loss end the worker with one `error:` line and exit code 2
 or 3. `./run_train.sh` validates the job with `boost_titan.check` before launching. Rank 0
-warns when torchrun restarts are enabled over its shared TCPStore (`boost_titan.runtime.restarts`).
+holds the dump folder's lock for the whole run (`boost_titan.runtime.dump_lock`: one job
+per folder) and warns when torchrun restarts are enabled over its shared TCPStore
+(`boost_titan.runtime.restarts`).
 """
 
 import sys
@@ -17,6 +19,7 @@ from boost_titan.config.cli import with_boost_section
 # Before any torchtitan import: ConfigManager binds sys.argv[1:] as a default at import time.
 sys.argv[1:] = with_boost_section(sys.argv[1:])
 
+import logging  # noqa: E402
 import os  # noqa: E402
 import warnings  # noqa: E402
 
@@ -33,6 +36,8 @@ from torchtitan.train import main as titan_main  # noqa: E402
 # isort: on
 from boost_titan.config.cli import fail, parse_job_config  # noqa: E402
 from boost_titan.config.errors import ConfigError  # noqa: E402
+from boost_titan.data.tokenizer import DefaultAssetsWarningFilter  # noqa: E402
+from boost_titan.runtime.dump_lock import DumpFolderLock  # noqa: E402
 from boost_titan.runtime.restarts import shared_store_warning  # noqa: E402
 from boost_titan.runtime.trainer import BoostTrainer, TrainingDiverged  # noqa: E402
 
@@ -46,11 +51,17 @@ def _drop_error_file() -> None:
 
 def run() -> None:
     """Parse (one-line errors), then train; exit 2 on a user error, 3 on a diverged loss."""
+    rank0 = os.environ.get("RANK", "0") == "0"
     warning = shared_store_warning()
-    if warning and os.environ.get("RANK") == "0":
+    if warning and rank0:
         print(warning, file=sys.stderr, flush=True)
+    logging.getLogger().addFilter(DefaultAssetsWarningFilter())  # TorchTitan logs to the root
+    lock = None
     try:
-        parse_job_config(sys.argv[1:])
+        job = parse_job_config(sys.argv[1:])
+        if rank0:
+            lock = DumpFolderLock(job.job.dump_folder)
+            lock.acquire()
         titan_main(BoostTrainer)
     except ConfigError as e:
         _drop_error_file()
@@ -58,6 +69,9 @@ def run() -> None:
     except TrainingDiverged as e:
         _drop_error_file()
         fail(str(e), code=3)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 if __name__ == "__main__":

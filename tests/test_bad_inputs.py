@@ -27,41 +27,44 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_model_or_parallel_setting(case):
+def test_bad_model_or_parallel_setting(case, tmp_path):
     args, fragments = CASES[case]
     nproc = [] if "--nproc" in args else ["--nproc", "2"]
-    assert_one_error(check(*nproc, "--job.config_file", str(DEBUG_TOML), *args), *fragments)
+    dump = ["--job.dump_folder", str(tmp_path / "dump")]  # not the checkout's outputs/debug
+    assert_one_error(check(*nproc, "--job.config_file", str(DEBUG_TOML), *dump, *args), *fragments)
 
 
-def _debug(*args: str):
-    return check("--nproc", "2", "--job.config_file", str(DEBUG_TOML), *args)
+def _debug(tmp_path: Path, *args: str):
+    """check on debug.toml, 2 processes, dump folder under `tmp_path`."""
+    dump = ["--job.dump_folder", str(tmp_path / "dump")]
+    return check("--nproc", "2", "--job.config_file", str(DEBUG_TOML), *dump, *args)
 
 
 def test_missing_dataset(tmp_path: Path):
-    result = _debug("--training.dataset_path", str(tmp_path / "none"))
+    result = _debug(tmp_path, "--training.dataset_path", str(tmp_path / "none"))
     assert_one_error(result, "does not exist", "point it at")
 
 
 def test_empty_dataset(tmp_path: Path):
     (tmp_path / "empty.txt").touch()
-    result = _debug("--training.dataset_path", str(tmp_path))
+    result = _debug(tmp_path, "--training.dataset_path", str(tmp_path))
     assert_one_error(result, "holds no documents", "add some text")
 
 
 def test_checkpoint_path_not_a_folder(tmp_path: Path):
-    result = _debug("--checkpoint.initial_load_path", str(tmp_path / "step-3"))
+    result = _debug(tmp_path, "--checkpoint.initial_load_path", str(tmp_path / "step-3"))
     assert_one_error(result, "is not a folder", "step-N")
 
 
 def test_initial_checkpoint_without_checkpointing(tmp_path: Path):
-    result = _debug("--checkpoint.initial_load_path", str(tmp_path), "--checkpoint.no_enable")
+    result = _debug(tmp_path, "--checkpoint.initial_load_path", str(tmp_path), "--checkpoint.no_enable")
     assert_one_error(result, "is ignored while checkpoint.enable is false", "add --checkpoint.enable")
 
 
 def test_truncated_checkpoint(tmp_path: Path):
     """A checkpoint folder with shards but no DCP .metadata (a crash while saving)."""
     (tmp_path / "__0_0.distcp").write_bytes(b"\0" * 16)
-    result = _debug("--checkpoint.initial_load_path", str(tmp_path))
+    result = _debug(tmp_path, "--checkpoint.initial_load_path", str(tmp_path))
     assert_one_error(result, "no DCP .metadata", "complete step-N")
 
 
@@ -69,9 +72,10 @@ def test_tokenizer_model_file_path(tmp_path: Path):
     """TorchTitan raises a bare Exception for a path ending in tokenizer.model."""
     model = tmp_path / "tokenizer.model"
     model.write_text("not a tokenizer\n")
-    assert_one_error(_debug("--model.hf_assets_path", str(model)), "pass the folder that holds")
+    assert_one_error(_debug(tmp_path, "--model.hf_assets_path", str(model)), "pass the folder that holds")
 
 
 def test_unreadable_tokenizer(tmp_path: Path):
     (tmp_path / "tokenizer.model").write_text("not a tokenizer\n")
-    assert_one_error(_debug("--model.hf_assets_path", str(tmp_path)), "is not", "tiktoken BPE file")
+    result = _debug(tmp_path, "--model.hf_assets_path", str(tmp_path))
+    assert_one_error(result, "is not", "tiktoken BPE file")

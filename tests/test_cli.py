@@ -121,17 +121,31 @@ def test_valid_config_passes(tmp_path):
     assert "2 processes (tp 2)" in result.stdout
 
 
-@pytest.mark.parametrize(
-    "flavor, nproc", [("1B", 1), ("3B", 2), ("7B", 4), ("13B", 8), ("30B", 32)]
-)
-def test_gpu_configs_validate_on_cpu(flavor, nproc, tmp_path):
+def readme_process_counts() -> list[tuple[str, int, str]]:
+    """(config, processes, layout) rows of README's table of train_configs."""
+    text = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `(\w+)\.toml` \| (\d+) \| ([^|]+?) \|$", text, re.MULTILINE)
+    return [(config, int(nproc), layout) for config, nproc, layout in rows]
+
+
+def test_readme_lists_every_config():
+    configs = sorted(p.stem for p in (ROOT / "train_configs").glob("*.toml"))
+    assert sorted(config for config, _, _ in readme_process_counts()) == configs
+
+
+@pytest.mark.parametrize("config, nproc, layout", readme_process_counts())
+def test_configs_validate_on_cpu_with_readme_process_count(config, nproc, layout, tmp_path, monkeypatch):
+    """Each config passes `check` with README's process count, which is also what `check`
+    picks without --nproc."""
     from boost_titan.check import check as check_in_process
 
-    summary = check_in_process([
-        "--job.config_file", str(ROOT / "train_configs" / f"{flavor}.toml"),
-        "--nproc", str(nproc), "--job.dump_folder", str(tmp_path),
-    ])
-    assert summary.startswith(f"config ok: boost_llama {flavor} (cola"), summary
+    monkeypatch.delenv("NGPU", raising=False)
+    args = ["--job.config_file", str(ROOT / "train_configs" / f"{config}.toml"),
+            "--job.dump_folder", str(tmp_path)]  # fmt: skip
+    where = f"on {nproc} process{'es' if nproc > 1 else ''} ({layout})"
+    assert where in check_in_process(["--nproc", str(nproc), *args])
+    summary = check_in_process(args)
+    assert summary.startswith(f"config ok: boost_llama {config} (cola") and where in summary, summary
 
 
 # ---- helpers --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from boost_titan.data import (
     check_vocab_fits,
     corpus,
     prepare_default_assets,
+    probe,
     tokenizer_vocab_size,
 )
 from boost_titan.data import tokenizer as tk
@@ -194,6 +195,66 @@ def test_dataset_errors(tmp_path):
         with pytest.raises(ConfigError) as excinfo:
             build_dataloader(2, 0, tk.load_tokenizer("default"), job_config(*args))
         assert words in one_line_error(excinfo)
+
+
+# ---- probe: check's sample decode agrees with the loader ------------------------------------
+def _parquet(path: Path, **columns) -> None:
+    datasets.Dataset.from_dict(columns).to_parquet(path)
+
+
+PROBED = {
+    # name: (file name, writer) -> the loader and the probe both accept, or both refuse
+    "jsonl": ("a.jsonl", lambda p: write_jsonl(p, ["one", "two"])),
+    "jsonl with BOM": ("a.jsonl", lambda p: p.write_bytes(b"\xef\xbb\xbf" + b'{"text": "x"}\n')),
+    "json array of objects": ("a.json", lambda p: p.write_text('[{"text": "x"}, {"text": "y"}]')),
+    "json array of strings": ("a.json", lambda p: p.write_text('["x", "y"]')),
+    "json array with BOM": ("a.json", lambda p: p.write_bytes(b"\xef\xbb\xbf" + b'[{"text": "x"}]')),
+    "txt": ("b.txt", lambda p: p.write_text(TEXT)),
+    "parquet": ("c.parquet", lambda p: _parquet(p, text=["p1", "p2"])),
+    "jsonl garbage": ("a.jsonl", lambda p: p.write_bytes(b"\x8f\xff\x00garbage\n" * 8)),
+    "jsonl not an object": ("a.jsonl", lambda p: p.write_text('"just a string"\n')),
+    "jsonl text not a string": ("a.jsonl", lambda p: p.write_text('{"text": 5}\n{"text": 6}\n')),
+    "jsonl text sometimes a number": ("a.jsonl", lambda p: p.write_text('{"text": "a"}\n{"text": 6}\n')),
+    "jsonl without text": ("a.jsonl", lambda p: p.write_text('{"body": "x"}\n')),
+    "json array of numbers": ("a.json", lambda p: p.write_text("[1, 2]")),
+    "txt latin-1": ("b.txt", lambda p: p.write_bytes("café\n".encode("latin-1"))),
+    "parquet garbage": ("c.parquet", lambda p: p.write_bytes(b"PAR1" + b"\x00" * 64)),
+    "parquet without text": ("c.parquet", lambda p: _parquet(p, body=["x"])),
+    "parquet text not a string": ("c.parquet", lambda p: _parquet(p, text=[1, 2])),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PROBED))
+def test_probe_agrees_with_the_loader(tmp_path, case):
+    """`boost_titan.check` refuses a file (one line naming it) exactly when the loader the
+    workers run refuses it, so the probe neither misses damage in its sample nor blocks a
+    file the loader reads."""
+    name, write = PROBED[case]
+    path = tmp_path / name
+    write(path)
+    try:
+        corpus.load_local(str(path))
+        loaded = None
+    except ConfigError as e:
+        loaded = str(e)
+    try:
+        probe.probe_files([path])
+        probed = None
+    except ConfigError as e:
+        probed = str(e)
+        assert f"training.dataset_path: {path} " in probed and "\n" not in probed
+    assert (probed is None) == (loaded is None), (probed, loaded)
+
+
+def test_probe_reads_a_sample(tmp_path):
+    """Damage past the sample is left to the loader; sizes shrink with the file count."""
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"x" * probe.MAX_SAMPLE + b"\xff")
+    probe.probe_files([path])
+    path.write_bytes(b"x" * (probe.MAX_SAMPLE - 1) + b"\xff")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        probe.probe_files([path])
+    assert probe.sample_bytes(1) == probe.MAX_SAMPLE and probe.sample_bytes(10**6) == probe.MIN_SAMPLE
 
 
 # ---- dataloader ------------------------------------------------------------------------

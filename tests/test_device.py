@@ -37,6 +37,15 @@ assert high.max_reserved_gib > 0.25, high
 assert high.max_reserved_gib - low.max_reserved_gib > 0.2, (high, low)
 assert abs(high.max_reserved_pct - 100 * high.max_reserved_gib * 2**30 / monitor.device_capacity) < 1e-6
 assert high.num_ooms == 0 and high.num_alloc_retries == 0
+
+# MFU's peak: measured on this CPU, not TorchTitan's A100 guess after probing lspci
+import subprocess
+def no_lspci(*args, **kwargs):
+    raise AssertionError(f"ran {args}")
+subprocess.run = no_lspci
+from boost_titan.runtime.device import measured_peak_flops
+peak = utils.get_peak_flops(monitor.device_name)
+assert peak == measured_peak_flops() and 1e8 < peak < 312e12, peak
 print("adapter ok")
 """
 

@@ -19,12 +19,12 @@ from boost_titan.bench.gpus import GPUS, NCCL, GpuProfile
 from boost_titan.bench.records import PerfRecord
 from boost_titan.bench.trace import fake_tp_mesh
 from boost_titan.bench.work import Collective, Gemm, Stream
-from boost_titan.boost_llama.args import BoostModelArgs, param_count
 from boost_titan.boost_llama.layers import apply_rope, rope_table
+from boost_titan.boost_llama.shapes import ModelShape, param_count
 from boost_titan.config.errors import ConfigError
 
 # d=8, r=2, d_ff=16, 2 heads of 4; one micro-batch of T = 3 tokens (seq 3), bf16, TP2.
-TINY = BoostModelArgs(dim=8, n_layers=2, n_heads=2, ffn_dim=16, rank=2, vocab_size=10, arch="cola")
+TINY = ModelShape(dim=8, n_layers=2, n_heads=2, ffn_dim=16, rank=2, vocab_size=10, arch="cola")
 TINY_FULL = dataclasses.replace(TINY, arch="fullrank")
 BYTES_PER_ELEMENT = 3 * 2  # tokens * bf16
 
@@ -33,7 +33,7 @@ def plan(strategy: str, **kw) -> pm.Plan:
     return pm.Plan(strategy=strategy, **{"tp": 2, "seq_len": 3, **kw})
 
 
-def args_for(strategy: str) -> BoostModelArgs:
+def args_for(strategy: str) -> ModelShape:
     return TINY_FULL if strategy == "megatron" else TINY
 
 
@@ -508,3 +508,15 @@ def test_cli_breakdown_validate_plot_and_errors(capsys, tmp_path):
     assert main(["model", "--flavor", "7B", "--tp", "8", "--gpu", "a100-hgx4"]) == 2
     assert "GPUs per node" in capsys.readouterr().err
 
+
+def test_cli_dtype_takes_torchtitans_spelling(capsys):
+    """--dtype float32 / bfloat16 (TorchTitan's names) are fp32 / bf16; others are refused."""
+    runs = {}
+    for dtype in ("fp32", "float32", "bf16", "bfloat16"):
+        assert main(["model", "--flavor", "1B", "--dtype", dtype, "--json", "-"]) == 0
+        runs[dtype] = json.loads(capsys.readouterr().out)
+    assert runs["float32"] == runs["fp32"] != runs["bf16"] == runs["bfloat16"]
+    assert {r["dtype"] for r in runs["bfloat16"]} == {"bf16"}
+    with pytest.raises(SystemExit):
+        main(["model", "--dtype", "float16"])
+    assert "'float16' is not one of bf16, fp32, bfloat16, float32" in capsys.readouterr().err

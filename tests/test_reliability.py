@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.checkpoint_files import latest_checkpoint
 from boost_titan.runtime.restarts import (
     Fault,
     incomplete_checkpoints,
     shared_store_warning,
 )
-from boost_titan.runtime.run_log import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10
@@ -64,12 +64,25 @@ def _logged(dump: Path) -> list[tuple[int, float]]:
     return [(entry["step"], entry["loss"]) for entry in map(json.loads, lines)]
 
 
+CPU_NOISE = (
+    "HF assets path",  # TorchTitan's tokenizer path, unused with our default tokenizer
+    "lspci",  # TorchTitan's GPU probe for the MFU peak
+    "fallback to A100",  # its made-up peak; ours is measured
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",  # an NCCL setting TorchTitan overrides
+    "Generating train split",  # datasets' progress bars
+)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> list[tuple[int, float]]:
+    """The uninterrupted run; its log holds none of CPU_NOISE and its dump folder no empty
+    comm_traces/ (the NCCL flight recorder's)."""
     dump = tmp_path_factory.mktemp("reference")
-    _train(dump, STEPS)
+    output = _train(dump, STEPS)
     logged = _logged(dump)
     assert [step for step, _ in logged] == list(range(1, STEPS + 1))
+    assert [noise for noise in CPU_NOISE if noise in output] == [], output[-4000:]
+    assert "CPU peak for MFU: " in output and not (dump / "comm_traces").exists()
     return logged
 
 

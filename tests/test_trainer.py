@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from boost_titan.runtime.run_log import RunLog, latest_checkpoint
+from boost_titan.runtime.checkpoint_files import latest_checkpoint
+from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.trainer import TokenScaledLoss
 
 ROOT = Path(__file__).resolve().parents[1]

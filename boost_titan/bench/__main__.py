@@ -2,7 +2,8 @@
 
 Subcommands live in SUBCOMMANDS (name -> Subcommand(help, add_args, run)); a new one adds
 an entry. `add_plan_args` / `plans_from_args` give every subcommand the same model and
-parallelism options.
+parallelism options. Only the chosen subcommand's options are built, and `trace` / `cpu`
+import torch only when chosen, so `--help` and the analytic `model` start at once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import sys
 from typing import Callable, NamedTuple
 
-from boost_titan.bench import cpu, perfmodel, trace
+from boost_titan.bench import perfmodel
 from boost_titan.bench.gpus import GPUS
 from boost_titan.bench.plots import write_plot
 from boost_titan.bench.records import format_records
@@ -39,6 +40,15 @@ def _int_csv(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _dtype(text: str) -> str:
+    """bf16 / fp32, or TorchTitan's bfloat16 / float32."""
+    name = perfmodel.DTYPE_ALIASES.get(text, text)
+    if name not in perfmodel.DTYPE_BYTES:
+        spellings = [*perfmodel.DTYPE_BYTES, *perfmodel.DTYPE_ALIASES]
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(spellings)}")
+    return name
+
+
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
     """Model, parallelism and batch options shared by the subcommands."""
     parser.add_argument("--flavor", type=_csv, default=["7B"], help="flavor or comma list (sweep)")
@@ -53,7 +63,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
     parser.add_argument("--microbatches", type=int, default=4,
                         help="micro-batches per step (accumulation / 1F1B)")
-    parser.add_argument("--dtype", default="bf16", choices=tuple(perfmodel.DTYPE_BYTES))
+    parser.add_argument("--dtype", default="bf16", type=_dtype,
+                        help="bf16 or fp32 (TorchTitan's bfloat16 / float32 also work)")
     parser.add_argument("--ac", default="none", choices=perfmodel.AC_MODES, help="activation checkpointing")
     parser.add_argument("--rmsnorm", default="online", choices=RMSNORM_MODES, help="btp's RMSNorm")
     parser.add_argument("--group-linears", action=argparse.BooleanOptionalAction, default=True,
@@ -173,12 +184,29 @@ def _run_plot(ns: argparse.Namespace) -> int:
 
 # ---- trace -----------------------------------------------------------------------------
 def _add_trace_args(parser: argparse.ArgumentParser) -> None:
+    from boost_titan.bench import trace
+
     add_plan_args(parser)
     trace.add_args(parser)
 
 
 def _run_trace(ns: argparse.Namespace) -> int:
+    from boost_titan.bench import trace
+
     return trace.run(ns, plans_from_args(ns))
+
+
+# ---- cpu -------------------------------------------------------------------------------
+def _add_cpu_args(parser: argparse.ArgumentParser) -> None:
+    from boost_titan.bench import cpu
+
+    cpu.add_args(parser)
+
+
+def _run_cpu(ns: argparse.Namespace) -> int:
+    from boost_titan.bench import cpu
+
+    return cpu.run(ns)
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -189,15 +217,20 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                        _add_plot_args, _run_plot),
     "trace": Subcommand("measure one block under the real TP plan (fake process group, CPU)",
                         _add_trace_args, _run_trace),
-    "cpu": Subcommand("time training steps of each TP strategy on CPU (gloo, 1 thread per rank)", cpu.add_args, cpu.run),
+    "cpu": Subcommand("time training steps of each TP strategy on CPU (gloo, 1 thread per rank)",
+                      _add_cpu_args, _run_cpu),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m boost_titan.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, command in SUBCOMMANDS.items():
-        command.add_args(sub.add_parser(name, help=command.help))
+        subparser = sub.add_parser(name, help=command.help)
+        if name == chosen:
+            command.add_args(subparser)
     ns = parser.parse_args(argv)
     try:
         return SUBCOMMANDS[ns.command].run(ns)

@@ -27,11 +27,11 @@ from boost_titan.bench.gpus import GpuProfile, gpu_profile
 from boost_titan.bench.records import PerfRecord
 from boost_titan.bench.streams import block_streams, embedding_streams, head_streams
 from boost_titan.bench.work import Collective, Gemm, Stream, Widths
-from boost_titan.boost_llama.args import (
+from boost_titan.boost_llama.shapes import (
     PAPER_VOCAB,
     PROJECTIONS,
-    BoostModelArgs,
-    flavor_args,
+    ModelShape,
+    flavor_shape,
     param_count,
     projection_params,
 )
@@ -43,6 +43,8 @@ from boost_titan.config.errors import ConfigError
 STRATEGIES = tuple(REGISTRY)
 AC_MODES = ("none", "full", "selective", "lowrank")
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32"}
+"""TorchTitan's spellings (`training.mixed_precision_param`) of the DTYPE_BYTES names."""
 STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
 """Bytes per parameter of (weights, grads, optimizer state incl. any fp32 master copy)."""
 ADAMW_BYTES_PER_PARAM = 28
@@ -91,17 +93,17 @@ def _all_reduce(name: str, elements: int, behind: tuple[str, ...] = ()) -> Colle
 
 
 # ---- configuration ---------------------------------------------------------------------
-def model_args(flavor: str, arch: str, strategy: str) -> BoostModelArgs:
+def model_args(flavor: str, arch: str, strategy: str) -> ModelShape:
     """The flavor's arguments as `strategy` trains them: megatron always trains the fullrank
     twin; a flavor without a vocabulary gets the paper's 32000."""
-    args = flavor_args(flavor, arch="fullrank" if strategy == "megatron" else arch)
+    args = flavor_shape(flavor, arch="fullrank" if strategy == "megatron" else arch)
     if not args.vocab_size:
         args.vocab_size = PAPER_VOCAB
     args.validate()
     return args
 
 
-def check(args: BoostModelArgs, plan: Plan) -> None:
+def check(args: ModelShape, plan: Plan) -> None:
     """Raise ConfigError (one line, with the fix) for a plan the model cannot describe."""
     choices = {"strategy": (plan.strategy, STRATEGIES), "ac": (plan.ac, AC_MODES),
                "dtype": (plan.dtype, tuple(DTYPE_BYTES)), "rmsnorm": (plan.rmsnorm, RMSNORM_MODES)}
@@ -154,7 +156,7 @@ def _group_name(group: tuple[str, ...]) -> str:
 
 
 # ---- communication ---------------------------------------------------------------------
-def layer_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective], list[Collective]]:
+def layer_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], list[Collective]]:
     """Collectives of one block, forward and backward, in issue order.
 
     megatron: all-reduce after row-parallel o and down; backward, the grads of the two norm
@@ -204,7 +206,7 @@ def _firsts(plan: Plan, members: tuple[str, ...], suffix: str) -> tuple[str, ...
     return tuple(p + suffix for p in members)
 
 
-def step_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective], list[Collective]]:
+def step_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], list[Collective]]:
     """Model-level collectives per micro-batch: output side of the model and loss parallel.
 
     Every strategy ends in a vocab-parallel lm_head whose loss-parallel cross entropy
@@ -225,13 +227,13 @@ def step_collectives(args: BoostModelArgs, plan: Plan) -> tuple[list[Collective]
     return loss, [_all_reduce("lm_head", d, ("lm_head",))]
 
 
-def pipeline_send_elements(args: BoostModelArgs, plan: Plan) -> int:
+def pipeline_send_elements(args: ModelShape, plan: Plan) -> int:
     """Elements per token one rank sends across a stage boundary (btp's residual is sharded)."""
     return args.dim // plan.tp if plan.strategy == "btp" else args.dim
 
 
 # ---- compute ---------------------------------------------------------------------------
-def layer_gemms(args: BoostModelArgs, plan: Plan) -> list[Gemm]:
+def layer_gemms(args: ModelShape, plan: Plan) -> list[Gemm]:
     """Forward GEMMs of one block on one rank, in execution order. Grouped, a norm's
     consumers run their first GEMMs as one (megatron: q/k/v and gate/up themselves;
     low-rank: their A's)."""
@@ -257,7 +259,7 @@ def layer_gemms(args: BoostModelArgs, plan: Plan) -> list[Gemm]:
     return gemms
 
 
-def layer_widths(args: BoostModelArgs, plan: Plan) -> Widths:
+def layer_widths(args: ModelShape, plan: Plan) -> Widths:
     """Per-rank widths of one block's activations: btp shards the residual and keeps
     latents whole; vanilla keeps activations whole and shards latents; megatron shards
     heads and the MLP."""
@@ -284,26 +286,26 @@ def _norm_mode(plan: Plan) -> str:
     return plan.rmsnorm if plan.strategy == "btp" and plan.tp > 1 else "replicated"
 
 
-def attention_flops(args: BoostModelArgs, plan: Plan) -> int:
+def attention_flops(args: ModelShape, plan: Plan) -> int:
     """Forward QK^T and AV of one block on one rank (causal mask not halved)."""
     heads_per_rank = args.n_heads if plan.strategy == "vanilla" else args.n_heads // plan.tp
     return 4 * plan.tokens * plan.seq_len * heads_per_rank * args.head_dim
 
 
-def layer_flops(args: BoostModelArgs, plan: Plan) -> int:
+def layer_flops(args: ModelShape, plan: Plan) -> int:
     """Forward FLOPs of one block on one rank."""
     return sum(g.flops for g in layer_gemms(args, plan)) + attention_flops(args, plan)
 
 
 # ---- memory ----------------------------------------------------------------------------
-def layer_params(args: BoostModelArgs, plan: Plan) -> int:
+def layer_params(args: ModelShape, plan: Plan) -> int:
     """Parameters of one block on one rank: every projection is sharded over tp; the two
     norm weights are sharded by btp, replicated by megatron/vanilla."""
     norms = 2 * args.dim // (plan.tp if plan.strategy == "btp" else 1)
     return norms + sum(projection_params(args, p, 0) for p in PROJECTIONS) // plan.tp
 
 
-def params_per_rank(args: BoostModelArgs, plan: Plan) -> int:
+def params_per_rank(args: ModelShape, plan: Plan) -> int:
     """Parameters on the busiest rank: its stage's blocks plus embedding and/or head."""
     tp, btp = plan.tp, plan.strategy == "btp"
     embedding = args.vocab_size * args.dim // (tp if btp else 1)
@@ -312,7 +314,7 @@ def params_per_rank(args: BoostModelArgs, plan: Plan) -> int:
     return _layers_per_stage(args, plan) * layer_params(args, plan) + ends
 
 
-def activation_elements_per_token(args: BoostModelArgs, plan: Plan) -> float:
+def activation_elements_per_token(args: ModelShape, plan: Plan) -> float:
     """Saved-for-backward elements of one block per token on one rank.
 
     none: each norm's input and output (residual width, sharded by btp), RoPE'd q, k, v and
@@ -338,11 +340,11 @@ def activation_elements_per_token(args: BoostModelArgs, plan: Plan) -> float:
     return (none + residual) / 2 if plan.ac == "selective" else none
 
 
-def _layers_per_stage(args: BoostModelArgs, plan: Plan) -> int:
+def _layers_per_stage(args: ModelShape, plan: Plan) -> int:
     return -(-args.n_layers // plan.pp)
 
 
-def memory_per_rank(args: BoostModelArgs, plan: Plan) -> dict[str, int]:
+def memory_per_rank(args: ModelShape, plan: Plan) -> dict[str, int]:
     """Bytes of weights, grads, optimizer state and activations on the busiest rank (1F1B
     keeps min(pp, microbatches) micro-batches of activations alive on the first stage)."""
     n = params_per_rank(args, plan)
@@ -381,7 +383,7 @@ _MEMBERS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 _NORM_CONSUMERS = ("q", "k", "v", "gate", "up")
 
 
-def weight_streams(args: BoostModelArgs, plan: Plan) -> list[Stream]:
+def weight_streams(args: ModelShape, plan: Plan) -> list[Stream]:
     """Weight-sized memory-bound kernels of one block per micro-batch: grouped first GEMMs
     concatenate their weight shards every forward; BTP's online RMSNorm scales its
     down-projections' weight grads by the norm weight."""
@@ -397,7 +399,7 @@ def weight_streams(args: BoostModelArgs, plan: Plan) -> list[Stream]:
     return streams
 
 
-def block_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+def block_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
     """Seconds of one block per micro-batch on one rank, forward + backward (+ what `ac`
     recomputes), by class: gemm, memory, attention, comm (exposed) and comm_hidden (the
     backward collectives' time spent behind weight-grad GEMMs)."""
@@ -444,7 +446,7 @@ def _recomputed(
             "comm": comm_fwd if plan.strategy == "vanilla" else 0.0}
 
 
-def ends_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> tuple[dict[str, float], dict[str, float]]:
+def ends_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per micro-batch of the model's ends, by class: (embedding, on the first
     stage; final norm + lm_head + cross-entropy + their collectives, on the last)."""
     b, t, btp = plan.dtype_bytes, plan.tokens, plan.strategy == "btp"
@@ -468,7 +470,7 @@ def ends_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> tuple[dict[s
     return embedding, output
 
 
-def memory_kernels(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+def memory_kernels(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
     """Seconds per step of each memory-bound kernel of the blocks (forward and backward
     under one name) on a rank holding the most blocks, largest first."""
     fwd, bwd = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
@@ -482,13 +484,13 @@ def memory_kernels(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[st
     return dict(sorted(seconds.items(), key=lambda item: -item[1]))
 
 
-def _stage_layers(args: BoostModelArgs, plan: Plan) -> list[int]:
+def _stage_layers(args: ModelShape, plan: Plan) -> list[int]:
     """Blocks per pipeline stage (the first stages take the remainder)."""
     base, extra = divmod(args.n_layers, plan.pp)
     return [base + (s < extra) for s in range(plan.pp)]
 
 
-def stage_times(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> list[dict[str, float]]:
+def stage_times(args: ModelShape, plan: Plan, gpu: GpuProfile) -> list[dict[str, float]]:
     """Seconds per micro-batch of each pipeline stage by class: its blocks, its ends and,
     across stages, receiving activations (forward) and grads (backward) over the network."""
     block = block_time(args, plan, gpu)
@@ -504,7 +506,7 @@ def stage_times(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> list[dict[
     return stages
 
 
-def step_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+def step_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
     """Seconds per optimizer step: `TIME_PARTS` (which add up to `step`), plus
     comm_hidden (collective time the plans hide behind weight-grad GEMMs).
 
@@ -526,7 +528,7 @@ def step_time(args: BoostModelArgs, plan: Plan, gpu: GpuProfile) -> dict[str, fl
     return parts | {"step": step, "comm_hidden": plan.microbatches * slowest["comm_hidden"]}
 
 
-def recompute_flops(args: BoostModelArgs, plan: Plan) -> int:
+def recompute_flops(args: ModelShape, plan: Plan) -> int:
     """Extra backward FLOPs of one block per rank caused by `plan.ac`."""
     if plan.ac in ("full", "selective"):
         return layer_flops(args, plan) // (2 if plan.ac == "selective" else 1)
@@ -537,7 +539,7 @@ def recompute_flops(args: BoostModelArgs, plan: Plan) -> int:
 
 
 # ---- records ---------------------------------------------------------------------------
-def evaluate(flavor: str, args: BoostModelArgs, plan: Plan, gpus: list[str]) -> PerfRecord:
+def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> PerfRecord:
     """The full record of one configuration; step times on every profile in `gpus`, the
     first of which `add_speedups` compares on."""
     check(args, plan)

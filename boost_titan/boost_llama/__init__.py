@@ -1,7 +1,8 @@
 """`boost_llama`: the boost LLaMA family and its TorchTitan glue, kept together as
 TorchTitan keeps `models/llama3/`.
 
-- `args`: `BoostModelArgs`, the flavors (debug .. 30B) and closed-form sizes;
+- `shapes`: `ModelShape`, the flavors (debug .. 30B) and closed-form sizes (no torch);
+- `args`: `BoostModelArgs`, a shape with TorchTitan's model-args protocol;
 - `layers`, `model`: the pure `nn.Module` decoder (fullrank / svd / cola / lax), blind to
   parallelism;
 - `strategies`: the one registry of TP strategies, the model's `ModelLayout` and its plans;
@@ -10,16 +11,26 @@ TorchTitan keeps `models/llama3/`.
 - `spec`: the TrainSpec, registered on import, and the job checks.
 
     python -m boost_titan.boost_llama      # the flavor table
+
+The names below are imported on first use, so `boost_titan.boost_llama.shapes` and
+`.strategies` load without torch or torchtitan.
 """
 
-from .args import FLAVORS, PROJECTIONS, BoostModelArgs, flavor_args, param_count
-from .model import BoostTransformer
+import importlib
 
-__all__ = [
-    "FLAVORS",
-    "PROJECTIONS",
-    "BoostModelArgs",
-    "BoostTransformer",
-    "flavor_args",
-    "param_count",
-]
+_EXPORTS = {
+    "FLAVORS": "shapes",
+    "PROJECTIONS": "shapes",
+    "param_count": "shapes",
+    "BoostModelArgs": "args",
+    "flavor_args": "args",
+    "BoostTransformer": "model",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -3,7 +3,7 @@
     python -m boost_titan.boost_llama
 """
 
-from .args import FLAVORS, flavor_args, param_count
+from .shapes import FLAVORS, flavor_shape, param_count
 
 
 def main() -> None:
@@ -11,9 +11,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in FLAVORS:
         vocab = FLAVORS[name].vocab_size or 4096  # debug: the default tokenizer's vocab
-        full = param_count(flavor_args(name, arch="fullrank", vocab_size=vocab))
-        low = flavor_args(name, arch="cola", vocab_size=vocab)
-        lax = param_count(flavor_args(name, arch="lax", vocab_size=vocab))
+        full = param_count(flavor_shape(name, arch="fullrank", vocab_size=vocab))
+        low = flavor_shape(name, arch="cola", vocab_size=vocab)
+        lax = param_count(flavor_shape(name, arch="lax", vocab_size=vocab))
         print(
             f"| {name} | {low.n_layers} | {low.n_heads} | {low.dim} | {low.ffn_dim} "
             f"| {low.effective_rank} | {full / 1e6:,.1f}M | {param_count(low) / 1e6:,.1f}M "

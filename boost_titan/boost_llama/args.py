@@ -1,4 +1,4 @@
-"""Model arguments, flavors and closed-form sizes of the boost LLaMA family."""
+"""`BoostModelArgs`: a `ModelShape` (`shapes`) that speaks TorchTitan's model-args protocol."""
 
 from __future__ import annotations
 
@@ -8,95 +8,15 @@ from dataclasses import dataclass
 from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
 
-from boost_titan.config import ARCHS, LAX_BASES
 from boost_titan.config.errors import ConfigError
 
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
-"""The seven projections of a block, in the order they run."""
+from .shapes import FLAVORS, ModelShape, flavor_shape
 
 
 @dataclass
-class BoostModelArgs(BaseModelArgs):
-    """Shape and family of a LLaMA-style decoder whose projections may be low-rank.
-
-    `rank = 0` means d/4 (the BOOST/CoLA default); `vocab_size = 0` means "take it from
-    the tokenizer" (set by the TrainSpec before the model is built).
-    """
-
-    dim: int = 256
-    n_layers: int = 4
-    n_heads: int = 8
-    n_kv_heads: int | None = None
-    ffn_dim: int = 688
-    vocab_size: int = 0
-    rank: int = 0
-    arch: str = "cola"
-    lax_base: str = "cola"
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    max_seq_len: int = 4096
-
-    # ---- derived sizes -------------------------------------------------------------
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-
-    @property
-    def low_rank(self) -> bool:
-        return self.arch != "fullrank"
-
-    @property
-    def effective_rank(self) -> int:
-        return self.rank or self.dim // 4
-
-    @property
-    def activation(self) -> str:
-        """Activation inside each low-rank pair: silu (CoLA) or none (SVD)."""
-        base = self.lax_base if self.arch == "lax" else self.arch
-        return "silu" if base == "cola" else "none"
-
-    def projection_shapes(self) -> dict[str, tuple[int, int]]:
-        """(d_in, d_out) of each of the seven projections of one block."""
-        d, kv = self.dim, self.kv_heads * self.head_dim
-        return {
-            "q": (d, self.n_heads * self.head_dim),
-            "k": (d, kv),
-            "v": (d, kv),
-            "o": (self.n_heads * self.head_dim, d),
-            "gate": (d, self.ffn_dim),
-            "up": (d, self.ffn_dim),
-            "down": (self.ffn_dim, d),
-        }
-
-    # ---- validation ----------------------------------------------------------------
-    def validate(self) -> None:
-        """Raise ConfigError (one line, with the fix) for impossible shapes."""
-        if self.arch not in ARCHS:
-            raise ConfigError(
-                f"unknown [boost] arch {self.arch!r}; choose one of {', '.join(ARCHS)}"
-            )
-        if self.arch == "lax" and self.lax_base not in LAX_BASES:
-            raise ConfigError(
-                f"unknown [boost] lax_base {self.lax_base!r}; choose one of {', '.join(LAX_BASES)}"
-            )
-        if self.dim % self.n_heads:
-            raise ConfigError(
-                f"dim {self.dim} is not divisible by n_heads {self.n_heads}; pick a flavor "
-                "whose dim is a multiple of its head count"
-            )
-        if self.n_heads % self.kv_heads:
-            raise ConfigError(
-                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}"
-            )
-        if self.low_rank and not 0 < self.effective_rank <= self.dim:
-            raise ConfigError(
-                f"[boost] rank {self.rank} is out of range for dim {self.dim}; "
-                f"use 1..{self.dim} (or 0 for the default d/4 = {self.dim // 4})"
-            )
+class BoostModelArgs(ModelShape, BaseModelArgs):
+    """A `ModelShape` that TorchTitan builds the model from: the job's `[boost]` section
+    and tokenizer complete it (`update_from_config`)."""
 
     # ---- TorchTitan protocol -------------------------------------------------------
     def update_from_config(self, job_config, **kwargs) -> None:
@@ -132,57 +52,11 @@ class BoostModelArgs(BaseModelArgs):
         return nparams, 6 * (nparams - embedding) + attention
 
 
-# ---- closed-form sizes ------------------------------------------------------------
-def projection_params(args: BoostModelArgs, name: str, layer_id: int) -> int:
-    """Parameters of one projection: d_in*d_out (full) or r*(d_in+d_out) (+ LaX gate/norm)."""
-    d_in, d_out = args.projection_shapes()[name]
-    if not args.low_rank:
-        return d_in * d_out
-    r = args.effective_rank
-    lax = r * r + 2 * r if args.arch == "lax" and layer_id > 0 else 0
-    return r * (d_in + d_out) + lax
-
-
-def param_count(args: BoostModelArgs) -> int:
-    """Closed-form parameter count: embedding + blocks + final norm + lm_head."""
-    blocks = sum(
-        2 * args.dim + sum(projection_params(args, p, layer) for p in PROJECTIONS)
-        for layer in range(args.n_layers)
-    )
-    return 2 * args.vocab_size * args.dim + blocks + args.dim
-
-
-# ---- flavors -----------------------------------------------------------------------
-PAPER_VOCAB = 32000
-"""Vocabulary of the paper-size flavors (LLaMA-2's tokenizer size)."""
-
-
-def _flavor(dim: int, n_layers: int, n_heads: int, ffn_dim: int, **kw) -> BoostModelArgs:
-    return BoostModelArgs(
-        dim=dim, n_layers=n_layers, n_heads=n_heads, ffn_dim=ffn_dim, **kw
-    )
-
-
-FLAVORS: dict[str, BoostModelArgs] = {
-    # tiny, for CPU runs and tests; vocab comes from the tokenizer
-    "debug": _flavor(256, 4, 8, 688, max_seq_len=2048),
-    # CoLA's reference sizes (d / d_ff / layers / r)
-    "60M": _flavor(512, 8, 8, 1376, rank=128, vocab_size=PAPER_VOCAB),
-    "130M": _flavor(768, 12, 12, 2048, rank=256, vocab_size=PAPER_VOCAB),
-    "350M": _flavor(1024, 24, 16, 2736, rank=256, vocab_size=PAPER_VOCAB),
-    # BOOST's model table, r = d/4
-    "1B": _flavor(2048, 24, 32, 5472, vocab_size=PAPER_VOCAB),
-    "3B": _flavor(3072, 28, 24, 8192, vocab_size=PAPER_VOCAB),
-    "7B": _flavor(4096, 32, 32, 11008, vocab_size=PAPER_VOCAB),
-    "13B": _flavor(5120, 40, 40, 13824, vocab_size=PAPER_VOCAB),
-    "30B": _flavor(8192, 36, 64, 22016, vocab_size=PAPER_VOCAB),
-}
-
-
 def flavor_args(flavor: str, **overrides) -> BoostModelArgs:
-    """A fresh copy of a flavor's arguments with `overrides` applied."""
-    if flavor not in FLAVORS:
-        raise ConfigError(
-            f"unknown model.flavor {flavor!r}; choose one of {', '.join(FLAVORS)}"
-        )
-    return dataclasses.replace(FLAVORS[flavor], **overrides)
+    """A fresh `BoostModelArgs` of a flavor's shape with `overrides` applied."""
+    shape = flavor_shape(flavor)
+    fields = {f.name: getattr(shape, f.name) for f in dataclasses.fields(ModelShape)}
+    return BoostModelArgs(**{**fields, **overrides})
+
+
+__all__ = ["FLAVORS", "BoostModelArgs", "flavor_args"]

@@ -1,8 +1,6 @@
-"""The export format of `boost_llama` and TorchTitan's state-dict adapter for it.
+"""TorchTitan's state-dict adapter for `boost_llama` exports (`export_format`).
 
-An export is a folder with `model.safetensors` (the model's state dict: our FQNs, their
-saved dtype) and `config.json` (everything `BoostModelArgs` needs to rebuild the model).
-`python -m boost_titan.export` writes one from a DCP checkpoint. The trainer starts from
+`python -m boost_titan.export` writes an export from a DCP checkpoint. The trainer starts from
 one with `--checkpoint.initial_load_path DIR --checkpoint.initial_load_in_hf`:
 `BoostStateDictAdapter` (registered on the TrainSpec) maps keys one to one and checks the
 export against the job's model before DCP's HuggingFaceStorageReader loads (and shards)
@@ -16,73 +14,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torchtitan.protocols.state_dict_adapter import BaseStateDictAdapter
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.run_log import is_complete_checkpoint
+from boost_titan.runtime.checkpoint_files import is_complete_checkpoint
 
-from .args import FLAVORS, BoostModelArgs
-from .model import BoostTransformer
-
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
-FORMAT_VERSION = 1
-MODEL_NAME = "boost_llama"
-
-# ---- config.json ---------------------------------------------------------------------
-def config_of(args: BoostModelArgs, dtype: torch.dtype) -> dict[str, Any]:
-    """The `config.json` of a model: everything BoostModelArgs needs to rebuild it."""
-    config: dict[str, Any] = {"model": MODEL_NAME, "format_version": FORMAT_VERSION}
-    config["arch"] = args.arch
-    if args.arch == "lax":
-        config["lax_base"] = args.lax_base
-    config.update(
-        dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads, n_kv_heads=args.kv_heads,
-        ffn_dim=args.ffn_dim,
-    )  # fmt: skip
-    if args.low_rank:
-        config["rank"] = args.effective_rank
-    config.update(
-        vocab_size=args.vocab_size, norm_eps=args.norm_eps, rope_theta=args.rope_theta,
-        max_seq_len=args.max_seq_len, dtype=str(dtype).removeprefix("torch."),
-    )  # fmt: skip
-    return config
-
-
-def args_of(config: dict[str, Any], source: str = CONFIG) -> BoostModelArgs:
-    """BoostModelArgs from a `config.json` dict; ConfigError if it is not one of ours."""
-    if config.get("model") != MODEL_NAME:
-        raise ConfigError(
-            f"{source} is not a {MODEL_NAME} export; export with python -m boost_titan.export"
-        )
-    for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rank", "vocab_size",
-                 "max_seq_len", "norm_eps", "rope_theta"):  # fmt: skip
-        value = config.get(name, 1)
-        kind = float if name in ("norm_eps", "rope_theta") else int
-        if isinstance(value, bool) or not isinstance(value, (int, kind)) or value <= 0:
-            raise ConfigError(f"{source} has {name} {value!r}, not a positive number; export again")
-    try:
-        args = BoostModelArgs(
-            arch=config["arch"], lax_base=config.get("lax_base", "cola"), dim=config["dim"],
-            n_layers=config["n_layers"], n_heads=config["n_heads"], n_kv_heads=config["n_kv_heads"],
-            ffn_dim=config["ffn_dim"], rank=config.get("rank", 0), vocab_size=config["vocab_size"],
-            norm_eps=config["norm_eps"], rope_theta=config["rope_theta"],
-            max_seq_len=config["max_seq_len"],
-        )  # fmt: skip
-    except KeyError as e:
-        raise ConfigError(f"{source} lacks {e.args[0]!r}; export the checkpoint again") from None
-    args.validate()
-    return args
-
-
-def model_shapes(args: BoostModelArgs) -> dict[str, tuple[int, ...]]:
-    """Key -> shape of the model's state dict (built on the meta device, no memory)."""
-    with torch.device("meta"):
-        model = BoostTransformer(args)
-    return {key: tuple(t.shape) for key, t in model.state_dict().items()}
-
+from .args import BoostModelArgs
+from .export_format import CONFIG, WEIGHTS, args_of, model_shapes
+from .shapes import FLAVORS, ModelShape
 
 # ---- loading an export in the trainer ----------------------------------------------------
 _FIX = {
@@ -93,7 +33,7 @@ _FIX = {
 }
 
 
-def _compared(args: BoostModelArgs) -> dict[str, Any]:
+def _compared(args: ModelShape) -> dict[str, Any]:
     fields = {"arch": args.arch}
     if args.arch == "lax":
         fields["lax_base"] = args.lax_base
@@ -105,7 +45,7 @@ def _compared(args: BoostModelArgs) -> dict[str, Any]:
     return fields
 
 
-def _fix(name: str, exported: BoostModelArgs) -> str:
+def _fix(name: str, exported: ModelShape) -> str:
     """The training option that makes the job's `name` match the export."""
     if name in _FIX:
         return _FIX[name].format(getattr(exported, name))
@@ -132,7 +72,7 @@ def check_export_files(path: str) -> None:
             )
 
 
-def check_export(path: str, args: BoostModelArgs) -> None:
+def check_export(path: str, args: ModelShape) -> None:
     """Raise ConfigError unless the export at `path` holds exactly the model `args` builds."""
     from safetensors import safe_open
 

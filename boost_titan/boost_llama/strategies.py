@@ -2,24 +2,24 @@
 the parallelize function, the benchmarks and the performance model read.
 
 `boost_layout(args)` says where `BoostTransformer` keeps the modules the plans shard;
-`build_plan` turns a strategy into the plan of `boost_titan.parallelize` for a model.
+`build_plan` turns a strategy into the plan of `boost_titan.parallelize` for a model. The
+registry itself loads without torch (the performance model reads it); the plan builders
+are imported on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize import (
-    ModelLayout,
-    Plan,
-    btp_plan,
-    megatron_plan,
-    vanilla_plan,
-)
 
-from .args import BoostModelArgs
+from .shapes import ModelShape
+
+if TYPE_CHECKING:
+    from boost_titan.parallelize import ModelLayout, Plan
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,14 @@ class Strategy:
     """Trains a low-rank arch (svd, cola, lax); else the fullrank one."""
     divisible: tuple[str, ...]
     """Sizes (names of `sizes`) the TP degree must divide."""
-    builder: Callable[..., Plan]
+    builder_name: str
+    """The plan builder's name in `boost_titan.parallelize`."""
     summary: str
+
+    @property
+    def builder(self) -> Callable[..., Plan]:
+        """`boost_titan.parallelize.<builder_name>`: (layout, **options) -> Plan."""
+        return getattr(importlib.import_module("boost_titan.parallelize"), self.builder_name)
 
 
 _HEADS = ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
@@ -40,11 +46,11 @@ _HEADS = ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
-        Strategy("megatron", False, _HEADS, megatron_plan,
+        Strategy("megatron", False, _HEADS, "megatron_plan",
                  "full-rank Megatron TP (column q/k/v/gate/up, row o/down)"),
-        Strategy("vanilla", True, (*_HEADS, "rank"), vanilla_plan,
+        Strategy("vanilla", True, (*_HEADS, "rank"), "vanilla_plan",
                  "naive low-rank TP (A column along r, B row)"),
-        Strategy("btp", True, (*_HEADS, "dim"), btp_plan,
+        Strategy("btp", True, (*_HEADS, "dim"), "btp_plan",
                  "bottleneck-aware TP (A row + all-reduce at r, B column)"),
     )
 }
@@ -54,7 +60,7 @@ AUTO = "auto"
 """[boost] tp_strategy = "auto": btp for low-rank archs, megatron for fullrank."""
 
 
-def sizes(args: BoostModelArgs) -> dict[str, int]:
+def sizes(args: ModelShape) -> dict[str, int]:
     """The model's sizes a strategy may shard, by their [boost] / flavor names."""
     return {"dim": args.dim, "n_heads": args.n_heads, "n_kv_heads": args.kv_heads,
             "ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size, "rank": args.effective_rank}
@@ -87,10 +93,12 @@ def resolve_strategy(arch: str, name: str) -> Strategy:
     return strategy
 
 
-def boost_layout(args: BoostModelArgs) -> ModelLayout:
+def boost_layout(args: ModelShape) -> ModelLayout:
     """Where `BoostTransformer` keeps the modules the plans shard (the layout's defaults
     name them); LaX adds the crossing modules, and since it hands every latent to the next
     block's crossing, its ups reduce their own grads."""
+    from boost_titan.parallelize import ModelLayout
+
     lax = args.arch == "lax"
     return ModelLayout(
         head_dim=args.head_dim,
@@ -101,7 +109,7 @@ def boost_layout(args: BoostModelArgs) -> ModelLayout:
 
 def build_plan(
     strategy: str,
-    args: BoostModelArgs,
+    args: ModelShape,
     *,
     rmsnorm: str = "online",
     group_linears: bool = True,

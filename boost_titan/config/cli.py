@@ -82,6 +82,7 @@ def parse_job_config(args: list[str]):
     path = config_file(args)
     if path is not None:
         check_toml(load_toml(path), path)
+    check_flag_values(args)
 
     from torchtitan.config import ConfigManager
 
@@ -140,15 +141,60 @@ def condense_tyro_message(text: str) -> str:
     return f"{message} (run with --help for the valid options)"
 
 
-# ---- TOML check against the (merged) JobConfig dataclasses ----------------------------
-def check_toml(data: dict[str, Any], path: str) -> None:
-    """Raise ConfigError for an unknown section/key or a value of the wrong type."""
+# ---- boolean flags given a value ------------------------------------------------------
+_BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
+
+
+def _sections() -> dict[str, Any]:
+    """Section name -> type of TorchTitan's JobConfig merged with our sections."""
     from torchtitan.config import JobConfig
 
     from boost_titan.config import JobConfig as BoostSections
 
-    sections = {**_field_types(JobConfig), **_field_types(BoostSections)}
-    _check_fields(data, sections, path, prefix="")
+    return {**_field_types(JobConfig), **_field_types(BoostSections)}
+
+
+def _negated(name: str) -> str:
+    """`section.no_key`: tyro's flag that turns `section.key` off."""
+    section, _, key = name.rpartition(".")
+    return f"{section}.no_{key}" if section else f"no_{key}"
+
+
+def bool_flags() -> dict[str, str]:
+    """`--section.key` and `--section.no_key` of every boolean option -> `section.key`."""
+    flags: dict[str, str] = {}
+
+    def visit(fields: dict[str, Any], prefix: str) -> None:
+        for key, kind in fields.items():
+            if dataclasses.is_dataclass(kind):
+                visit(_field_types(kind), f"{prefix}{key}.")
+            elif kind is bool:
+                name = f"{prefix}{key}"
+                flags[f"--{name}"] = flags[f"--{_negated(name)}"] = name
+
+    visit(_sections(), "")
+    return flags
+
+
+def check_flag_values(args: list[str]) -> None:
+    """A boolean option is a flag: `--boost.lowrank_ac true` (or `=true`) is a ConfigError
+    that says how to turn it on and off (tyro's own message is "Unrecognized options: true")."""
+    flags = bool_flags()
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        name = flags.get("--" + key[2:].replace("-", "_")) if key.startswith("--") else None
+        following = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if name is not None and (eq or following.lower() in _BOOL_WORDS):
+            raise ConfigError(
+                f"{key} is a flag and takes no value ({following!r} given); write --{name} to "
+                f"turn it on, --{_negated(name)} to turn it off"
+            )
+
+
+# ---- TOML check against the (merged) JobConfig dataclasses ----------------------------
+def check_toml(data: dict[str, Any], path: str) -> None:
+    """Raise ConfigError for an unknown section/key or a value of the wrong type."""
+    _check_fields(data, _sections(), path, prefix="")
 
 
 def _field_types(cls: type) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from boost_titan.config.errors import ConfigError
 if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS_TRUE_VALUES:
     # `datasets` reads the variable at import (see boost_titan.data), maybe before us.
     datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+datasets.disable_progress_bars()  # every rank would draw one per local file into the log
 
 STDLIB = "stdlib"
 LOCAL = "local"

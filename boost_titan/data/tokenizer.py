@@ -16,6 +16,7 @@ import base64
 import functools
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
@@ -181,6 +182,15 @@ class TiktokenTokenizer(BaseTokenizer):
 
     def get_vocab_size(self) -> int:
         return self.encoding.n_vocab
+
+
+class DefaultAssetsWarningFilter(logging.Filter):
+    """Drops TorchTitan's "HF assets path ... does not exist!" warning when the path is one
+    of DEFAULT_ASSETS: our default tokenizer is used then, and that path never is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message == f"HF assets path {path} does not exist!" for path in DEFAULT_ASSETS)
 
 
 # ---- selection ----------------------------------------------------------------------

@@ -26,7 +26,7 @@ import signal
 import sys
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.run_log import is_complete_checkpoint, step_folders
+from boost_titan.runtime.checkpoint_files import is_complete_checkpoint, step_folders
 
 
 def shared_store_warning(env=os.environ) -> str | None:

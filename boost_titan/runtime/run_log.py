@@ -7,34 +7,8 @@ With a `path`, each step is also appended to a JSON-lines file: {"step", "loss",
 from __future__ import annotations
 
 import json
-import os
-import re
 import time
 from dataclasses import dataclass, field
-
-_STEP_DIR = re.compile(r"step-(\d+)$")
-
-
-def is_complete_checkpoint(path: str) -> bool:
-    """A DCP checkpoint folder whose save finished: DCP writes `.metadata` last."""
-    return os.path.isfile(os.path.join(path, ".metadata"))
-
-
-def step_folders(folder: str) -> list[tuple[int, str]]:
-    """(step, path) of every `step-N` folder under `folder`, complete or not, oldest first."""
-    if not os.path.isdir(folder):
-        return []
-    return sorted(
-        (int(m.group(1)), os.path.join(folder, name))
-        for name in os.listdir(folder)
-        if (m := _STEP_DIR.match(name))
-    )
-
-
-def latest_checkpoint(folder: str) -> str | None:
-    """The newest complete `step-N` folder (one with DCP `.metadata`) under `folder`."""
-    complete = [path for _, path in step_folders(folder) if is_complete_checkpoint(path)]
-    return complete[-1] if complete else None
 
 
 @dataclass

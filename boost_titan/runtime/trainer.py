@@ -13,6 +13,10 @@
 - Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun restart and
   any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*` injects a
   SIGKILL for testing.
+- Every rank loads the checkpoint rank 0 picks (`boost_titan.runtime.resume`).
+- On CPU the NCCL-only settings stay quiet: the flight recorder is off (it would only leave
+  an empty `comm_traces/`), and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is dropped
+  (TorchTitan warns that it overrides it).
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
+from boost_titan.runtime.checkpoint_files import latest_checkpoint
+from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
-from boost_titan.runtime.run_log import RunLog, latest_checkpoint
+from boost_titan.runtime.resume import agree_on_checkpoint
+from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
 
 LOSS_LOG = "losses.jsonl"
@@ -74,6 +81,12 @@ class BoostTrainer(Trainer):
         self.run_log = RunLog(path=log_path)
         self.step_losses: list[torch.Tensor] = []
         self.fault = Fault.from_env(dist.get_rank(), dist.get_world_size())
+
+    def init_distributed(self):
+        if on_cpu():  # both are NCCL's (see the module docstring)
+            self.job_config.comm.trace_buf_size = 0
+            os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+        return super().init_distributed()
 
     def forward_backward_step(
         self,
@@ -148,8 +161,10 @@ class BoostTrainer(Trainer):
         return total.item()
 
     def train(self):
-        if dist.get_rank() == 0 and self.checkpointer.enable:
-            self.log_resume_state()
+        if self.checkpointer.enable:
+            agree_on_checkpoint(self.checkpointer, self.job_config.checkpoint.load_step)
+            if dist.get_rank() == 0:
+                self.log_resume_state()
         super().train()
         if dist.get_rank() == 0:
             logger.info(f"Summary: {self.run_log.summary(self.step)}")

@@ -1,0 +1,84 @@
+"""DCP checkpoints on disk: the `step-N` folders of a run, which are complete, and whether
+one can be read (its `.metadata` unpickles and every file it names is there and long
+enough). Read by the trainer, `boost_titan.check` and `boost_titan.export`; imports torch
+only to read a checkpoint's metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING
+
+from boost_titan.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+_STEP_DIR = re.compile(r"step-(\d+)$")
+DAMAGED = "the checkpoint is damaged, use another step-N folder"
+
+
+def is_complete_checkpoint(path: str) -> bool:
+    """A DCP checkpoint folder whose save finished: DCP writes `.metadata` last."""
+    return os.path.isfile(os.path.join(path, ".metadata"))
+
+
+def step_folders(folder: str) -> list[tuple[int, str]]:
+    """(step, path) of every `step-N` folder under `folder`, complete or not, oldest first."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(
+        (int(m.group(1)), os.path.join(folder, name))
+        for name in os.listdir(folder)
+        if (m := _STEP_DIR.match(name))
+    )
+
+
+def latest_checkpoint(folder: str) -> str | None:
+    """The newest complete `step-N` folder (one with DCP `.metadata`) under `folder`."""
+    complete = [path for _, path in step_folders(folder) if is_complete_checkpoint(path)]
+    return complete[-1] if complete else None
+
+
+def read_metadata(path: str, where: str, fix: str = DAMAGED) -> Metadata:
+    """The DCP metadata of the checkpoint folder `path`. A file that does not unpickle into
+    DCP metadata (garbage, truncated, foreign) is a one-line ConfigError that starts with
+    `where` (e.g. "checkpoint.initial_load_path X") and ends with `fix`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        metadata = FileSystemReader(path).read_metadata()
+    except Exception as e:  # unpickling garbage fails in many ways
+        reason = type(e).__name__
+        raise ConfigError(f"{where}: cannot read its .metadata ({reason}); {fix}") from None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise ConfigError(f"{where}: its .metadata is not DCP metadata; {fix}")
+    return metadata
+
+
+def check_storage_files(path: str, metadata: Metadata, where: str, fix: str = DAMAGED) -> None:
+    """Every file the metadata names exists under `path` and holds the bytes it points to."""
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, end in sorted(needed.items()):
+        file = os.path.join(path, name)
+        try:
+            size = os.path.getsize(file)
+        except OSError:
+            missing = f"{name} is missing (its .metadata names it)"
+            raise ConfigError(f"{where}: {missing}; {fix}") from None
+        if size < end:
+            raise ConfigError(
+                f"{where}: {name} is truncated ({size:,} bytes, its .metadata needs {end:,}); {fix}"
+            )
+
+
+def check_readable(path: str, where: str, fix: str = DAMAGED) -> Metadata:
+    """`read_metadata` plus `check_storage_files`: what a load needs before it starts."""
+    metadata = read_metadata(path, where, fix)
+    check_storage_files(path, metadata, where, fix)
+    return metadata

@@ -1,0 +1,95 @@
+"""Every rank resumes from the checkpoint rank 0 picks.
+
+TorchTitan's `CheckpointManager.load` lets each rank look for the newest `step-N` folder
+on its own. Ranks that see the folder differently (a shared file system that lags, or
+another job writing the same folder) then load different steps and fail, or train on
+mixed weights. `agree_on_checkpoint` makes rank 0's choice everyone's: rank 0 picks,
+broadcasts the step, every rank reports whether it sees that checkpoint, and the manager
+is pinned to the step. A rank that cannot see it ends the job on every rank with the same
+one-line error.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torchtitan.tools.logging import logger
+
+from boost_titan.config.errors import ConfigError
+
+LOADABLE_MARKERS = (".metadata", "model.safetensors.index.json")
+"""What TorchTitan's `_find_load_step` accepts as a complete `step-N` folder."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What rank 0 saw: its checkpoint folder, whether it exists, and the step to load
+    (-1: none)."""
+
+    folder: str
+    folder_exists: bool
+    step: int
+
+
+def _loadable(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, marker)) for marker in LOADABLE_MARKERS)
+
+
+def pick(checkpointer, load_step: int) -> Choice:
+    """The choice TorchTitan's `load(step=load_step)` would make on this rank."""
+    folder = checkpointer.folder
+    if not os.path.exists(folder):
+        return Choice(folder, folder_exists=False, step=-1)
+    step = checkpointer._find_load_step() if load_step == -1 else load_step
+    return Choice(folder, folder_exists=True, step=step)
+
+
+def disagreement(checkpointer, choice: Choice) -> str | None:
+    """Why this rank cannot follow rank 0's `choice`, or None."""
+    folder = checkpointer.folder
+    if os.path.exists(folder) != choice.folder_exists:
+        seen = "does not see" if choice.folder_exists else "sees"
+        return f"{seen} the checkpoint folder {folder}"
+    if choice.step >= 0 and not _loadable(os.path.join(folder, f"step-{choice.step}")):
+        return f"does not see a complete {os.path.join(folder, f'step-{choice.step}')}"
+    return None
+
+
+def agree_on_checkpoint(checkpointer, load_step: int) -> Choice:
+    """Pin `checkpointer` to rank 0's choice on every rank (collective; call it on all
+    ranks before `load`). Raises ConfigError on every rank if one cannot follow it."""
+    rank = dist.get_rank()
+    shared = [pick(checkpointer, load_step) if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    choice: Choice = shared[0]
+    views: list = [None] * dist.get_world_size()
+    own_newest = pick(checkpointer, -1).step
+    dist.all_gather_object(views, (disagreement(checkpointer, choice), own_newest))
+    problems = [f"rank {r} {problem}" for r, (problem, _) in enumerate(views) if problem]
+    if problems:
+        plan = (
+            f"rank 0 resumes from {os.path.join(choice.folder, f'step-{choice.step}')}"
+            if choice.step >= 0
+            else f"rank 0 finds no checkpoint in {choice.folder}"
+        )
+        raise ConfigError(
+            f"{'; '.join(problems)} ({plan}); put job.dump_folder on a file system that every "
+            "rank sees alike, and let one job at a time write to it"
+        )
+    newer = [(r, step) for r, (_, step) in enumerate(views) if step > choice.step]
+    newer = newer if load_step == -1 else []  # a chosen load_step is nobody's newest
+    if rank == 0 and newer:
+        seen = ", ".join(f"rank {r} step-{step}" for r, step in newer)
+        logger.warning(
+            f"ranks see newer checkpoints than rank 0's step-{choice.step} ({seen}); every "
+            "rank loads rank 0's choice"
+        )
+    original = checkpointer._find_load_step
+
+    def find_load_step(folder: str = "") -> int:
+        return choice.step if folder in ("", checkpointer.folder) else original(folder)
+
+    checkpointer._find_load_step = find_load_step
+    return choice

@@ -1,0 +1,91 @@
+"""Run torchrun and relay its console output, ending a failed job on the worker's own error.
+
+    python -m boost_titan.torchrun_relay torchrun [torchrun arguments ...]
+
+`run_train.sh` launches torchrun through this. torchrun's stdout and stderr come through
+one pipe; worker lines (`[rank0]:...`) pass at once; torchrun's own lines are held until
+the next worker line, so what is held at the end is torchrun's closing output. When that
+is torchrun's failure report (a traceback and a box naming the root cause) and a worker
+printed an `error: ...` line (a user error, or a diverged loss), the report is dropped,
+the worker's error is printed last without its rank prefix, and the exit status is the
+failed worker's (from the box). Otherwise the
+held lines are printed as they came and the exit status is torchrun's. SIGTERM and
+SIGHUP are passed on to torchrun; SIGINT (Ctrl-C) reaches torchrun from the terminal
+itself, so the relay ignores it and keeps relaying until torchrun has shut down.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from typing import Iterable, TextIO
+
+WORKER_LINE = re.compile(r"^\[[a-z_]+\d+\]:")
+"""torchrun's `--tee` prefix of worker output (`--role rank`: `[rank0]:`)."""
+ROOT_CAUSE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def worker_error(line: str) -> str | None:
+    """The `error: ...` line a worker printed, without torchrun's rank prefix."""
+    match = WORKER_LINE.match(line)
+    if match and line[match.end():].startswith("error: "):
+        return line[match.end():].rstrip("\n")
+    return None
+
+
+def root_cause_exit(closing: list[str]) -> int | None:
+    """The failed worker's exit code from torchrun's failure box; None if `closing` holds
+    no failure box."""
+    parts = "".join(closing).split("Root Cause", 1)
+    if len(parts) < 2:
+        return None
+    for line in parts[1].splitlines():
+        if match := ROOT_CAUSE_EXIT.match(line):
+            return int(match.group(1)) or 1
+    return 1
+
+
+def relay(lines: Iterable[str], out: TextIO) -> int | None:
+    """Copy `lines` to `out` as described in the module docstring; return the failed
+    worker's exit status when its error replaced torchrun's report, else None."""
+    held: list[str] = []
+    errors: list[str] = []
+    for line in lines:
+        if WORKER_LINE.match(line):
+            out.writelines(held)
+            held.clear()
+            out.write(line)
+            out.flush()
+            if (error := worker_error(line)) and error not in errors:
+                errors.append(error)
+        else:
+            held.append(line)
+    status = root_cause_exit(held)
+    if not errors or status is None:
+        out.writelines(held)
+        out.flush()
+        return None
+    out.write("\n".join(errors) + "\n")
+    out.flush()
+    return status
+
+
+def main(argv: list[str] | None = None) -> None:
+    command = list(sys.argv[1:] if argv is None else argv)
+    if not command:
+        sys.exit("usage: python -m boost_titan.torchrun_relay torchrun [arguments ...]")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    child = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
+    for forwarded in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(forwarded, lambda signum, _: child.send_signal(signum))
+    status = relay(child.stdout, sys.stdout)
+    code = child.wait()
+    sys.exit(status if status is not None else (code if code >= 0 else 128 - code))
+
+
+if __name__ == "__main__":
+    main()
