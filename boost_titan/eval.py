@@ -21,8 +21,10 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
+import datasets
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -33,7 +35,6 @@ from tqdm import tqdm
 from boost_titan.boost_llama.strategies import strategy_names
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.validation import build_validation_batches, data_at
-from boost_titan.runtime.device import use_cpu_if_no_accelerator
 from boost_titan.runtime.validator import HeldOutLoss, evaluate
 from boost_titan.trained import (
     Parser,
@@ -43,6 +44,8 @@ from boost_titan.trained import (
     load_tokenizer_for,
     locate_from,
 )
+
+CPU_MESH_WARNING = r"DTensor .* may not have complete support on cpu device mesh"
 
 
 def parser() -> Parser:
@@ -98,7 +101,6 @@ def run(ns) -> dict[str, Any]:
     """Evaluate as `ns` says; returns the result (the same on every rank)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     tp = _check_sizes(ns, world)
-    use_cpu_if_no_accelerator()  # quiets DTensor's warnings about CPU meshes
     source = locate_from(ns)
     if ns.seq_len > source.args.max_seq_len:
         raise ConfigError(
@@ -109,6 +111,7 @@ def run(ns) -> dict[str, Any]:
     device = _device()
     rank, dp_rank, tp_mesh = 0, 0, None
     if world > 1:
+        warnings.filterwarnings("ignore", message=CPU_MESH_WARNING, category=UserWarning)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         rank = dist.get_rank()
         mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
@@ -139,6 +142,7 @@ def run(ns) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     """CLI entry: one `error:` line and exit 2 on bad input; one JSON line on success."""
     ns = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    datasets.disable_progress_bars()  # "Generating train split": our bar is the one to watch
     try:
         result = run(ns)
         if int(os.environ.get("RANK", 0)) == 0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -122,7 +123,9 @@ def load_weights(model: nn.Module, source: Source) -> None:
         reader = HuggingFaceStorageReader(source.path)
     state = get_model_state_dict(model)
     try:
-        dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
     except Exception as e:  # DCP wraps a short read or a damaged file in several types
         failures = getattr(e, "failures", None)
         cause = next(iter(failures.values()))[0] if failures else e

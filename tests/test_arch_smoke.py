@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from boost_titan.runtime.run_log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -30,7 +31,7 @@ def test_run_train_each_arch(arch, tmp_path):
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    losses = [json.loads(line)["loss"] for line in (dump / "losses.jsonl").read_text().splitlines()]
+    losses = [row["loss"] for row in read_log(str(dump / "losses.jsonl"))[0]]
     assert len(losses) == STEPS
     assert losses[-1] < losses[0], losses
     strategy = "megatron" if arch == "fullrank" else "btp"
