@@ -65,9 +65,9 @@ def _losses(dump: Path) -> list[float]:
     return [row["loss"] for row in read_log(str(dump / "losses.jsonl"))[0]]
 
 
-def _validation_losses(dump: Path) -> dict[int, float]:
-    """Step -> held-out loss of every validation the run logged."""
-    return {row["step"]: row["validation_loss"] for row in read_log(str(dump / "losses.jsonl"))[1]}
+def _validations(dump: Path) -> dict[int, dict]:
+    """Step -> the row (loss, perplexity, tokens) of every validation the run logged."""
+    return {row["step"]: row for row in read_log(str(dump / "losses.jsonl"))[1]}
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Layout:
 @dataclass(frozen=True)
 class Run:
     losses: list[float]
-    validation: dict[int, float]
+    validation: dict[int, dict]
     output: str
     seconds: float
 
@@ -138,6 +138,7 @@ class Runs:
             "".join(json.dumps({"text": p.read_text()}) + "\n" for p in sources)
         )
         self.seq_len = seq_len
+        self.validation_tokens = VALIDATION_STEPS * 4 * seq_len  # global batch 4
         self.common = [
             "--training.dataset_path", str(data), "--training.seq_len", str(seq_len),
             "--training.steps", str(STEPS), "--metrics.log_freq", "1",
@@ -165,7 +166,7 @@ class Runs:
             start = time.perf_counter()
             output = _torchrun(nproc, dump, *self.common, "--boost.arch", arch, *load, *args)
             seconds = time.perf_counter() - start
-            self.done[name] = Run(_losses(dump), _validation_losses(dump), output, seconds)
+            self.done[name] = Run(_losses(dump), _validations(dump), output, seconds)
         return self.done[name]
 
     def reference(self, arch: str) -> Run:
@@ -214,10 +215,13 @@ def test_same_validation_loss_as_one_process(runs, layout):
     reference = runs.reference(LAYOUTS[layout].arch).validation
     run = runs.layout(layout)
     assert list(run.validation) == list(reference) == [STEPS]
-    diff = abs(run.validation[STEPS] - reference[STEPS])
-    print(f"{layout}: validation loss {run.validation[STEPS]} vs tp1 {reference[STEPS]}; diff {diff:.2e}")
+    got, expected = run.validation[STEPS], reference[STEPS]
+    diff = abs(got["validation_loss"] - expected["validation_loss"])
+    print(f"{layout}: validation {got} vs tp1 {expected}; diff {diff:.2e}")
+    assert got["validation_tokens"] == expected["validation_tokens"] == runs.validation_tokens
     assert diff <= TOLERANCE
-    assert re.search(rf"Summary: .*validation loss {run.validation[STEPS]:.4f} \(step {STEPS}\)", run.output)
+    summary = rf"Summary: .*validation loss {got['validation_loss']:.4f} \(step {STEPS}\)"
+    assert re.search(summary, run.output)
 
 
 @pytest.mark.slow
@@ -303,9 +307,9 @@ def test_resharded_state_dict_is_identical(runs, resharded_losses, layout):
 def resharded_validation(runs, resharded_losses) -> dict[str, float]:
     """The held-out loss each resharded run logged after its step at LR 0: one set of
     weights (tp2-btp's checkpoint) validated under each layout."""
-    return {
-        name: _validation_losses(runs.root / f"resharded-{name}")[1] for name in RESHARDED
-    }
+    rows = {name: _validations(runs.root / f"resharded-{name}")[1] for name in RESHARDED}
+    assert all(row["validation_tokens"] == runs.validation_tokens for row in rows.values())
+    return {name: row["validation_loss"] for name, row in rows.items()}
 
 
 @pytest.mark.slow
@@ -344,7 +348,7 @@ def test_eval_reports_the_validation_loss(runs, resharded_validation):
     results = {"eval": run(parser().parse_args(args)), "eval-tp2": _eval_torchrun(2, *args)}
     assert results["eval-tp2"]["tp"] == 2
     for name, result in results.items():
-        assert result["tokens"] == VALIDATION_STEPS * 4 * runs.seq_len
+        assert result["tokens"] == runs.validation_tokens
         for layout in ("tp1", "tp2-btp"):
             diff = abs(result["loss"] - resharded_validation[layout])
             print(f"{name}: loss {result['loss']} vs {layout}'s validation: diff {diff:.2e}")

@@ -18,7 +18,7 @@ from boost_titan.config import RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.validation import validation_data
-from boost_titan.runtime.validator import build_validator
+from boost_titan.runtime.validator import BoostValidator
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
 from .model import BoostTransformer
@@ -135,7 +135,7 @@ def build_spec() -> TrainSpec:
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,
         build_loss_fn=build_cross_entropy_loss,
-        build_validator_fn=build_validator,
+        build_validator_fn=BoostValidator,
         state_dict_adapter=BoostStateDictAdapter,  # --checkpoint.initial_load_in_hf: exports
     )
 

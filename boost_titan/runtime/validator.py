@@ -5,7 +5,7 @@ tokens in float64 on the ranks that own the loss (the last PP stage, TP rank 0 o
 replica) and all-reduces both once over the world, so every rank gets the global
 token-weighted mean.
 
-`BoostValidator` is the TrainSpec's `build_validator_fn` product (TorchTitan's
+`BoostValidator` is the TrainSpec's `build_validator_fn` (a TorchTitan
 `BaseValidator`), built by TorchTitan's Trainer when `[validation] enable` is set. Where
 TorchTitan's `Validator` would not fit our runs it differs:
 - the data are fixed `ValidationBatches` (`boost_titan.data.validation`): every validation
@@ -221,8 +221,3 @@ class BoostValidator(BaseValidator):
             f"perplexity: {result.perplexity:,.2f}  {blue}tokens: {result.tokens:,}  "
             f"time: {seconds:.1f}s{reset}"
         )
-
-
-def build_validator(**kwargs: Any) -> BoostValidator:
-    """The TrainSpec's `build_validator_fn` (TorchTitan passes keyword arguments)."""
-    return BoostValidator(**kwargs)
