@@ -162,7 +162,9 @@ def write_result(result: dict[str, Any], path: str | None) -> None:
             with open(path, "w") as f:
                 f.write(line + "\n")
         except OSError as e:
-            raise ConfigError(f"cannot write --json {path} ({e.strerror}); choose a writable path") from None
+            raise ConfigError(
+                f"cannot write --json {path} ({e.strerror}); choose a writable path"
+            ) from None
     print(line, flush=True)
 
 

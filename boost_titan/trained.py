@@ -58,7 +58,8 @@ def _export_args(path: str, arch: str | None, lax_base: str | None) -> BoostMode
     try:
         config = json.loads(Path(path, CONFIG).read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{option}: {CONFIG} is unreadable ({type(e).__name__}); export again") from None
+        reason = type(e).__name__
+        raise ConfigError(f"{option}: {CONFIG} is unreadable ({reason}); export again") from None
     args = args_of(config if isinstance(config, dict) else {}, source=f"{option}: {CONFIG}")
     for flag, given, stored in (("--arch", arch, args.arch), ("--lax-base", lax_base, args.lax_base)):
         if given is not None and given != stored:
@@ -177,7 +178,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                           help="attention heads, when no flavor matches")
     dcp_only.add_argument("--norm-eps", type=float, metavar="X", help="RMSNorm eps")
     dcp_only.add_argument("--rope-theta", type=float, metavar="X", help="RoPE theta")
-    dcp_only.add_argument("--max-seq-len", type=int, metavar="N", help="maximum sequence length")  # fmt: skip
+    dcp_only.add_argument("--max-seq-len", type=int, metavar="N",
+                          help="maximum sequence length")  # fmt: skip
 
 
 def locate_from(ns: argparse.Namespace) -> Source:

@@ -134,7 +134,8 @@ def test_validation_data_choice(tmp_path):
 
 
 VALIDATION_ERRORS = {
-    "missing": (["--validation.dataset_path", "{tmp}/none"], "validation.dataset_path {tmp}/none does not exist"),
+    "missing": (["--validation.dataset_path", "{tmp}/none"],
+                "validation.dataset_path {tmp}/none does not exist"),
     "no files": (["--validation.dataset_path", "{tmp}/empty"], "holds no documents"),
     "unknown": (["--validation.dataset", "wiki"], "unknown validation.dataset 'wiki'"),
     "local without path": (["--validation.dataset", "local"], "needs a path"),
@@ -213,7 +214,10 @@ def test_run_log_records_validations(tmp_path, monkeypatch):
                              "validation_perplexity": math.exp(4.5), "validation_tokens": 64}
     line = log.summary(final_step=2)
     assert "ran 2 steps (1-2) in 9.0 s" in line
-    assert "validation loss 5.5000 (step 1) -> 4.5000 (step 2), perplexity 90.02 over 64 tokens (2 runs, 7.0 s)" in line
+    assert (
+        "validation loss 5.5000 (step 1) -> 4.5000 (step 2), perplexity 90.02 over 64 tokens "
+        "(2 runs, 7.0 s)"
+    ) in line
 
 
 # ---- eval and generate on a checkpoint -----------------------------------------------------

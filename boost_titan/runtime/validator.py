@@ -9,14 +9,17 @@ token-weighted mean.
 `BaseValidator`), built by TorchTitan's Trainer when `[validation] enable` is set. Where
 TorchTitan's `Validator` would not fit our runs it differs:
 - the data are fixed `ValidationBatches` (`boost_titan.data.validation`): every validation
-  scores the same windows, every DP rank runs the same number of batches (no hang with
-  `steps = -1`), and the default corpus's held-out split replaces the C4 download;
+  scores the same windows (TorchTitan's dataset continues where the previous validation
+  stopped, and with `steps = -1` has nothing left for the second), every DP rank runs the
+  same number of batches (no hang), and the default corpus's held-out split replaces the
+  C4 download;
 - the loss is the token-weighted mean over the whole set, reported on every rank (under PP
   TorchTitan logs -1 on all but the last stage);
-- it validates every `freq` steps and at the last step (not at step 1: the untrained
-  model's loss is ln(vocab) give or take), so the run summary carries the final value; the console line, TensorBoard (`validation_metrics/*`) and
-  `on_result` (the trainer's run log) get loss, perplexity, tokens and seconds; the time
-  spent is taken out of the next training log line's throughput.
+- it validates every `freq` steps and at the last step, so the run summary carries the
+  final value (not at step 1: an untrained model scores about ln(vocab));
+- the console line, TensorBoard (`validation_metrics/*`) and `on_result` (the trainer's run
+  log) get loss, perplexity, tokens and seconds; the time spent is taken out of the next
+  training log line's throughput.
 Model parts are put in eval mode and back. The PP path calls the schedule's `eval` as
 TorchTitan does; context parallelism is not supported (nor is it by `boost_llama`).
 """
