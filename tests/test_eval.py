@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from test_cli import DEBUG_TOML, assert_one_error, check, run_module
+from test_cli import DEBUG_TOML, assert_one_error, run_module
 from test_export import debug_args, save_checkpoint
 from torchtitan.components.loss import IGNORE_INDEX, cross_entropy_loss
 from torchtitan.config import ConfigManager
@@ -22,6 +22,7 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 from boost_titan import eval as eval_command
 from boost_titan import generate as generate_command
 from boost_titan.boost_llama import BoostTransformer
+from boost_titan.check import check
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import corpus
 from boost_titan.data import tokenizer as tk
@@ -329,9 +330,16 @@ def test_command_line_errors_are_one_line(checkpoints):
     assert_one_error(result, "--arch svd does not match the export")
 
 
-def test_check_refuses_bad_validation_settings(tmp_path):
-    (tmp_path / "empty").mkdir()
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--validation.dataset_path", "{tmp}"], "validation.dataset_path {tmp} holds no documents"),
+        (["--validation.seq_len", "4096"], "validation.seq_len 4096 exceeds the debug flavor's maximum 2048"),
+    ],
+)  # fmt: skip
+def test_check_refuses_bad_validation_settings(args, message, tmp_path):
+    """`boost_titan.check` (run by run_train.sh before any worker) checks [validation]."""
     debug = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML)]
-    result = check(*debug, "--validation.dataset_path", str(tmp_path / "empty"))
-    assert_one_error(result, f"validation.dataset_path {tmp_path / 'empty'} holds no documents")
-    assert_one_error(check(*debug, "--validation.seq_len", "4096"), "validation.seq_len 4096", "2048")
+    with pytest.raises(ConfigError) as excinfo:
+        check([*debug, *(a.format(tmp=tmp_path) for a in args)])
+    assert message.format(tmp=tmp_path) in str(excinfo.value)
