@@ -44,7 +44,7 @@ DEFAULT_VALIDATION_DATASETS = (STDLIB_VALIDATION, "c4_validation")
 """`validation.dataset` names meaning the default corpus's held-out split (the second is
 torchtitan's default, which would stream from the network)."""
 HELD_OUT_PERCENT = 2
-"""Percent of the default corpus's files held out for validation (by path hash, so about)."""
+"""About this percent of the default corpus's files is held out (chosen by path hash)."""
 
 SKIPPED_DIRS = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
