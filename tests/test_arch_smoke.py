@@ -1,13 +1,15 @@
-"""`./run_train.sh --boost.arch X`: every arch trains a few steps on 2 processes."""
+"""`./run_train.sh --boost.arch X`: every arch trains a few steps on 2 processes and
+validates on the held-out split (debug.toml)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from boost_titan.runtime.run_log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -30,9 +32,14 @@ def test_run_train_each_arch(arch, tmp_path):
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    losses = [json.loads(line)["loss"] for line in (dump / "losses.jsonl").read_text().splitlines()]
+    rows, validations = read_log(str(dump / "losses.jsonl"))
+    losses = [row["loss"] for row in rows]
     assert len(losses) == STEPS
     assert losses[-1] < losses[0], losses
     strategy = "megatron" if arch == "fullrank" else "btp"
     assert f"Summary: ran {STEPS} steps" in output
+    # debug.toml validates at the last step; the summary carries it
+    [validation] = validations
+    assert validation["step"] == STEPS and validation["validation_tokens"] == 4 * 8 * 256
+    assert f"validation loss {validation['validation_loss']:.4f} (step {STEPS})" in output
     assert f"Applied {strategy} tensor parallelism (TP=2" in output, output[-3000:]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from boost_titan.config.cli import condense_tyro_message, with_boost_section
+from boost_titan.runtime.run_log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBUG_TOML = ROOT / "train_configs" / "debug.toml"
@@ -196,5 +197,5 @@ def test_two_process_training_learns(tmp_path):
     assert losses[-1][1] < losses[0][1] - 0.5, losses
     assert "Summary: ran 30 steps (1-30)" in output
     assert (tmp_path / "out" / "checkpoint" / "step-30" / ".metadata").is_file()
-    logged = (tmp_path / "out" / "losses.jsonl").read_text().splitlines()
+    logged, _ = read_log(str(tmp_path / "out" / "losses.jsonl"))
     assert len(logged) == 30

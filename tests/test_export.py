@@ -33,6 +33,7 @@ from boost_titan.boost_llama.state_dict_adapter import (
 from boost_titan.check import check
 from boost_titan.config.errors import ConfigError
 from boost_titan.export import export, load_model_state, main
+from boost_titan.runtime.run_log import read_log
 
 ARCHS = {
     "fullrank": {"arch": "fullrank"},
@@ -342,7 +343,7 @@ def _torchrun(nproc: int, dump: Path, *args: str) -> list[float]:
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = dump / "losses.jsonl"  # a seed checkpoint run trains no step
-    return [json.loads(line)["loss"] for line in log.read_text().splitlines()] if log.exists() else []
+    return [row["loss"] for row in read_log(str(log))[0]] if log.exists() else []
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ ranks, which resume from the newest complete checkpoint.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from boost_titan.runtime.restarts import (
     incomplete_checkpoints,
     shared_store_warning,
 )
+from boost_titan.runtime.run_log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10
@@ -60,8 +60,8 @@ def _train(dump: Path, steps: int) -> str:
 
 
 def _logged(dump: Path) -> list[tuple[int, float]]:
-    lines = (dump / "losses.jsonl").read_text().splitlines()
-    return [(entry["step"], entry["loss"]) for entry in map(json.loads, lines)]
+    rows, _ = read_log(str(dump / "losses.jsonl"))
+    return [(row["step"], row["loss"]) for row in rows]
 
 
 CPU_NOISE = (

@@ -1,8 +1,10 @@
-"""Training runs under different parallelisms, from one seed checkpoint, log the same loss.
+"""Training runs under different parallelisms, from one seed checkpoint, log the same loss
+and the same held-out validation loss.
 
 The dataset repeats one document whose packed token stream has a period that divides
 seq_len + 1, so every sample is the same window: data-parallel ranks and a single process
-then see the same global batch whatever the sharding of documents.
+then see the same global batch whatever the sharding of documents. Validation reads other
+text (this repository's sources) in global batches of 4 sequences everywhere.
 
 Each arch gets its own seed checkpoint and one-process (tp1) reference run, shared by the
 layouts of that arch. Runs are memoized per module, so the saved-activation test reuses
@@ -23,10 +25,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from boost_titan.runtime.run_log import read_log
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = "def add(a, b):\n    return a + b\n"
 STEPS = 5
 TOLERANCE = 5e-4
+SAME_WEIGHTS_TOLERANCE = 1e-5
+"""Held-out loss of one set of weights under different layouts (fp32)."""
+VALIDATION_STEPS = 4
 
 
 def _token_period() -> int:
@@ -55,8 +62,12 @@ def _torchrun(nproc: int, dump: Path, *args: str) -> str:
 
 
 def _losses(dump: Path) -> list[float]:
-    lines = (dump / "losses.jsonl").read_text().splitlines()
-    return [json.loads(line)["loss"] for line in lines]
+    return [row["loss"] for row in read_log(str(dump / "losses.jsonl"))[0]]
+
+
+def _validations(dump: Path) -> dict[int, dict]:
+    """Step -> the row (loss, perplexity, tokens) of every validation the run logged."""
+    return {row["step"]: row for row in read_log(str(dump / "losses.jsonl"))[1]}
 
 
 @dataclass(frozen=True)
@@ -69,12 +80,14 @@ class Layout:
 @dataclass(frozen=True)
 class Run:
     losses: list[float]
+    validation: dict[int, dict]
     output: str
     seconds: float
 
 
 def _batch(n: int) -> tuple[str, ...]:
-    return ("--training.local_batch_size", str(n))
+    """Local batch of training and validation (the global one is 4 in every layout)."""
+    return ("--training.local_batch_size", str(n), "--validation.local_batch_size", str(n))
 
 
 def _pp(schedule: str, microbatch: int) -> tuple[str, ...]:
@@ -119,11 +132,21 @@ class Runs:
         data.mkdir()
         docs = "".join(json.dumps({"text": DOC}) + "\n" for _ in range(64))
         (data / "docs.jsonl").write_text(docs)
+        self.validation_data = root / "validation.jsonl"
+        sources = sorted((ROOT / "boost_titan" / "data").glob("*.py"))
+        self.validation_data.write_text(
+            "".join(json.dumps({"text": p.read_text()}) + "\n" for p in sources)
+        )
+        self.seq_len = seq_len
+        self.validation_tokens = VALIDATION_STEPS * 4 * seq_len  # global batch 4
         self.common = [
             "--training.dataset_path", str(data), "--training.seq_len", str(seq_len),
             "--training.steps", str(STEPS), "--metrics.log_freq", "1",
             "--metrics.no_enable_tensorboard", "--lr_scheduler.warmup_steps", "2",
             "--debug.seed", "7", "--model.flavor", "debug",
+            "--validation.enable", "--validation.dataset_path", str(self.validation_data),
+            "--validation.seq_len", str(seq_len), "--validation.steps", str(VALIDATION_STEPS),
+            "--validation.freq", str(STEPS),
         ]  # fmt: skip
         self.done: dict[str, Run] = {}
 
@@ -142,7 +165,8 @@ class Runs:
             dump = self.root / name
             start = time.perf_counter()
             output = _torchrun(nproc, dump, *self.common, "--boost.arch", arch, *load, *args)
-            self.done[name] = Run(_losses(dump), output, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self.done[name] = Run(_losses(dump), _validations(dump), output, seconds)
         return self.done[name]
 
     def reference(self, arch: str) -> Run:
@@ -184,6 +208,23 @@ def _saved_mib(run: Run) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_same_validation_loss_as_one_process(runs, layout):
+    """Every layout validates at its last step, and the summary line carries it; its
+    held-out loss is the one-process run's up to the training drift."""
+    reference = runs.reference(LAYOUTS[layout].arch).validation
+    run = runs.layout(layout)
+    assert list(run.validation) == list(reference) == [STEPS]
+    got, expected = run.validation[STEPS], reference[STEPS]
+    diff = abs(got["validation_loss"] - expected["validation_loss"])
+    print(f"{layout}: validation {got} vs tp1 {expected}; diff {diff:.2e}")
+    assert got["validation_tokens"] == expected["validation_tokens"] == runs.validation_tokens
+    assert diff <= TOLERANCE
+    summary = rf"Summary: .*validation loss {got['validation_loss']:.4f} \(step {STEPS}\)"
+    assert re.search(summary, run.output)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("plain", ["dp2-tp2", "pp2-tp2"])
 def test_summary_reports_saved_activations(runs, plain):
     """The summary line shows step 1's saved activations; low-rank AC saves less."""
@@ -199,6 +240,7 @@ RESHARDED = {
     "tp4-btp": Layout(4, ("--parallelism.tensor_parallel_degree", "4", *_batch(4))),
     "tp2-vanilla": Layout(2, (*TP2, "--boost.tp_strategy", "vanilla", *_batch(4))),
     "fsdp2": Layout(2, ("--parallelism.tensor_parallel_degree", "1", *DP2, *_batch(2))),
+    "pp2": Layout(2, ("--parallelism.tensor_parallel_degree", "1", *_pp("1F1B", 2), *_batch(4))),
 }  # fmt: skip
 
 
@@ -233,8 +275,8 @@ def _trained(runs: Runs) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [name for name in RESHARDED if name != "tp2-btp"])
 def test_btp_checkpoint_loads_under_other_layouts(resharded_losses, layout):
-    """A BTP TP=2 checkpoint loads under TP=1, TP=4, vanilla TP=2 and FSDP only: the same
-    model, so the same next-step loss."""
+    """A BTP TP=2 checkpoint loads under TP=1, TP=4, vanilla TP=2, FSDP only and PP=2: the
+    same model, so the same next-step loss."""
     same = resharded_losses["tp2-btp"]
     print(f"{layout}: loss {resharded_losses[layout]} vs tp2-btp {same}")
     assert abs(resharded_losses[layout] - same) <= TOLERANCE
@@ -259,3 +301,55 @@ def test_resharded_state_dict_is_identical(runs, resharded_losses, layout):
     ]  # fmt: skip
     print(f"{layout}: {len(saved)} tensors, {len(differing)} differ from tp2-btp's checkpoint")
     assert not differing, differing[:5]
+
+
+@pytest.fixture(scope="module")
+def resharded_validation(runs, resharded_losses) -> dict[str, float]:
+    """The held-out loss each resharded run logged after its step at LR 0: one set of
+    weights (tp2-btp's checkpoint) validated under each layout."""
+    rows = {name: _validations(runs.root / f"resharded-{name}")[1] for name in RESHARDED}
+    assert all(row["validation_tokens"] == runs.validation_tokens for row in rows.values())
+    return {name: row["validation_loss"] for name, row in rows.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [name for name in RESHARDED if name != "tp1"])
+def test_same_weights_same_validation_loss(resharded_validation, layout):
+    """BTP TP=2 (and TP=4, vanilla TP=2, FSDP, PP=2) validating the weights one process
+    validates report its held-out loss to 1e-5 (fp32)."""
+    one, got = resharded_validation["tp1"], resharded_validation[layout]
+    print(f"{layout}: validation loss {got} vs tp1 {one}; diff {abs(got - one):.2e}")
+    assert abs(got - one) <= SAME_WEIGHTS_TOLERANCE
+
+
+def _eval_torchrun(nproc: int, *args: str) -> dict:
+    """`python -m boost_titan.eval` under torchrun; its JSON result."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "-m", "boost_titan.eval", *args,
+    ]  # fmt: skip
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_eval_reports_the_validation_loss(runs, resharded_validation):
+    """`boost_titan.eval` on that checkpoint and validation data, on one process and under
+    torchrun with BTP TP=2, reports what the validators logged (to 1e-5)."""
+    from boost_titan.eval import parser, run
+
+    args = [
+        "--checkpoint", str(_trained(runs)), "--arch", "cola",
+        "--dataset-path", str(runs.validation_data), "--seq-len", str(runs.seq_len),
+        "--batch-size", "4", "--steps", str(VALIDATION_STEPS),
+    ]  # fmt: skip
+    results = {"eval": run(parser().parse_args(args)), "eval-tp2": _eval_torchrun(2, *args)}
+    assert results["eval-tp2"]["tp"] == 2
+    for name, result in results.items():
+        assert result["tokens"] == runs.validation_tokens
+        for layout in ("tp1", "tp2-btp"):
+            diff = abs(result["loss"] - resharded_validation[layout])
+            print(f"{name}: loss {result['loss']} vs {layout}'s validation: diff {diff:.2e}")
+            assert diff <= SAME_WEIGHTS_TOLERANCE

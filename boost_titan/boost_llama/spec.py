@@ -17,6 +17,8 @@ from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 from boost_titan.config import RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
+from boost_titan.data.validation import validation_data
+from boost_titan.runtime.validator import BoostValidator
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
 from .model import BoostTransformer
@@ -79,12 +81,30 @@ def validate_parallelism(args: BoostModelArgs, boost, parallelism) -> str:
     return strategy.name
 
 
+def validate_validation(job_config, args: BoostModelArgs) -> None:
+    """Check an enabled `[validation]` section: its sizes and its documents' path."""
+    validation = job_config.validation
+    if not validation.enable:
+        return
+    if validation.freq < 1 or validation.local_batch_size < 1 or validation.seq_len < 1:
+        raise ConfigError(
+            "validation.freq, local_batch_size and seq_len must be >= 1; fix the [validation] section"
+        )
+    if validation.seq_len > args.max_seq_len:
+        raise ConfigError(
+            f"validation.seq_len {validation.seq_len} exceeds the {job_config.model.flavor} "
+            f"flavor's maximum {args.max_seq_len}; lower --validation.seq_len"
+        )
+    validation_data(job_config)
+
+
 def validate_job(job_config, world_size: int) -> None:
-    """Raise ConfigError for a model or parallelism setting that cannot work."""
+    """Raise ConfigError for a model, parallelism or validation setting that cannot work."""
     if job_config.model.name != SPEC_NAME:
         return
     args = model_args_for(job_config)
     validate_parallelism(args, job_config.boost, job_config.parallelism)
+    validate_validation(job_config, args)
     if job_config.boost.lowrank_ac and job_config.activation_checkpoint.mode != "none":
         raise ConfigError(
             "[boost] lowrank_ac and [activation_checkpoint] mode = "
@@ -115,6 +135,7 @@ def build_spec() -> TrainSpec:
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,
         build_loss_fn=build_cross_entropy_loss,
+        build_validator_fn=BoostValidator,
         state_dict_adapter=BoostStateDictAdapter,  # --checkpoint.initial_load_in_hf: exports
     )
 

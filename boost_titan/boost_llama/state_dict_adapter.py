@@ -54,10 +54,10 @@ def _fix(name: str, exported: ModelShape) -> str:
     return f"--model.flavor {same[0]}" if same else "a model.flavor of the export's sizes"
 
 
-def check_export_files(path: str) -> None:
-    """An export folder (`checkpoint.initial_load_path` with `initial_load_in_hf`) must hold
-    model.safetensors and config.json."""
-    where = f"checkpoint.initial_load_path {path}"
+def check_export_files(path: str, option: str = "checkpoint.initial_load_path") -> None:
+    """An export folder (`checkpoint.initial_load_path` with `initial_load_in_hf`, or the
+    `option` named in errors) must hold model.safetensors and config.json."""
+    where = f"{option} {path}"
     make = f"python -m boost_titan.export --checkpoint <step-N folder> --out {path}"
     if not os.path.isdir(path):
         raise ConfigError(f"{where} is not a folder; point it at a folder written by {make}")
@@ -72,12 +72,15 @@ def check_export_files(path: str) -> None:
             )
 
 
-def check_export(path: str, args: ModelShape) -> None:
-    """Raise ConfigError unless the export at `path` holds exactly the model `args` builds."""
+def check_export(
+    path: str, args: ModelShape, option: str = "checkpoint.initial_load_path"
+) -> None:
+    """Raise ConfigError unless the export at `path` holds exactly the model `args` builds
+    (errors name `path` as the value of `option`)."""
     from safetensors import safe_open
 
-    check_export_files(path)
-    where = f"checkpoint.initial_load_path {path}"
+    check_export_files(path, option)
+    where = f"{option} {path}"
     try:
         config = json.loads(Path(path, CONFIG).read_text())
     except (OSError, ValueError) as e:

@@ -2,12 +2,19 @@
 
 Both are registered in torchtitan's `DATASETS` table, so its stock text dataset (packing,
 DP sharding, checkpointable position) and dataloader are reused unchanged.
+
+The default corpus is split by file: a file is held out for validation when the SHA-256 of
+its path relative to the stdlib root falls in the lowest `HELD_OUT_PERCENT` percent. The
+rule looks at the path alone, so a file's side does not depend on which other files a
+Python version ships; training (`stdlib`) and the default tokenizer never read a held-out
+file, validation (`stdlib_validation`) reads only those.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import random
 import sysconfig
@@ -30,9 +37,15 @@ if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS
 datasets.disable_progress_bars()  # every rank would draw one per local file into the log
 
 STDLIB = "stdlib"
+STDLIB_VALIDATION = "stdlib_validation"
 LOCAL = "local"
 DEFAULT_DATASETS = (STDLIB, "c4_test")
 """Names meaning "the default": ours, and torchtitan's (whose test data is not shipped)."""
+DEFAULT_VALIDATION_DATASETS = (STDLIB_VALIDATION, "c4_validation")
+"""`validation.dataset` names meaning the default corpus's held-out split (the second is
+torchtitan's default, which would stream from the network)."""
+HELD_OUT_PERCENT = 2
+"""About this percent of the default corpus's files is held out (chosen by path hash)."""
 
 SKIPPED_DIRS = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -61,30 +74,42 @@ def python_files(root: str) -> list[Path]:
     return sorted(found)
 
 
+def is_held_out(path: Path, root: str) -> bool:
+    """Whether a default-corpus file belongs to the validation split (see the module doc)."""
+    key = path.relative_to(root).as_posix().encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % 100 < HELD_OUT_PERCENT
+
+
+def split_files(root: str, held_out: bool) -> list[Path]:
+    """The training (`held_out=False`) or validation files of the default corpus, sorted."""
+    return [p for p in python_files(root) if is_held_out(p, root) == held_out]
+
+
 def read_text(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
 @functools.lru_cache(maxsize=4)
-def load_python_sources(root: str) -> datasets.Dataset:
-    """One document per .py file under `root`, in a fixed shuffled order (mixes packages
-    across the contiguous DP shards)."""
-    files = python_files(root)
+def load_python_sources(root: str, held_out: bool = False) -> datasets.Dataset:
+    """One document per .py file of the training split (or the held-out one) under `root`,
+    in a fixed shuffled order (mixes packages across the contiguous DP shards)."""
+    files = split_files(root, held_out)
     random.Random(_SHUFFLE_SEED).shuffle(files)
     return datasets.Dataset.from_dict({"text": [read_text(p) for p in files]})
 
 
-def local_files(path: str) -> list[Path]:
-    """The non-empty supported files at `path` (a file, or a directory searched recursively)."""
+def local_files(path: str, field: str = "training.dataset_path") -> list[Path]:
+    """The non-empty supported files at `path` (a file, or a directory searched recursively);
+    errors name the option `field`."""
     p = Path(path).expanduser()
     if not p.exists():
         raise ConfigError(
-            f"training.dataset_path {path} does not exist; "
+            f"{field} {path} does not exist; "
             f"point it at a {_SUFFIXES} file or a directory of them"
         )
     if p.is_file() and p.suffix.lower() not in BUILDERS:
         raise ConfigError(
-            f"training.dataset_path {path} has unsupported extension {p.suffix!r}; "
+            f"{field} {path} has unsupported extension {p.suffix!r}; "
             f"use a {_SUFFIXES} file"
         )
     found = [p] if p.is_file() else sorted(
@@ -94,7 +119,7 @@ def local_files(path: str) -> list[Path]:
     files = [f for f in found if f.stat().st_size > 0]
     if not files:
         raise ConfigError(
-            f"training.dataset_path {path} holds no documents (no non-empty {_SUFFIXES} file); "
+            f"{field} {path} holds no documents (no non-empty {_SUFFIXES} file); "
             "add some text"
         )
     return files
@@ -146,6 +171,11 @@ def _text(sample: dict[str, Any]) -> str:
 
 DATASETS[STDLIB] = DatasetConfig(
     path=stdlib_root(), loader=load_python_sources, sample_processor=_text
+)
+DATASETS[STDLIB_VALIDATION] = DatasetConfig(
+    path=stdlib_root(),
+    loader=functools.partial(load_python_sources, held_out=True),
+    sample_processor=_text,
 )
 DATASETS[LOCAL] = DatasetConfig(path="", loader=load_local, sample_processor=_text)
 

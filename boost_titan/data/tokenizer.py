@@ -1,7 +1,7 @@
 """Tokenizers, chosen by `model.hf_assets_path`.
 
 - `""`, `"default"` or torchtitan's default `./tests/assets/tokenizer`: our default, a
-  byte-level BPE (vocab 4096 with `<|bos|>`/`<|eos|>`) trained on the stdlib corpus and
+  byte-level BPE (vocab 4096 with `<|bos|>`/`<|eos|>`) trained on the stdlib training split and
   cached under `$BOOST_TITAN_CACHE` (default `~/.cache/boost_titan`);
 - a directory with `tokenizer.json` (or that file): a Hugging Face tokenizer;
 - a tiktoken BPE file (`tokenizer.model` as shipped with Llama-3, `*.tiktoken`) or a
@@ -30,7 +30,7 @@ from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.config import JobConfig
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.data.corpus import python_files, read_text, stdlib_root
+from boost_titan.data.corpus import read_text, split_files, stdlib_root
 
 DEFAULT_TOKENIZER = "default"
 DEFAULT_ASSETS = ("", DEFAULT_TOKENIZER, "./tests/assets/tokenizer")
@@ -38,11 +38,12 @@ DEFAULT_ASSETS = ("", DEFAULT_TOKENIZER, "./tests/assets/tokenizer")
 
 DEFAULT_VOCAB_SIZE = 4096
 BOS_TOKEN, EOS_TOKEN = "<|bos|>", "<|eos|>"
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 """Bump when the default tokenizer's training changes: it renames the cache entry."""
 
 _TRAIN_STRIDE = 4
-"""The default BPE trains on every 4th stdlib file in path order (about 3 MB)."""
+"""The default BPE trains on every 4th file of the corpus's training split in path order
+(about 3 MB); it never sees a held-out file."""
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -67,7 +68,7 @@ def default_tokenizer_dir() -> Path:
 
 def train_default_tokenizer() -> Tokenizer:
     """Byte-level BPE on a fixed subset of the stdlib sources; same input, same bytes."""
-    texts = [read_text(p) for p in python_files(stdlib_root())[::_TRAIN_STRIDE]]
+    texts = [read_text(p) for p in split_files(stdlib_root(), held_out=False)[::_TRAIN_STRIDE]]
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

@@ -6,8 +6,9 @@
   Here the PP schedule's loss function divides by that count during training steps.
 - Every step the global average loss is all-reduced (one scalar over the world group); a
   NaN/inf loss raises `TrainingDiverged` before the step could be checkpointed.
-- Rank 0 appends each step's global loss to `<dump_folder>/losses.jsonl` and, at the
-  end, logs steps run, tokens/s, first/last loss and where outputs went.
+- Rank 0 appends each step's global loss (and each validation's held-out loss,
+  `boost_titan.runtime.validator`) to `<dump_folder>/losses.jsonl` and, at the end, logs
+  steps run, tokens/s, first/last loss, the last validation and where outputs went.
 - The first step run measures the activations its forwards keep for backward (peak, on
   each rank; `PeakSavedActivations`); rank 0 logs them after that step and in the summary.
 - Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun restart and
@@ -37,6 +38,7 @@ from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
 from boost_titan.runtime.resume import agree_on_checkpoint
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
+from boost_titan.runtime.validator import owns_loss
 
 LOSS_LOG = "losses.jsonl"
 """Per-step global loss and tokens, appended by rank 0 under the dump folder."""
@@ -68,11 +70,8 @@ class BoostTrainer(Trainer):
             # The schedule keeps its own reference to the loss (`_loss_fn`) and reads it lazily.
             self.pp_loss = TokenScaledLoss(self.pp_schedule._loss_fn)
             self.pp_schedule._loss_fn = self.pp_loss
-        tp_mesh = dims.get_optional_mesh("tp")
         # The loss lives on the last PP stage and is replicated over TP: count it once.
-        self.owns_loss = (not dims.pp_enabled or self.pp_has_last_stage) and (
-            tp_mesh is None or tp_mesh.get_local_rank() == 0
-        )
+        self.owns_loss = owns_loss(dims, dims.pp_enabled and self.pp_has_last_stage)
         self.dp_degree = dims.dp_replicate * dims.dp_shard
         log_path = None
         if dist.get_rank() == 0:
@@ -81,6 +80,10 @@ class BoostTrainer(Trainer):
         self.run_log = RunLog(path=log_path)
         self.step_losses: list[torch.Tensor] = []
         self.fault = Fault.from_env(dist.get_rank(), dist.get_world_size())
+        if job_config.validation.enable:  # held-out results go to losses.jsonl and the summary
+            self.validator.on_result = lambda step, result, seconds: self.run_log.record_validation(
+                step, result.loss, result.tokens, seconds
+            )
 
     def init_distributed(self):
         if on_cpu():  # both are NCCL's (see the module docstring)
