@@ -150,8 +150,11 @@ class GroupInstance:
     """The current forward call's consumer outputs, split off the group output in one op
     (eager mode): each consumer takes its own, so backward concatenates their grads
     instead of summing one zero-padded full-width grad per consumer."""
-    owner: weakref.ref | None = None
-    """The group output the parts were split from (weak: kept alive by the model only)."""
+    owner: torch.Tensor | None = None
+    """The group output the parts were split from, held until every part is taken (the
+    parts keep its memory alive anyway). A weak reference would die in checkpoint's
+    recomputation, where nothing else holds the output, and `take` would then run other
+    ops than the forward did, which selective checkpointing refuses."""
     stash: comm.WeightGradStash | None = None
     """The current forward call's: the linears that leave their input grads partial
     leave their weight-grad GEMMs to the group's backward all-reduce too, which runs
@@ -215,17 +218,18 @@ class GroupInstance:
         if torch.compiler.is_compiling():
             return
         self.parts = list(out.split([width for _, width in self.spans], dim=-1))
-        self.owner = weakref.ref(out)
+        self.owner = out
 
     def take(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Consumer `index`'s columns of the group output `x`: its part when `x` is the
         output it was split from (once), else a narrow view (compiled forwards)."""
         part = self.parts[index] if index < len(self.parts) else None
-        owner = self.owner() if self.owner is not None else None
-        if part is None or owner is None or not usage.same_data(x, owner):
+        if part is None or self.owner is None or not usage.same_data(x, self.owner):
             start, width = self.spans[index]
             return x.narrow(-1, start, width)
         self.parts[index] = None
+        if all(p is None for p in self.parts):
+            self.owner = None
         return part.view_as(part)
 
     def new_stash(self) -> comm.WeightGradStash | None:
