@@ -1,5 +1,6 @@
-"""Training runs under different parallelisms, from one seed checkpoint, log the same loss
-and the same held-out validation loss.
+"""Training runs under different parallelisms, from one seed checkpoint, log the same loss,
+the same exact gradient norm and the same held-out validation loss (launched and read with
+`boost_titan.loss_compare`'s functions).
 
 The dataset repeats one document whose packed token stream has a period that divides
 seq_len + 1, so every sample is the same window: data-parallel ranks and a single process
@@ -25,44 +26,31 @@ from pathlib import Path
 import pytest
 import torch
 
+from boost_titan.loss_compare import repeated_dataset, torchrun_train
 from boost_titan.runtime.run_log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = "def add(a, b):\n    return a + b\n"
 STEPS = 5
-TOLERANCE = 5e-4
+TOLERANCE = 1e-5
+"""Largest |loss difference| from one process over the first STEPS steps (fp32)."""
+GRAD_NORM_TOLERANCE = 1e-6
+"""Largest relative difference of the exact (fp64) global gradient norm (fp32 training)."""
 SAME_WEIGHTS_TOLERANCE = 1e-5
 """Held-out loss of one set of weights under different layouts (fp32)."""
 VALIDATION_STEPS = 4
 
 
-def _token_period() -> int:
-    """Tokens per document in the packed stream (text + BOS + EOS), default tokenizer."""
-    code = (
-        "from boost_titan.data.tokenizer import load_tokenizer\n"
-        f"print(len(load_tokenizer('default').encode({DOC!r}, add_bos=True, add_eos=True)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return int(out.stdout.strip().splitlines()[-1])
-
-
 def _torchrun(nproc: int, dump: Path, *args: str) -> str:
-    """Run training; return its (rank 0 filtered) stdout and stderr."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
-        "--local-ranks-filter", "0", "--tee", "3",
-        "-m", "boost_titan.train", "--job.config_file", str(ROOT / "train_configs/debug.toml"),
-        "--job.dump_folder", str(dump), *args,
-    ]  # fmt: skip
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout + result.stderr
+    """Run training with the debug config; return its (rank 0) output."""
+    return torchrun_train(nproc, dump, list(args), str(ROOT / "train_configs/debug.toml"), 600)
 
 
 def _losses(dump: Path) -> list[float]:
     return [row["loss"] for row in read_log(str(dump / "losses.jsonl"))[0]]
+
+
+def _grad_norms(dump: Path) -> list[float]:
+    return [row["grad_norm"] for row in read_log(str(dump / "losses.jsonl"))[0]]
 
 
 def _validations(dump: Path) -> dict[int, dict]:
@@ -80,6 +68,7 @@ class Layout:
 @dataclass(frozen=True)
 class Run:
     losses: list[float]
+    grad_norms: list[float]
     validation: dict[int, dict]
     output: str
     seconds: float
@@ -126,12 +115,8 @@ class Runs:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        period = _token_period()
-        seq_len = period * (64 // period + 1) - 1
         data = root / "data"
-        data.mkdir()
-        docs = "".join(json.dumps({"text": DOC}) + "\n" for _ in range(64))
-        (data / "docs.jsonl").write_text(docs)
+        seq_len = repeated_dataset(data)
         self.validation_data = root / "validation.jsonl"
         sources = sorted((ROOT / "boost_titan" / "data").glob("*.py"))
         self.validation_data.write_text(
@@ -166,7 +151,7 @@ class Runs:
             start = time.perf_counter()
             output = _torchrun(nproc, dump, *self.common, "--boost.arch", arch, *load, *args)
             seconds = time.perf_counter() - start
-            self.done[name] = Run(_losses(dump), _validations(dump), output, seconds)
+            self.done[name] = Run(_losses(dump), _grad_norms(dump), _validations(dump), output, seconds)
         return self.done[name]
 
     def reference(self, arch: str) -> Run:
@@ -196,6 +181,18 @@ def test_same_losses_as_one_process(runs, layout):
     )
     assert max(diffs) <= TOLERANCE
     assert reference.losses[-1] < reference.losses[0]  # the runs do train
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_same_grad_norm_as_one_process(runs, layout):
+    """The logged (and clipping) gradient norm is exact: every layout's equals one
+    process's at every step to 1e-6 relative, as fp64 sums of fp32 gradients do."""
+    reference = runs.reference(LAYOUTS[layout].arch).grad_norms
+    got = runs.layout(layout).grad_norms
+    errors = [abs(a - b) / b for a, b in zip(got, reference)]
+    print(f"{layout}: grad norms {got} vs tp1 {reference}; max relative diff {max(errors):.2e}")
+    assert len(got) == STEPS and max(errors) <= GRAD_NORM_TOLERANCE
 
 
 def _saved_mib(run: Run) -> float:

@@ -36,6 +36,10 @@ class Boost:
     """Under TP, run the q/k/v and gate/up first GEMMs as one GEMM (and, in BTP, one
     all-reduce) each."""
 
+    exact_grad_norm: bool = True
+    """Clip by the global gradient norm summed in fp64: the same in every layout (TorchTitan
+    sums in the gradients' dtype, which drifts with shard size)."""
+
     lowrank_ac: bool = False
     """Low-rank activation checkpointing: save only the bottleneck latents, recompute the rest."""
 

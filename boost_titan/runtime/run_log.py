@@ -52,14 +52,16 @@ class RunLog:
         if self.started is None:
             self.started = time.perf_counter()
 
-    def record(self, step: int, loss: float, tokens: int) -> None:
-        """Add a finished step: its global average loss and the global tokens it consumed."""
+    def record(self, step: int, loss: float, tokens: int, grad_norm: float | None = None) -> None:
+        """Add a finished step: its global average loss, the global tokens it consumed and
+        (when known) its global gradient norm before clipping."""
         self.losses.append((step, loss))
         self.tokens += tokens
         self.ended = time.perf_counter()
         self.paused += self._pending_pause
         self._pending_pause = 0.0
-        self._append({"step": step, "loss": loss, "tokens": tokens})
+        row = {"step": step, "loss": loss, "tokens": tokens}
+        self._append(row if grad_norm is None else {**row, "grad_norm": grad_norm})
 
     def record_validation(self, step: int, loss: float, tokens: int, seconds: float) -> None:
         """Add a validation after `step`: its held-out loss, tokens scored and duration."""

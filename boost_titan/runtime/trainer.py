@@ -15,6 +15,10 @@
   any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*` injects a
   SIGKILL for testing.
 - Every rank loads the checkpoint rank 0 picks (`boost_titan.runtime.resume`).
+- Gradient clipping uses the exact fp64 global norm (`runtime.grad_norm`), the same in every
+  layout; `losses.jsonl` rows carry it as `grad_norm`. TorchTitan's `train_step` finds
+  its clipping function through `torchtitan.distributed.utils`, which this trainer points
+  at its own `clip_grad_norm_` (`[boost] exact_grad_norm = false`: TorchTitan's norm).
 - On CPU the NCCL-only settings stay quiet: the flight recorder is off (it would only leave
   an empty `comm_traces/`), and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is dropped
   (TorchTitan warns that it overrides it).
@@ -28,12 +32,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
+import torchtitan.distributed.utils as titan_dist_utils
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from boost_titan.runtime.checkpoint_files import latest_checkpoint
 from boost_titan.runtime.device import on_cpu
+from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
 from boost_titan.runtime.resume import agree_on_checkpoint
 from boost_titan.runtime.run_log import RunLog
@@ -78,6 +84,9 @@ class BoostTrainer(Trainer):
             os.makedirs(job_config.job.dump_folder, exist_ok=True)
             log_path = os.path.join(job_config.job.dump_folder, LOSS_LOG)
         self.run_log = RunLog(path=log_path)
+        self.grad_norm: float | None = None
+        self._titan_clip = titan_dist_utils.clip_grad_norm_
+        titan_dist_utils.clip_grad_norm_ = self.clip_grad_norm_
         self.step_losses: list[torch.Tensor] = []
         self.fault = Fault.from_env(dist.get_rank(), dist.get_world_size())
         if job_config.validation.enable:  # held-out results go to losses.jsonl and the summary
@@ -118,9 +127,19 @@ class BoostTrainer(Trainer):
         self.step_losses.append(detached.full_tensor() if isinstance(detached, DTensor) else detached)
         return loss
 
+    def clip_grad_norm_(self, parameters, max_norm, **kwargs) -> torch.Tensor:
+        """TorchTitan's clipping (through `torchtitan.distributed.utils`, whose function
+        `train_step` calls), with the exact fp64 norm of `runtime.grad_norm` unless
+        `[boost] exact_grad_norm` is off; the norm is kept for the run log."""
+        clip = clip_grad_norm_exact_ if self.job_config.boost.exact_grad_norm else self._titan_clip
+        norm = clip(parameters, max_norm, **kwargs)
+        self.grad_norm = norm.item()
+        return norm
+
     def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]):
         self.run_log.start()
         self.step_losses = []
+        self.grad_norm = None
         tokens_before = self.ntokens_seen
         if self.run_log.saved_activations is None:
             counter = self.activation_counter()
@@ -139,7 +158,9 @@ class BoostTrainer(Trainer):
                 f"loss became {loss} at step {self.step}; stopped without checkpointing it; "
                 f"lower --optimizer.lr or raise --lr_scheduler.warmup_steps, then {resume}"
             )
-        self.run_log.record(self.step, loss, (self.ntokens_seen - tokens_before) * self.dp_degree)
+        self.run_log.record(
+            self.step, loss, (self.ntokens_seen - tokens_before) * self.dp_degree, self.grad_norm
+        )
         if self.fault is not None:
             self.fault.after_step(self.step)
 
