@@ -280,12 +280,37 @@ def check_initial_checkpoint(checkpoint) -> None:
         )
 
 
-def check_initial_readable(checkpoint) -> None:
-    """The DCP checkpoint at `checkpoint.initial_load_path` opens: its metadata unpickles
-    and every file it names is whole. (Call it when the job will read it: not resuming.)"""
+def check_initial_readable(job) -> None:
+    """The DCP checkpoint at `checkpoint.initial_load_path` opens (its metadata unpickles
+    and every file it names is whole) and holds the job's model: every weight, with the
+    same shape, and no other weight (TorchTitan would stop with a traceback on a missing
+    one and silently drop an extra one). Call it when the job will read it: not resuming."""
+    checkpoint = job.checkpoint
     path = checkpoint.initial_load_path
-    if path and checkpoint.enable and not checkpoint.initial_load_in_hf:
-        check_readable(path, where=f"checkpoint.initial_load_path {path}")
+    if not (path and checkpoint.enable and not checkpoint.initial_load_in_hf):
+        return
+    where = f"checkpoint.initial_load_path {path}"
+    metadata = check_readable(path, where=where)
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
+
+    from boost_titan.boost_llama.export_format import model_shapes
+    from boost_titan.boost_llama.spec import model_args_for
+
+    training_state = {DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE}
+    stored = {
+        key: tuple(meta.size) for key, meta in metadata.state_dict_metadata.items()
+        if key.split(".")[0] not in training_state and isinstance(meta, TensorStorageMetadata)
+    }
+    expected = model_shapes(model_args_for(job))
+    for key in sorted(expected.keys() | stored.keys()):
+        if expected.get(key) != stored.get(key):
+            raise ConfigError(
+                f"{where} has {key} {stored.get(key, 'missing')} but the job's model "
+                f"({job.model.flavor}, arch {job.boost.arch}) expects "
+                f"{expected.get(key, 'no such weight')}; train with the model.flavor, "
+                "[boost] arch and rank it was saved with"
+            )
 
 
 def check_initial_export(job) -> None:
@@ -313,9 +338,9 @@ def check(args: list[str]) -> str:
     check_data(job)
     check_initial_checkpoint(job.checkpoint)
     resumed = check_resume(job)
-    if resumed is None:
-        check_initial_readable(job.checkpoint)
     check_model(job, world)
+    if resumed is None:
+        check_initial_readable(job)
     check_initial_export(job)
     if resumed is not None and resumed >= job.training.steps:
         raise NothingToTrain(

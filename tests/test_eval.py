@@ -339,7 +339,8 @@ def test_command_line_errors_are_one_line(checkpoints):
 )  # fmt: skip
 def test_check_refuses_bad_validation_settings(args, message, tmp_path):
     """`boost_titan.check` (run by run_train.sh before any worker) checks [validation]."""
-    debug = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML)]
+    debug = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML),
+             "--job.dump_folder", str(tmp_path / "dump")]  # not the checkout's outputs/debug
     with pytest.raises(ConfigError) as excinfo:
         check([*debug, *(a.format(tmp=tmp_path) for a in args)])
     assert message.format(tmp=tmp_path) in str(excinfo.value)

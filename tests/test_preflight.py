@@ -30,11 +30,18 @@ from boost_titan.torchrun_relay import relay
 ENV = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE", "RANK")}
 
 
-def save_tiny_checkpoint(folder: Path, value: float = 1.0) -> Path:
-    """A DCP checkpoint of one 64x64 tensor filled with `value` (`.metadata` + one shard)."""
+def save_model_checkpoint(folder: Path, value: float = 1.0, *args: str) -> Path:
+    """A DCP checkpoint (`.metadata` + one shard) of the debug.toml job's model (with the
+    overrides `args`), every weight filled with `value`."""
+    from boost_titan.boost_llama.export_format import model_shapes
+    from boost_titan.boost_llama.spec import model_args_for
+    from boost_titan.config.cli import parse_job_config
+
+    job = parse_job_config(["--job.config_file", str(DEBUG_TOML), *args])
+    state = {key: torch.full(shape, value) for key, shape in model_shapes(model_args_for(job)).items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        dcp.save({"weight": torch.full((64, 64), value)}, checkpoint_id=str(folder), no_dist=True)
+        dcp.save(state, checkpoint_id=str(folder), no_dist=True)
     return folder
 
 
@@ -65,7 +72,7 @@ def one_error(capsys, tmp_path: Path, *args: str) -> str:
 
 # ---- the initial checkpoint ------------------------------------------------------------
 def test_corrupt_metadata(capsys, tmp_path):
-    step = save_tiny_checkpoint(tmp_path / "step-3")
+    step = save_model_checkpoint(tmp_path / "step-3")
     (step / ".metadata").write_bytes(os.urandom(512))
     line = one_error(capsys, tmp_path, "--checkpoint.initial_load_path", str(step))
     assert f"checkpoint.initial_load_path {step}: cannot read its .metadata (" in line
@@ -73,7 +80,7 @@ def test_corrupt_metadata(capsys, tmp_path):
 
 
 def test_truncated_and_missing_shard(capsys, tmp_path):
-    step = save_tiny_checkpoint(tmp_path / "step-3")
+    step = save_model_checkpoint(tmp_path / "step-3")
     shard = step / "__0_0.distcp"
     size = shard.stat().st_size
     shard.write_bytes(shard.read_bytes()[: size // 2])
@@ -84,8 +91,24 @@ def test_truncated_and_missing_shard(capsys, tmp_path):
     assert "__0_0.distcp is missing (its .metadata names it)" in line
 
 
+def test_initial_checkpoint_of_another_model(capsys, tmp_path):
+    """A checkpoint of another arch or rank is one line naming the first differing weight
+    (TorchTitan would stop with a traceback on a missing weight, drop an extra one)."""
+    step = save_model_checkpoint(tmp_path / "step-3")
+    line = one_error(capsys, tmp_path, "--checkpoint.initial_load_path", str(step), "--boost.arch", "lax")
+    assert f"checkpoint.initial_load_path {step} has layers.1.attention.wk.cross.weight missing" in line
+    assert line.endswith("train with the model.flavor, [boost] arch and rank it was saved with")
+    line = one_error(capsys, tmp_path, "--checkpoint.initial_load_path", str(step), "--boost.rank", "32")
+    assert "has layers.0.attention.wk.down.weight (64, 256) but the job's model" in line
+    assert "expects (32, 256)" in line
+    lax = save_model_checkpoint(tmp_path / "lax" / "step-3", 1.0, "--boost.arch", "lax")
+    line = one_error(capsys, tmp_path, "--checkpoint.initial_load_path", str(lax))
+    assert "has layers.1.attention.wk.cross.weight (64, 64) but" in line
+    assert "expects no such weight" in line
+
+
 def test_whole_initial_checkpoint_passes(capsys, tmp_path):
-    step = save_tiny_checkpoint(tmp_path / "step-3")
+    step = save_model_checkpoint(tmp_path / "step-3")
     code, out, err = run_check(capsys, tmp_path, "--checkpoint.initial_load_path", str(step))
     assert code == 0 and out.startswith("config ok") and err == "", err
     assert not (tmp_path / "dump").exists()  # check leaves no empty dump folder behind
@@ -93,7 +116,7 @@ def test_whole_initial_checkpoint_passes(capsys, tmp_path):
 
 # ---- the checkpoint a rerun resumes from --------------------------------------------------
 def test_damaged_resume_checkpoint(capsys, tmp_path):
-    step = save_tiny_checkpoint(tmp_path / "dump" / "checkpoint" / "step-3")
+    step = save_model_checkpoint(tmp_path / "dump" / "checkpoint" / "step-3")
     (step / ".metadata").write_bytes(b"garbage")
     line = one_error(capsys, tmp_path)
     assert f"the checkpoint to resume from, {step}: cannot read its .metadata" in line
@@ -103,7 +126,7 @@ def test_damaged_resume_checkpoint(capsys, tmp_path):
 def test_initial_checkpoint_not_silently_ignored(capsys, tmp_path):
     """A checkpoint folder without a complete checkpoint (a crash before the first save)
     would make TorchTitan skip initial_load_path and start from scratch."""
-    step = save_tiny_checkpoint(tmp_path / "seed" / "step-0")
+    step = save_model_checkpoint(tmp_path / "seed" / "step-0")
     (tmp_path / "dump" / "checkpoint" / "step-5").mkdir(parents=True)  # no .metadata
     line = one_error(capsys, tmp_path, "--checkpoint.initial_load_path", str(step))
     ignored = f"checkpoint.initial_load_path {step} would be ignored: {tmp_path}/dump/checkpoint"
@@ -114,7 +137,7 @@ def test_initial_checkpoint_not_silently_ignored(capsys, tmp_path):
 def test_finished_job_is_reported_before_launch(capsys, tmp_path):
     """A dump folder at training.steps: `nothing to train`, status FINISHED; one step more
     passes and says where it resumes."""
-    save_tiny_checkpoint(tmp_path / "dump" / "checkpoint" / "step-3")
+    save_model_checkpoint(tmp_path / "dump" / "checkpoint" / "step-3")
     code, out, err = run_check(capsys, tmp_path, "--training.steps", "3")
     assert code == FINISHED and err == "", err
     assert out.strip() == (
@@ -265,7 +288,7 @@ def test_ranks_load_the_checkpoint_rank0_picks(tmp_path):
     for (scenario, rank), saved in steps.items():
         for step in saved:
             folder = tmp_path / scenario / f"rank{rank}" / "checkpoint" / f"step-{step}"
-            save_tiny_checkpoint(folder, step)
+            save_model_checkpoint(folder, step)
     results = run_on_ranks(_load_with_own_view, 2, root=str(tmp_path))
     assert [r["rank1-sees-newer"] for r in results] == [6.0, 6.0]
     errors = [r["rank1-misses-newest"] for r in results]
@@ -353,7 +376,7 @@ def test_run_train_ends_on_a_worker_error(tmp_path):
 @pytest.mark.slow
 def test_run_train_skips_a_finished_job(tmp_path):
     """run_train.sh on a dump folder at training.steps: check's line, exit 0, no worker."""
-    save_tiny_checkpoint(tmp_path / "dump" / "checkpoint" / "step-3")
+    save_model_checkpoint(tmp_path / "dump" / "checkpoint" / "step-3")
     result = subprocess.run(
         ["./run_train.sh", "--job.dump_folder", str(tmp_path / "dump"), "--training.steps", "3"],
         cwd=ROOT, env=ENV | {"NGPU": "2"}, capture_output=True, text=True, timeout=300,
