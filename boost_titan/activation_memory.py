@@ -3,7 +3,9 @@
 `measure_layer` applies `runtime.saved_activations.saved_activation_bytes` to one
 transformer block under an activation-checkpointing mode, on fake tensors (so a 1B-size
 layer at seq 2048 costs nothing) with a fake process group emulating TP ranks, and counts
-forward/backward FLOPs and backward collectives.
+forward/backward FLOPs and backward collectives. `F.rms_norm` keeps what its fused CUDA
+kernel keeps (input and fp32 rstd), not the two fp32 copies of CPU's decomposition
+(`bench.trace.fused_rms_norm_saves`), as in `bench trace`.
 
     python -m boost_titan.activation_memory --flavor 1B --seq-len 2048 [--tp 4] [--json]
 """
@@ -162,10 +164,10 @@ def measure_layer(
     real ones with `fake=False`, for small shapes)."""
     check_layer_args(args, tp=tp, seq_len=seq_len, strategy=strategy)
     args = dataclasses.replace(args, n_layers=2, vocab_size=args.vocab_size or 128)
-    from boost_titan.bench.trace import default_dtype
+    from boost_titan.bench.trace import default_dtype, fused_rms_norm_saves
 
     tensors = FakeTensorMode() if fake else contextlib.nullcontext()
-    with _fake_tp_mesh(tp) as mesh, tensors, default_dtype(dtype):
+    with _fake_tp_mesh(tp) as mesh, tensors, default_dtype(dtype), fused_rms_norm_saves():
         model = BoostTransformer(args)  # values are irrelevant: no init
         if mesh is not None:
             from boost_titan.boost_llama.strategies import build_plan
@@ -183,9 +185,15 @@ def measure_layer(
         def forward():
             return block(x, model.rope, prevs)
 
-        saved = saved_activation_bytes(forward, exclude=model)
-        with _counting() as (flops, _):
-            out = forward()
+        runs = []
+
+        def counted_forward():  # one forward: saved bytes, FLOPs, and the graph for backward
+            with _counting() as (flops, _):
+                runs.append((forward(), flops))
+            return runs[-1][0]
+
+        saved = saved_activation_bytes(counted_forward, exclude=model)
+        out, flops = runs[0]
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         with _counting() as (backward_flops, comm):
             torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])

@@ -219,6 +219,13 @@ def test_1b_layer_tp4_btp_comm_free():
     assert m["full"].backward_collectives == {"all_reduce": 8}  # full AC replays them
     recompute = {k: v.backward_flops - m["none"].backward_flops for k, v in m.items()}
     assert recompute["lowrank"] < 0.7 * recompute["full"]
+    # the performance model's accounting is this measurement's, to the byte
+    from boost_titan.bench import perfmodel as pm
+
+    shape = pm.model_args("1B", "cola", "btp")
+    for mode in modes:
+        plan = pm.Plan(strategy="btp", tp=4, seq_len=2048, ac=mode)
+        assert m[mode].saved_bytes == pm.activation_bytes(shape, plan), mode
 
 
 def test_cli_rejects_bad_tp(capsys):

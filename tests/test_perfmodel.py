@@ -134,13 +134,69 @@ def test_tiny_memory():
     for strategy in pm.STRATEGIES:
         args = args_for(strategy)
         assert pm.params_per_rank(args, plan(strategy, tp=1)) == param_count(args)
-    expected = {("btp", "none"): 84, ("vanilla", "none"): 126, ("megatron", "none"): 80,
-                ("btp", "full"): 4, ("btp", "selective"): 44, ("btp", "lowrank"): 22}
-    for (strategy, ac), elements in expected.items():
-        assert pm.activation_elements_per_token(args_for(strategy), plan(strategy, ac=ac)) == elements
     mem = pm.memory_per_rank(TINY, plan("btp"))
-    assert mem["activations"] == 2 * 84 * BYTES_PER_ELEMENT
+    assert mem["activations"] == 2 * pm.activation_bytes(TINY, plan("btp"))
     assert mem["optimizer"] == 6 * mem["params"]
+
+
+def test_tiny_saved_activations_hand_computed():
+    """Bytes one block keeps for backward, T = 3 tokens, bf16 (2 bytes), TP2: TINY has
+    d 8, r 2, d_ff 16 and 2 heads of 4, so per rank btp holds residual 4, q = k = v 4,
+    ffn 8, latents 2 and one head; the rstd and log-sum-exp are fp32 (4 bytes)."""
+    btp = pm.saved_activations(TINY, plan("btp"))
+    assert btp == {
+        "attention_norm.input": 3 * 4 * 2, "attention_norm.statistic": 3 * 2,
+        "qkv.concat_weights": (3 * 2) * 4 * 2,  # the three A shards [3r, d/tp]
+        "ffn_norm.input": 24, "ffn_norm.statistic": 6, "gate_up.concat_weights": (2 * 2) * 4 * 2,
+        "attention.q": 24, "attention.k": 24, "attention.v": 24, "attention.out": 24,
+        "attention.lse": 3 * 1 * 4,
+        "mlp.gate": 3 * 8 * 2, "mlp.up": 48, "mlp.product": 48,  # CoLA: no SiLU on the gate
+        "pairs.latents": 7 * 3 * 2 * 2, "pairs.silu": 84,
+    }
+    assert sum(btp.values()) == 560
+    # megatron: replicated norms keep input, fp32 rstd and output (8 wide); q/k/v are views
+    # of one [12] GEMM output that v keeps; the MLP keeps gate/up [16], SiLU(gate), product
+    megatron = pm.saved_activations(TINY_FULL, plan("megatron"))
+    assert megatron["attention_norm.input"] == megatron["attention_norm.output"] == 48
+    assert megatron["attention_norm.rstd"] == 3 * 4
+    assert megatron["qkv.concat_weights"] == 12 * 8 * 2 and megatron["gate_up.concat_weights"] == 16 * 8 * 2
+    assert megatron["attention.qkv"] == 3 * 12 * 2 and "attention.v" not in megatron
+    assert (megatron["mlp.gate_up"], megatron["mlp.silu_gate"], megatron["mlp.product"]) == (96, 48, 48)
+    assert sum(megatron.values()) == 2 * 108 + 192 + 256 + (24 + 24 + 72 + 24 + 12) + 192 == 1012
+    # vanilla: replicated activations, all heads (lse 2 per token), latents r/tp = 1
+    vanilla = pm.saved_activations(TINY, plan("vanilla"))
+    assert vanilla["qkv.concat_weights"] == 3 * 8 * 2 and vanilla["attention.lse"] == 3 * 2 * 4
+    assert vanilla["pairs.latents"] == vanilla["pairs.silu"] == 7 * 3 * 1 * 2
+    assert sum(vanilla.values()) == 216 + 80 + 216 + 288 + 84 == 884
+    # sync RMSNorm (eager): two fp32 upcasts, fp32 rstd, the normalised product, the output
+    sync = pm.saved_activations(TINY, plan("btp", rmsnorm="sync"))
+    assert (sync["attention_norm.upcast"], sync["attention_norm.rstd"]) == (2 * 3 * 4 * 4, 12)
+    assert sync["attention_norm.normalised"] == sync["attention_norm.output"] == 24
+    fp32 = pm.saved_activations(TINY, plan("btp", rmsnorm="sync", dtype="fp32"))
+    assert fp32["attention_norm.upcast"] == 3 * 4 * 4  # the upcast is the input itself
+    # ungrouped, the online norm also keeps each consumer's latent; no weights concatenated
+    ungrouped = pm.saved_activations(TINY, plan("btp", group_linears=False))
+    assert ungrouped["attention_norm.latents"] == 3 * 3 * 2 * 2 and ungrouped["ffn_norm.latents"] == 24
+    assert not any(k.endswith("concat_weights") for k in ungrouped)
+    # SVD: one latent per pair (no SiLU), and a SiLU on the MLP gate
+    svd = pm.saved_activations(dataclasses.replace(TINY, arch="svd"), plan("btp"))
+    assert "pairs.silu" not in svd and svd["mlp.silu_gate"] == 48
+    # GQA (one kv head of 4 on 2 heads): k and v are repeated to q's width before attention
+    gqa = pm.saved_activations(dataclasses.replace(TINY_FULL, n_heads=2, n_kv_heads=1), plan("megatron", tp=1))
+    assert gqa["attention.k"] == gqa["attention.v"] == gqa["attention.q"] == 3 * 8 * 2
+
+
+def test_tiny_activation_bytes_under_ac():
+    """full: the block input; selective: the mean of none and full; lowrank: the input and
+    the forward collectives' outputs (btp 7r + 2 statistics; vanilla the B outputs at d_out;
+    without TP the down-projection outputs)."""
+    expected = {("btp", "none"): 560, ("btp", "full"): 3 * 4 * 2, ("btp", "selective"): 292,
+                ("btp", "lowrank"): 3 * (4 + 7 * 2 + 2) * 2,
+                ("vanilla", "lowrank"): 3 * (8 + 8 * 5 + 2 * 16) * 2, ("megatron", "full"): 48}
+    for (strategy, ac), nbytes in expected.items():
+        assert pm.activation_bytes(args_for(strategy), plan(strategy, ac=ac)) == nbytes
+    assert pm.activation_bytes(TINY, plan("btp", ac="lowrank", rmsnorm="sync")) == 3 * (4 + 14) * 2 + 2 * 3 * 4
+    assert pm.activation_bytes(TINY, plan("btp", ac="lowrank", tp=1)) == 3 * (8 + 14) * 2
 
 
 def test_paper_7b_forward_payloads():

@@ -6,6 +6,8 @@ Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch
 - FLOPs: 2*M*N*K for every GEMM on the local shard; attention 4*T*seq_len*d_attn (QK^T and
   AV) with the causal mask NOT halved, the usual MFU convention. Vanilla runs attention on
   all heads on every rank. Backward GEMMs = 2x forward (dX and dW).
+- Activations (`saved_activations`): the storages autograd keeps, as `bench trace`
+  measures them (with RMSNorm saving what its fused CUDA kernel saves).
 - Memory: bf16 training keeps bf16 params and grads plus an fp32 master copy and AdamW's two
   fp32 moments (2+2+12 bytes per parameter); fp32 training 4+4+8.
 - Time (`step_time`): every kernel class priced by `costs` on a `gpus` profile: GEMMs on a
@@ -314,30 +316,119 @@ def params_per_rank(args: ModelShape, plan: Plan) -> int:
     return _layers_per_stage(args, plan) * layer_params(args, plan) + ends
 
 
-def activation_elements_per_token(args: ModelShape, plan: Plan) -> float:
-    """Saved-for-backward elements of one block per token on one rank.
+FP32_BYTES = 4
+"""Statistics kept in fp32 whatever the training dtype: RMSNorm's rstd, attention's
+log-sum-exp, sync RMSNorm's upcasts."""
 
-    none: each norm's input and output (residual width, sharded by btp), RoPE'd q, k, v and
-    the attention output (head-sharded except in vanilla), the MLP's gate, up and product
-    (+ SiLU(gate) for fullrank; sharded except in vanilla), and per low-rank pair its A
-    output and, for CoLA, the SiLU of it (vanilla: sharded along r).
-    full: the block input only. selective: TorchTitan's default, every 2nd block full, so
-    the mean of none and full. lowrank (BOOST §5): two residual checkpoints and the 7
-    post-all-reduce latents, 2d/tp + 7r for btp (vanilla: 2d + 7r/tp).
+
+def saved_activations(args: ModelShape, plan: Plan) -> dict[str, int]:
+    """Bytes one block keeps for backward per micro-batch on one rank without
+    recomputation, by item: every distinct storage autograd saves, as `bench trace`
+    measures it (each storage once, however many views of it are saved; parameters
+    excluded). `b` is the activation dtype's bytes, widths are per rank.
+
+    - Norms. Replicated (megatron, vanilla, TP1): PyTorch's fused RMSNorm keeps its input
+      and the fp32 rstd; its output is kept by the consumers' first GEMM. BTP online: the
+      input, the [T, 1] statistic (dtype b) and the latents it hands out; ungrouped, it
+      also keeps each consumer's latent separately (the consumers read the concatenation).
+      BTP sync (`sync_rmsnorm`, eager): two fp32 upcasts of the input (one in fp32
+      training: the upcast is the input), the fp32 rstd, the normalised product before
+      the weight and the output.
+    - Grouped first GEMMs keep their concatenated weight shards (per micro-batch, not
+      per token): megatron [q+k+v, d] / [2 d_ff, d], low-rank the A's.
+    - Attention: RoPE'd q and k, v, the output and the fp32 log-sum-exp (per head). A
+      megatron group's q, k, v are views of one GEMM output, which v keeps alive whole.
+      With GQA, the repeated k and v (q wide) instead of k and v.
+    - MLP: gate and up (megatron grouped: one [2 d_ff] storage), SiLU(gate) when the
+      gate has one (fullrank, SVD), and the product (kept by down).
+    - Low-rank pairs: each A output (the latent; BTP's first projections after a norm
+      hand out one concatenation) and, for CoLA, its SiLU (kept by B).
     """
-    tp, d, r = plan.tp, args.dim, args.effective_rank
-    residual = d / tp if plan.strategy == "btp" else d
-    latent = r / tp if plan.strategy == "vanilla" else r
+    t, b, tp = plan.tokens, plan.dtype_bytes, plan.tp
+    shapes, w, mode = args.projection_shapes(), layer_widths(args, plan), _norm_mode(plan)
+    lat, grouped, items = w.latent, w.grouped, {}
+
+    def add(name: str, elements_per_token: float, nbytes: int = b) -> None:
+        items[name] = items.get(name, 0) + round(t * elements_per_token * nbytes)
+
+    for norm, n, first in (("attention_norm", 3, "q"), ("ffn_norm", 2, "gate")):
+        if mode == "replicated":
+            add(f"{norm}.input", w.residual)
+            add(f"{norm}.rstd", 1, FP32_BYTES)
+            add(f"{norm}.output", w.residual)
+        elif mode == "online":
+            add(f"{norm}.input", w.residual)
+            add(f"{norm}.statistic", 1)
+            if not grouped and n > 1:
+                add(f"{norm}.latents", n * lat)
+        else:
+            add(f"{norm}.upcast", w.residual * (2 if b != FP32_BYTES else 1), FP32_BYTES)
+            add(f"{norm}.rstd", 1, FP32_BYTES)
+            add(f"{norm}.normalised", w.residual)
+            add(f"{norm}.output", w.residual)
+        if grouped:
+            members = SHARED_INPUTS[0] if first == "q" else SHARED_INPUTS[2]
+            if args.low_rank:
+                rows, cols = n * args.effective_rank // (tp if plan.strategy == "vanilla" else 1), \
+                    shapes[first][0] // (tp if plan.strategy == "btp" else 1)
+            else:
+                rows, cols = sum(shapes[p][1] for p in members) // tp, shapes[first][0]
+            items[f"{_group_name(members)}.concat_weights"] = rows * cols * b
+
+    heads = args.n_heads if plan.strategy == "vanilla" else args.n_heads // tp
+    gqa = args.kv_heads < args.n_heads
+    add("attention.q", w.q)
+    add("attention.k", w.q if gqa else w.kv)
+    if gqa:
+        add("attention.v", w.q)
+    elif plan.strategy == "megatron" and grouped:
+        add("attention.qkv", w.q + 2 * w.kv)
+    else:
+        add("attention.v", w.kv)
+    add("attention.out", w.q)
+    add("attention.lse", heads, FP32_BYTES)
+
+    if plan.strategy == "megatron" and grouped:
+        add("mlp.gate_up", 2 * w.ffn)
+    else:
+        add("mlp.gate", w.ffn)
+        add("mlp.up", w.ffn)
+    if w.silu_gate:
+        add("mlp.silu_gate", w.ffn)
+    add("mlp.product", w.ffn)
+
+    if args.low_rank:
+        add("pairs.latents", 7 * lat)
+        if w.silu_latents:
+            add("pairs.silu", 7 * lat)
+    return items
+
+
+def activation_bytes(args: ModelShape, plan: Plan) -> int:
+    """Bytes one block keeps for backward per micro-batch on one rank under `plan.ac`.
+
+    none: `saved_activations`. full: the block input only. selective: TorchTitan's
+    default, every 2nd block full, so the mean of none and full. lowrank (BOOST §5, as
+    `python -m boost_titan.activation_memory` measures `parallelize/lowrank_ac.py`): the
+    block input and the outputs of the forward collectives, which under BTP are the 7
+    latents (+ online RMSNorm's two statistics, or sync RMSNorm's two fp32 [T, 1] sums):
+    d/tp + 7r + 2; under vanilla the B all-reduces at the full output dims: d + 5d +
+    2 d_ff; without TP the down-projection outputs: d + 7r.
+    """
+    tp, t, b = plan.tp, plan.tokens, plan.dtype_bytes
+    residual = args.dim // tp if plan.strategy == "btp" else args.dim
     if plan.ac == "full":
-        return residual
+        return t * residual * b
     if plan.ac == "lowrank":
-        return 2 * residual + 7 * latent
-    shapes, split = args.projection_shapes(), 1 if plan.strategy == "vanilla" else tp
-    attention = (shapes["q"][1] + shapes["k"][1] + shapes["v"][1] + shapes["o"][0]) / split
-    mlp = (3 if args.low_rank else 4) * args.ffn_dim / split
-    pairs = 7 * latent * (2 if args.activation == "silu" else 1) if args.low_rank else 0
-    none = 4 * residual + attention + mlp + pairs
-    return (none + residual) / 2 if plan.ac == "selective" else none
+        if tp == 1:
+            return t * (residual + 7 * args.effective_rank) * b
+        if plan.strategy == "vanilla":
+            outputs = sum(d_out for _, d_out in args.projection_shapes().values())
+            return t * (residual + outputs) * b
+        stats = 2 * b if plan.rmsnorm == "online" else 2 * FP32_BYTES
+        return t * ((residual + 7 * args.effective_rank) * b + stats)
+    none = sum(saved_activations(args, plan).values())
+    return round((none + t * residual * b) / 2) if plan.ac == "selective" else none
 
 
 def _layers_per_stage(args: ModelShape, plan: Plan) -> int:
@@ -350,8 +441,7 @@ def memory_per_rank(args: ModelShape, plan: Plan) -> dict[str, int]:
     n = params_per_rank(args, plan)
     weights, grads, optimizer = (n * b for b in STATE_BYTES[plan.dtype])
     in_flight = min(plan.pp, plan.microbatches)
-    per_layer = activation_elements_per_token(args, plan) * plan.tokens * plan.dtype_bytes
-    activations = round(per_layer * _layers_per_stage(args, plan) * in_flight)
+    activations = activation_bytes(args, plan) * _layers_per_stage(args, plan) * in_flight
     parts = {"params": weights, "grads": grads, "optimizer": optimizer, "activations": activations}
     return parts | {"total": sum(parts.values())}
 
@@ -569,7 +659,7 @@ def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> Perf
         flops_per_layer_bwd=2 * flops,
         recompute_flops_per_layer=recompute_flops(args, plan),
         gemms=[g.to_json(db) for g in layer_gemms(args, plan)],
-        activation_bytes_per_layer=round(activation_elements_per_token(args, plan) * t * db),
+        activation_bytes_per_layer=activation_bytes(args, plan),
         params_total=param_count(args),
         params_per_rank=params_per_rank(args, plan),
         memory_bytes_per_rank=memory_per_rank(args, plan),

@@ -1,0 +1,253 @@
+"""Regenerate the README's tables of measured and modelled figures from the project's tools.
+
+Each table lives between two marker comments in README.md::
+
+    <!-- table:NAME -->
+    ...generated text...
+    <!-- /table -->
+
+and is replaced by what `TABLES[NAME]` prints (the same text as the command it names, less
+anything that changes from run to run: the trace's own wall-clock seconds). Everything here
+is deterministic: counts, bytes, FLOPs, activation bytes, the analytic model's seconds. The
+wall-clock tables (`bench cpu`, command start-up) are measurements of one machine at one
+time and are not regenerated.
+
+    python scripts/readme_tables.py                 # rewrite README.md in place
+    python scripts/readme_tables.py --check         # exit 1 with a diff if README.md differs
+    python scripts/readme_tables.py --only params,validate --check
+    python scripts/readme_tables.py --list
+
+`trace-sweep` runs the full trace sweep (45 configurations, about 40 s of one core); the
+others take a few seconds each. tests/test_readme_tables.py runs `--check` for every table
+but `trace-sweep`, and re-traces a subset of that one's rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import io
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+TRACE_FLAVORS = ("1B", "3B", "7B", "13B", "30B")
+TRACE_STRATEGIES = ("megatron", "vanilla", "btp")
+TRACE_TPS = (2, 4, 8)
+TRACE_COMMAND = (
+    "python -m boost_titan.bench trace --flavor 1B,3B,7B,13B,30B "
+    "--strategy megatron,vanilla,btp --tp 2,4,8 --compare"
+)
+AC_FLAVOR, AC_SEQ, AC_TPS = "1B", 2048, (1, 4)
+
+
+@dataclass(frozen=True)
+class Table:
+    command: str
+    """The command whose output the table reproduces (documentation)."""
+    generate: Callable[[], str]
+    slow: bool = False
+
+
+def _stdout(fn: Callable[[], object]) -> str:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        fn()
+    return buffer.getvalue().rstrip("\n")
+
+
+def _fenced(text: str) -> str:
+    return f"```\n{text}\n```"
+
+
+# ---- the tables -------------------------------------------------------------------------
+def params_table() -> str:
+    from boost_titan.boost_llama.__main__ import main
+
+    return _stdout(main)
+
+
+def bench_output(*argv: str) -> Callable[[], str]:
+    def generate() -> str:
+        from boost_titan.bench.__main__ import main
+
+        code: list[int] = []
+        text = _stdout(lambda: code.append(main(list(argv))))
+        if code != [0]:
+            raise RuntimeError(f"bench {' '.join(argv)} exited {code}")
+        return _fenced(text)
+
+    return generate
+
+
+def trace_rows(configs: list[tuple[str, str, int]]) -> list[str]:
+    """Lines of `bench trace --compare` (without the wall-clock column) for (flavor,
+    strategy, tp) configurations at the command's defaults (cola, micro-batch 1, seq 4096)."""
+    from boost_titan.bench import perfmodel, trace
+
+    records = []
+    for flavor, strategy, tp in configs:
+        args = perfmodel.model_args(flavor, "cola", strategy)
+        plan = perfmodel.Plan(strategy=strategy, tp=tp)
+        record = trace.trace(flavor, args, plan)
+        modelled = perfmodel.evaluate(flavor, args, plan, ["a100"])
+        record.model_mismatches = trace.compare(record, modelled, args, plan)
+        record.model_activation_bytes_per_layer = modelled.activation_bytes_per_layer
+        records.append(record)
+    return trace.format_traces(records, timing=False).splitlines()
+
+
+def trace_configs() -> list[tuple[str, str, int]]:
+    return [(f, s, tp) for f in TRACE_FLAVORS for tp in TRACE_TPS for s in TRACE_STRATEGIES]
+
+
+def trace_table() -> str:
+    lines = trace_rows(trace_configs())
+    rows = lines[1:-1]  # between the header and the activation summary
+    agree = sum(line.endswith("  agrees") for line in rows)
+    summary = f"{len(rows)} configurations, {agree} agree"
+    return f"<details><summary>output ({summary})</summary>\n\n{_fenced(chr(10).join(lines))}\n</details>"
+
+
+def lowrank_ac_table() -> str:
+    """The TP1 / TP4 table of `python -m boost_titan.activation_memory --flavor 1B
+    --seq-len 2048 [--tp 4]`, and what the low-rank recompute contains."""
+    from boost_titan.activation_memory import MODES, measure_layer
+    from boost_titan.bench import perfmodel
+    from boost_titan.boost_llama import flavor_args
+
+    args = flavor_args(AC_FLAVOR, arch="cola")
+    runs = {tp: {m: measure_layer(args, m, seq_len=AC_SEQ, tp=tp) for m in MODES} for tp in AC_TPS}
+    names = {"none": "none", "full": "TorchTitan `full`", "selective": "TorchTitan `selective` (op)",
+             "lowrank": "**`lowrank_ac`**"}
+    header = ["mode"]
+    for tp in AC_TPS:
+        label = "TP1" if tp == 1 else f"TP{tp} btp"
+        header += [f"{label}: MiB/layer", "vs none", "recompute GFLOP"]
+    header.append(f"TP{max(AC_TPS)} backward collectives")
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for mode in MODES:
+        cells = [names[mode]]
+        for tp in AC_TPS:
+            m, none = runs[tp][mode], runs[tp]["none"]
+            recompute = (m.backward_flops - none.backward_flops) / 1e9
+            cells += [f"{m.saved_bytes / 2**20:.1f}", f"{100 * m.saved_bytes / none.saved_bytes:.1f}%",
+                      f"{recompute:.1f}" if mode != "none" else "0"]
+        comm = runs[max(AC_TPS)][mode].backward_collectives.get("all_reduce", 0)
+        replay = {"none": "all-reduces", "full": "(forward replayed)"}.get(mode, "(none replayed)")
+        cells.append(f"{comm} {replay}" if mode != "none" else f"{comm} all-reduces")
+        if mode == "lowrank":
+            cells = [c if c.startswith("**") else f"**{c}**" for c in cells]
+        rows.append("| " + " | ".join(cells) + " |")
+
+    lines = []
+    for tp in AC_TPS:
+        run = runs[tp]
+        full = run["full"].backward_flops - run["none"].backward_flops
+        low = run["lowrank"].backward_flops - run["none"].backward_flops
+        plan = perfmodel.Plan(strategy="btp", tp=tp, seq_len=AC_SEQ)
+        shape = perfmodel.model_args(AC_FLAVOR, "cola", "btp")
+        ups = {g.name: g.flops for g in perfmodel.layer_gemms(shape, plan) if g.name.endswith(".B")}
+        attention = perfmodel.attention_flops(shape, plan)
+        without_down = sum(ups.values()) - ups["down.B"] + attention
+        verdict = {without_down: "every up-projection but B_down",
+                   without_down + ups["down.B"]: f"every up-projection including B_down "
+                                                 f"({ups['down.B'] / 1e9:.1f} GFLOP)"}.get(low, "other work")
+        label = "TP1" if tp == 1 else f"TP{tp}"
+        lines.append(f"{label}: forward {run['none'].forward_flops / 1e9:.1f} GFLOP per layer and rank; "
+                     f"low-rank AC recomputes {low / 1e9:.1f} GFLOP ({100 * low / full:.0f}% of full AC's "
+                     f"{full / 1e9:.1f}): attention and {verdict}.")
+    return "\n".join(rows) + "\n\n" + "\n".join(f"- {line}" for line in lines)
+
+
+TABLES: dict[str, Table] = {
+    "params": Table("python -m boost_titan.boost_llama", params_table),
+    "lowrank-ac": Table("python -m boost_titan.activation_memory --flavor 1B --seq-len 2048 [--tp 4]",
+                        lowrank_ac_table),
+    "trace-sweep": Table(TRACE_COMMAND, trace_table, slow=True),
+    "model-breakdown": Table(
+        "python -m boost_titan.bench model --flavor 7B --tp 4 --gpu a100-hgx4 --breakdown",
+        bench_output("model", "--flavor", "7B", "--tp", "4", "--gpu", "a100-hgx4", "--breakdown")),
+    "validate": Table("python -m boost_titan.bench validate", bench_output("validate")),
+}
+
+
+# ---- README surgery ---------------------------------------------------------------------
+BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
+
+
+def blocks(text: str) -> dict[str, str]:
+    """NAME -> current text between the markers."""
+    found: dict[str, str] = {}
+    for match in BLOCK.finditer(text):
+        if match["name"] in found:
+            raise SystemExit(f"README: table {match['name']!r} is marked twice")
+        found[match["name"]] = match["body"]
+    return found
+
+
+def render(text: str, generated: dict[str, str]) -> str:
+    return BLOCK.sub(
+        lambda m: m.group(1) + generated.get(m["name"], m["body"]) + m.group(4), text
+    )
+
+
+def regenerate(names: list[str]) -> dict[str, str]:
+    return {name: TABLES[name].generate() for name in names}
+
+
+def check(text: str, generated: dict[str, str], path: str = "README.md") -> str:
+    """A unified diff of the committed tables against the generated ones ('' if equal)."""
+    new = render(text, generated)
+    return "".join(difflib.unified_diff(
+        text.splitlines(keepends=True), new.splitlines(keepends=True),
+        fromfile=f"{path} (committed)", tofile=f"{path} (generated)",
+    ))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="do not write; exit 1 and print a diff if README.md differs")
+    parser.add_argument("--only", help=f"comma list of tables ({', '.join(TABLES)})")
+    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--list", action="store_true", help="list the tables and their commands")
+    ns = parser.parse_args(argv)
+    if ns.list:
+        for name, table in TABLES.items():
+            print(f"{name:16s} {table.command}")
+        return 0
+    names = ns.only.split(",") if ns.only else list(TABLES)
+    unknown = [n for n in names if n not in TABLES]
+    if unknown:
+        print(f"error: unknown table(s) {', '.join(unknown)}; --list shows them", file=sys.stderr)
+        return 2
+    text = ns.readme.read_text()
+    missing = [n for n in names if n not in blocks(text)]
+    if missing:
+        print(f"error: {ns.readme} has no markers for {', '.join(missing)}", file=sys.stderr)
+        return 2
+    generated = regenerate(names)
+    if ns.check:
+        diff = check(text, generated, ns.readme.name)
+        if diff:
+            print(diff, end="")
+            print(f"\n{ns.readme} differs from what the tools print: run scripts/readme_tables.py",
+                  file=sys.stderr)
+            return 1
+        print(f"{ns.readme.name}: {', '.join(names)} up to date")
+        return 0
+    new = render(ns.readme.read_text(), generated)  # re-read: others may have edited meanwhile
+    ns.readme.write_text(new)
+    print(f"{ns.readme.name}: regenerated {', '.join(names)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
