@@ -37,7 +37,14 @@ def _target(ns: argparse.Namespace):
     if ns.model:
         if not ns.layout:
             raise ConfigError("--model needs --layout MODULE:NAME (a ModelLayout)")
-        return _load(ns.model, "model")(), _load(ns.layout, "layout")
+        try:
+            model = _load(ns.model, "model")()
+        except TypeError as e:
+            raise ConfigError(
+                f"--model {ns.model!r}: {e}; name a function that builds the model without "
+                "arguments"
+            ) from None
+        return model, _load(ns.layout, "layout")
     import torch
 
     from boost_titan.boost_llama import BoostTransformer, flavor_args

@@ -34,7 +34,6 @@ of each block's first training forward (eager mode) and raises a one-line `PlanE
 
 from __future__ import annotations
 
-import copy
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -276,7 +275,8 @@ _INSTANCES: weakref.WeakKeyDictionary[nn.Module, GroupInstance] = weakref.WeakKe
 
 
 class _Bound:
-    """A style that belongs to a NormGroup; `bind` resolves the block's instance."""
+    """Mixed into a TPStyle that belongs to a NormGroup: `bind` also resolves the block's
+    instance of the group."""
 
     spec: NormGroup
     instance: GroupInstance | None = None
@@ -285,7 +285,7 @@ class _Bound:
         raise NotImplementedError
 
     def bind(self, root: nn.Module, fqn: str):
-        bound = copy.copy(self)
+        bound = super().bind(root, fqn)
         bound.instance = self.spec.bind(root, fqn, self.relative())
         return bound
 

@@ -26,6 +26,7 @@ what it does to it (one row of `describe.plan_table`).
 
 from __future__ import annotations
 
+import copy
 import types
 from dataclasses import dataclass
 
@@ -115,6 +116,14 @@ class TPStyle(ParallelStyle):
 
     placements: dict[str, Placement] = {}
     module_kinds: tuple[type, ...] = (nn.Linear,)
+    fqn: str = ""
+    """The module this copy of the style is for (set by `bind`), named in errors."""
+
+    def bind(self, root: nn.Module, fqn: str) -> TPStyle:
+        """This style for module `fqn` of `root` (`resolve_plan` binds every match)."""
+        bound = copy.copy(self)
+        bound.fqn = fqn
+        return bound
 
     # ---- checks and description, before anything is touched ----------------------------
     def kind_ok(self, module: nn.Module) -> bool:
@@ -140,6 +149,16 @@ class TPStyle(ParallelStyle):
 
     def role(self, module: nn.Module, tp: int) -> Role:
         raise NotImplementedError
+
+    def check_input(self, x: torch.Tensor, features: int) -> None:
+        """Raise PlanError unless x holds `features` per rank: the model feeds this module
+        another tensor than the layout says (e.g. a norm output it does not list)."""
+        if x.shape[-1] != features:
+            raise PlanError(
+                f"{self.fqn or type(self).__name__} takes {features} input features per rank "
+                f"under this plan but got {x.shape[-1]}: its input is not what ModelLayout "
+                "says; list every module that reads a norm's output in shared_inputs"
+            )
 
     # ---- application --------------------------------------------------------------------
     def _distribute(self, module: nn.Module, mesh: DeviceMesh) -> None:
@@ -221,6 +240,7 @@ class ColumnParallel(TPStyle):
 
     def _local_forward(self, module, group, x):
         x = local(x)
+        self.check_input(x, module.in_features)
         if self.reduce_input_grad:
             (y,) = comm.column_linears(x, [local(module.weight)], group)
             y = y + local(module.bias) if module.bias is not None else y
@@ -262,6 +282,8 @@ class RowParallel(TPStyle):
 
     def _local_forward(self, module, group, x):
         x = local(x)
+        features = module.in_features if self.split_input else local(module.weight).shape[1]
+        self.check_input(x, features)
         if self.split_input:
             x = comm.split_last(x, group)
         y = comm.sum_partials(F.linear(x, local(module.weight)), group)

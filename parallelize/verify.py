@@ -7,13 +7,18 @@ code that is wrong on sharded tensors (a mean over the hidden dim of the BTP res
 stream, an attention that fixes its head count in a view, a norm whose formula is not
 ``x / rms(x) * weight``, a vanilla latent activation that mixes features), and latents
 used outside autograd's sight. It costs one unsharded copy of the model on every rank.
+
+For the step, every 1-D parameter (norm weights, biases) is moved off its value
+(``p * U(0.5, 1.5) + U(-0.05, 0.05)``, the same on every rank) and restored afterwards:
+freshly initialised norm weights of 1 and biases of 0 would hide a norm-weight factor or
+a bias term that a sharded backward drops.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .styles import PlanError
 
@@ -41,6 +46,36 @@ def _vocab(model: nn.Module) -> int:
     raise PlanError("verify: the model has no nn.Embedding; pass example_input to verify_plan")
 
 
+def _shaped_like(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """`full` laid out as `param` (its local shard for a DTensor; no communication)."""
+    if isinstance(param, DTensor):
+        return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+    return full
+
+
+@torch.no_grad()
+def _perturb_vectors(model: nn.Module, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Move every 1-D parameter off its value (see the module docstring); return the
+    original values, for `_restore`."""
+    saved = {}
+    for name, param in model.named_parameters():
+        if param.dim() != 1:
+            continue
+        scale = 0.5 + torch.rand(param.shape, generator=generator, dtype=param.dtype)
+        shift = 0.1 * (torch.rand(param.shape, generator=generator, dtype=param.dtype) - 0.5)
+        saved[name] = param.detach().clone()
+        param.mul_(_shaped_like(scale.to(param.device), param))
+        param.add_(_shaped_like(shift.to(param.device), param))
+    return saved
+
+
+@torch.no_grad()
+def _restore(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    for name, param in model.named_parameters():
+        if name in saved:
+            param.copy_(saved[name])
+
+
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     scale = want.abs().max().clamp_min(torch.finfo(want.dtype).tiny)
     return ((got.double() - want.double()).abs().max() / scale).item()
@@ -55,15 +90,16 @@ def verify_plan(
 ) -> float:
     """Compare sharded `model` with unsharded `reference` on one forward and backward.
 
-    The reference first takes the sharded model's weights (gathered), so both start
-    equal. `example_input`: default random token ids [2, 16] within the first
+    The reference first takes the sharded model's weights (gathered, 1-D ones moved off
+    their values), so both start equal; the model's own values are restored afterwards. `example_input`: default random token ids [2, 16] within the first
     nn.Embedding's vocabulary. Both run in eval mode (no dropout); gradients are cleared
     afterwards. Returns the largest relative error; raises `PlanError` naming the first
     output or gradient whose error exceeds `rtol`.
     """
+    generator = torch.Generator().manual_seed(0)
+    saved = _perturb_vectors(model, generator)
     state = {k: _full(v.detach()) for k, v in model.state_dict().items()}
     reference.load_state_dict(state)
-    generator = torch.Generator().manual_seed(0)
     if example_input is None:
         example_input = torch.randint(0, _vocab(model), (2, 16), generator=generator)
     modes = model.training, reference.training
@@ -90,6 +126,7 @@ def verify_plan(
                 continue
             errors[f"{name} gradient"] = _relative_error(_full(param.grad), want_grad)
     finally:
+        _restore(model, saved)
         model.train(modes[0])
         reference.train(modes[1])
         model.zero_grad(set_to_none=True)

@@ -37,10 +37,11 @@ ARCHS = {
 }
 
 
-def build(arch: str = "cola", *, n_layers: int = 2, **kw) -> BoostTransformer:
+def build(arch: str = "cola", *, n_layers: int = 3, **kw) -> BoostTransformer:
+    """A small model with GQA (8 heads, 4 kv heads) and every parameter random."""
     torch.manual_seed(0)
-    args = flavor_args("debug", vocab_size=VOCAB, arch=arch, dim=64, n_heads=4, ffn_dim=128,
-                       n_layers=n_layers, **kw)
+    args = flavor_args("debug", vocab_size=VOCAB, arch=arch, dim=64, n_heads=8, n_kv_heads=4,
+                       ffn_dim=128, n_layers=n_layers, **kw)
     model = BoostTransformer(args)
     model.init_weights()
     randomize(model)
@@ -140,7 +141,7 @@ def test_parallelize_boost_applies_lowrank_ac():
                                  dp_replicate_enabled=False, tp=1)
     parallelize_boost(model, dims, job)
     wrapped = [type(b).__name__ for b in model.layers.values()]
-    assert wrapped == ["CheckpointWrapper"] * 2
+    assert wrapped == ["CheckpointWrapper"] * len(model.layers)
     assert "layers.0.attention.wq.down.weight" in model.state_dict()
 
 
