@@ -266,14 +266,16 @@ def plot(c: Comparison, path: Path) -> None:
 
     fig, (losses, loss_diffs, norm_diffs) = plt.subplots(1, 3, figsize=(16, 4.5))
     window = c.smooth if len(c.steps) > 4 * c.smooth else 1
+    colour = {name: f"C{i}" for i, name in enumerate(c.layouts)}
     for name in c.layouts:
-        losses.plot(c.steps, smooth(c.losses[name], window), label=name, lw=1)
+        losses.plot(c.steps, smooth(c.losses[name], window), label=name, lw=1, color=colour[name])
     title = "training loss" + (f" ({window}-step mean)" if window > 1 else "")
     losses.set(xlabel="step", ylabel="loss", title=title)
     for name in c.layouts[1:]:
         if c.kind(name) != "other":
             for ax, diff in ((loss_diffs, c.loss_diff(name)), (norm_diffs, c.grad_norm_diff(name))):
-                ax.semilogy(c.steps, [max(d, 1e-12) for d in diff], label=name, lw=0.6)
+                ax.semilogy(c.steps, [max(d, 1e-12) for d in diff], label=name, lw=0.6,
+                            color=colour[name])
     loss_diffs.set(xlabel="step", ylabel=f"|loss - {c.reference} loss|", title="loss differences")
     norm_diffs.set(xlabel="step", ylabel="relative difference", title="grad-norm differences")
     for ax in (losses, loss_diffs, norm_diffs):

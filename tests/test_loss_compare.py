@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.loss_compare import compare, main, smooth, table
+from boost_titan.loss_compare import compare, main, plot, smooth, table
 
 
 def _rows(losses: list[float], norms: list[float] | None = None) -> list[dict]:
@@ -48,6 +48,13 @@ def test_drift_is_judged_against_the_seed_run():
     assert c.kind("fullrank-tp2") == "other" and c.exact()[0] == 0.0
     vals["tp2"] = _val(2.3)  # closer in training loss, further in validation loss
     assert compare(rows, vals, exact_steps=2, window=1).drift_failures() == ["vanilla-tp2", "tp2"]
+
+
+def test_plot_writes_a_png(tmp_path):
+    rows = {"tp1": _rows([5.0, 4.0, 3.0]), "tp2": _rows([5.0, 4.0, 3.1]),
+            "fullrank-tp2": _rows([6.0, 5.0, 4.0])}
+    plot(compare(rows, {}, exact_steps=3, window=1), tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_runs_of_other_steps_are_refused():
