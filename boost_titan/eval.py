@@ -33,11 +33,11 @@ from torchtitan.distributed.utils import get_train_context
 from tqdm import tqdm
 
 from boost_titan.boost_llama.strategies import strategy_names
+from boost_titan.config.cli import OneLineParser
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.validation import build_validation_batches, data_at
 from boost_titan.runtime.validator import HeldOutLoss, evaluate
 from boost_titan.trained import (
-    Parser,
     add_model_options,
     build,
     fail_worker,
@@ -48,8 +48,8 @@ from boost_titan.trained import (
 CPU_MESH_WARNING = r"DTensor .* may not have complete support on cpu device mesh"
 
 
-def parser() -> Parser:
-    p = Parser(
+def parser() -> OneLineParser:
+    p = OneLineParser(
         prog="python -m boost_titan.eval",
         description=(
             "Loss and perplexity of a DCP checkpoint or an export over a dataset (default: "

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from boost_titan.boost_llama.export_format import (
     CONFIG,
@@ -40,7 +40,7 @@ from boost_titan.boost_llama.export_format import (
 )
 from boost_titan.boost_llama.shapes import FLAVORS, ModelShape
 from boost_titan.config import ARCHS, LAX_BASES
-from boost_titan.config.cli import fail
+from boost_titan.config.cli import OneLineParser, fail
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import (
     check_readable,
@@ -263,13 +263,8 @@ def export(checkpoint: str, out: str, **flags: Any) -> ModelShape:
 
 
 # ---- command line ----------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        fail(f"{message}; run with --help for the options")
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="python -m boost_titan.export",
         description=(
             "Write a DCP checkpoint's model weights as OUT/model.safetensors (plain FQNs, "

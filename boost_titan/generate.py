@@ -19,10 +19,9 @@ import sys
 
 import torch
 
-from boost_titan.config.cli import fail
+from boost_titan.config.cli import OneLineParser, fail
 from boost_titan.config.errors import ConfigError
 from boost_titan.trained import (
-    Parser,
     add_model_options,
     build,
     load_tokenizer_for,
@@ -30,8 +29,8 @@ from boost_titan.trained import (
 )
 
 
-def parser() -> Parser:
-    p = Parser(
+def parser() -> OneLineParser:
+    p = OneLineParser(
         prog="python -m boost_titan.generate",
         description="Continue --prompt with a DCP checkpoint or an export (greedy or sampled).",
     )

@@ -42,7 +42,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from boost_titan.config.cli import fail
+from boost_titan.config.cli import OneLineParser, fail
 from boost_titan.config.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="python -m boost_titan.loss_compare",
+    parser = OneLineParser(prog="python -m boost_titan.loss_compare",
                                      description=__doc__.split("\n\n")[0],
                                      epilog="Arguments after -- go to every training run.")
     parser.add_argument("--layouts", default="tp1,tp2,dp2-tp2,pp2-tp2",

@@ -18,7 +18,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from boost_titan.config.cli import fail
+from boost_titan.config.cli import OneLineParser, fail
 from boost_titan.config.errors import ConfigError
 
 
@@ -57,7 +57,7 @@ def _target(ns: argparse.Namespace):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m boost_titan.plan", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m boost_titan.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategy", default="btp", choices=("megatron", "vanilla", "btp"))
     parser.add_argument("--tp", type=int, default=2, help="TP degree (default 2)")
     parser.add_argument("--flavor", default="debug", help="boost_llama flavor (default debug)")

@@ -160,13 +160,6 @@ def load_tokenizer_for(assets: str, args: BoostModelArgs) -> BaseTokenizer:
 
 
 # ---- command line ----------------------------------------------------------------------
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(f"{message}; run with --help for the options")
-
-
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """--checkpoint, --tokenizer and the DCP-only model flags (as `boost_titan.export`'s)."""
     parser.add_argument("--checkpoint", required=True, metavar="DIR",

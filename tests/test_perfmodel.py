@@ -573,6 +573,8 @@ def test_cli_dtype_takes_torchtitans_spelling(capsys):
         runs[dtype] = json.loads(capsys.readouterr().out)
     assert runs["float32"] == runs["fp32"] != runs["bf16"] == runs["bfloat16"]
     assert {r["dtype"] for r in runs["bfloat16"]} == {"bf16"}
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         main(["model", "--dtype", "float16"])
-    assert "'float16' is not one of bf16, fp32, bfloat16, float32" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1  # one line, no usage dump
+    assert err.startswith("error: argument --dtype: 'float16' is not one of bf16, fp32, bfloat16, float32")

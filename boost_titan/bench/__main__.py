@@ -18,6 +18,7 @@ from boost_titan.bench.gpus import GPUS
 from boost_titan.bench.plots import write_plot
 from boost_titan.bench.records import format_records
 from boost_titan.config import ARCHS, RMSNORM_MODES
+from boost_titan.config.cli import OneLineParser
 from boost_titan.config.errors import ConfigError
 
 PLOT_FLAVORS = ("1B", "3B", "7B", "13B", "30B")
@@ -224,7 +225,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m boost_titan.bench", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m boost_titan.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, command in SUBCOMMANDS.items():

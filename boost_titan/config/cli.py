@@ -10,6 +10,7 @@ This module is imported before torchtitan by `boost_titan.train` (see
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import difflib
@@ -41,6 +42,13 @@ def with_boost_section(args: list[str]) -> list[str]:
     if any(a.split("=", 1)[0] in _CUSTOM_CONFIG_FLAGS for a in args):
         return list(args)
     return [*args, f"{_CUSTOM_CONFIG_FLAGS[0]}={BOOST_CONFIG_MODULE}"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one `error:` line (exit 2), as every command's."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message}; run with --help for the options")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
