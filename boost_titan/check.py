@@ -294,7 +294,7 @@ def check_initial_readable(job) -> None:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
 
-    from boost_titan.boost_llama.export_format import model_shapes
+    from boost_titan.boost_llama.export_format import first_shape_mismatch, model_shapes
     from boost_titan.boost_llama.spec import model_args_for
 
     training_state = {DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE}
@@ -303,14 +303,14 @@ def check_initial_readable(job) -> None:
         if key.split(".")[0] not in training_state and isinstance(meta, TensorStorageMetadata)
     }
     expected = model_shapes(model_args_for(job))
-    for key in sorted(expected.keys() | stored.keys()):
-        if expected.get(key) != stored.get(key):
-            raise ConfigError(
-                f"{where} has {key} {stored.get(key, 'missing')} but the job's model "
-                f"({job.model.flavor}, arch {job.boost.arch}) expects "
-                f"{expected.get(key, 'no such weight')}; train with the model.flavor, "
-                "[boost] arch and rank it was saved with"
-            )
+    key = first_shape_mismatch(expected, stored)
+    if key is not None:
+        raise ConfigError(
+            f"{where} has {key} {stored.get(key, 'missing')} but the job's model "
+            f"({job.model.flavor}, arch {job.boost.arch}) expects "
+            f"{expected.get(key, 'no such weight')}; train with the model.flavor, "
+            "[boost] arch and rank it was saved with"
+        )
 
 
 def check_initial_export(job) -> None:

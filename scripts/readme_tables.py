@@ -91,15 +91,11 @@ def trace_rows(configs: list[tuple[str, str, int]]) -> list[str]:
     strategy, tp) configurations at the command's defaults (cola, micro-batch 1, seq 4096)."""
     from boost_titan.bench import perfmodel, trace
 
-    records = []
-    for flavor, strategy, tp in configs:
-        args = perfmodel.model_args(flavor, "cola", strategy)
-        plan = perfmodel.Plan(strategy=strategy, tp=tp)
-        record = trace.trace(flavor, args, plan)
-        modelled = perfmodel.evaluate(flavor, args, plan, ["a100"])
-        record.model_mismatches = trace.compare(record, modelled, args, plan)
-        record.model_activation_bytes_per_layer = modelled.activation_bytes_per_layer
-        records.append(record)
+    records = [
+        trace.trace_compared(flavor, perfmodel.model_args(flavor, "cola", strategy),
+                             perfmodel.Plan(strategy=strategy, tp=tp), "a100")
+        for flavor, strategy, tp in configs
+    ]
     return trace.format_traces(records, timing=False).splitlines()
 
 

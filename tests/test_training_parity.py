@@ -49,10 +49,6 @@ def _losses(dump: Path) -> list[float]:
     return [row["loss"] for row in read_log(str(dump / "losses.jsonl"))[0]]
 
 
-def _grad_norms(dump: Path) -> list[float]:
-    return [row["grad_norm"] for row in read_log(str(dump / "losses.jsonl"))[0]]
-
-
 def _validations(dump: Path) -> dict[int, dict]:
     """Step -> the row (loss, perplexity, tokens) of every validation the run logged."""
     return {row["step"]: row for row in read_log(str(dump / "losses.jsonl"))[1]}
@@ -151,7 +147,11 @@ class Runs:
             start = time.perf_counter()
             output = _torchrun(nproc, dump, *self.common, "--boost.arch", arch, *load, *args)
             seconds = time.perf_counter() - start
-            self.done[name] = Run(_losses(dump), _grad_norms(dump), _validations(dump), output, seconds)
+            steps, validations = read_log(str(dump / "losses.jsonl"))
+            self.done[name] = Run(
+                [r["loss"] for r in steps], [r["grad_norm"] for r in steps],
+                {r["step"]: r for r in validations}, output, seconds,
+            )
         return self.done[name]
 
     def reference(self, arch: str) -> Run:

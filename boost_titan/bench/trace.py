@@ -327,7 +327,7 @@ def compare(
                            ("flops_per_layer_bwd", model.flops_per_layer_bwd + recompute)):
         if abs(m[name] - expected) > FLOP_TOLERANCE * expected:
             problems.append(f"{name}: trace {m[name]:.4g} model {expected:.4g}")
-    gap = activation_gap(measured, model)
+    gap = activation_gap(measured.activation_bytes_per_layer, model.activation_bytes_per_layer)
     if abs(gap) > ACTIVATION_TOLERANCE:
         problems.append(
             f"activation_bytes_per_layer: trace {measured.activation_bytes_per_layer} "
@@ -336,10 +336,20 @@ def compare(
     return problems
 
 
-def activation_gap(measured: TraceRecord, model: perfmodel.PerfRecord) -> float:
+def activation_gap(traced: int, modelled: int) -> float:
     """(model - trace) / trace of the activation bytes of one block."""
-    traced = measured.activation_bytes_per_layer
-    return (model.activation_bytes_per_layer - traced) / traced
+    return (modelled - traced) / traced
+
+
+def trace_compared(
+    flavor: str, args: BoostModelArgs, plan: perfmodel.Plan, gpu: str
+) -> TraceRecord:
+    """`trace` one configuration and compare it with the model's prediction on `gpu`."""
+    record = trace(flavor, args, plan)
+    modelled = perfmodel.evaluate(flavor, args, plan, [gpu])
+    record.model_mismatches = compare(record, modelled, args, plan)
+    record.model_activation_bytes_per_layer = modelled.activation_bytes_per_layer
+    return record
 
 
 # ---- command line ------------------------------------------------------------------------
@@ -363,12 +373,8 @@ def run(ns: argparse.Namespace, sweep: dict) -> int:
             for strategy in strategies:
                 args = perfmodel.model_args(flavor, arch, strategy)
                 plan = perfmodel.Plan(strategy=strategy, tp=tp, **sweep)
-                record = trace(flavor, args, plan)
-                if ns.compare:
-                    modelled = perfmodel.evaluate(flavor, args, plan, gpus[:1])
-                    record.model_mismatches = compare(record, modelled, args, plan)
-                    record.model_activation_bytes_per_layer = modelled.activation_bytes_per_layer
-                records.append(record)
+                records.append(trace_compared(flavor, args, plan, gpus[0]) if ns.compare
+                               else trace(flavor, args, plan))
     if ns.json != "-":
         print(format_traces(records))
     text = json.dumps([r.to_json() for r in records], indent=1)
@@ -391,7 +397,7 @@ def format_traces(records: list[TraceRecord], timing: bool = True) -> str:
         verdict = "-" if r.model_mismatches is None else "; ".join(r.model_mismatches) or "agrees"
         act = "-"
         if r.model_activation_bytes_per_layer is not None:
-            gap = r.model_activation_bytes_per_layer / r.activation_bytes_per_layer - 1
+            gap = activation_gap(r.activation_bytes_per_layer, r.model_activation_bytes_per_layer)
             act = f"{r.model_activation_bytes_per_layer / mib:.1f} ({gap:+.1%})"
         lines.append(
             f"{r.flavor:>6} {r.arch:>8} {r.strategy:>8} {r.tp:>2} "
@@ -404,7 +410,7 @@ def format_traces(records: list[TraceRecord], timing: bool = True) -> str:
     gaps: dict[str, float] = {}
     for r in records:
         if r.model_activation_bytes_per_layer is not None:
-            gap = abs(r.model_activation_bytes_per_layer / r.activation_bytes_per_layer - 1)
+            gap = abs(activation_gap(r.activation_bytes_per_layer, r.model_activation_bytes_per_layer))
             gaps[r.strategy] = max(gaps.get(r.strategy, 0.0), gap)
     if gaps:
         worst = ", ".join(f"{k} {v:.2%}" for k, v in gaps.items())

@@ -75,3 +75,11 @@ def model_shapes(args: ModelShape) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = BoostTransformer(args)
     return {key: tuple(t.shape) for key, t in model.state_dict().items()}
+
+
+def first_shape_mismatch(
+    expected: dict[str, tuple[int, ...]], stored: dict[str, tuple[int, ...]]
+) -> str | None:
+    """The first key (sorted) missing from one side or with another shape; None if equal."""
+    return next((k for k in sorted(expected.keys() | stored.keys())
+                 if expected.get(k) != stored.get(k)), None)

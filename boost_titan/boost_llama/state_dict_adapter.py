@@ -21,7 +21,7 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import is_complete_checkpoint
 
 from .args import BoostModelArgs
-from .export_format import CONFIG, WEIGHTS, args_of, model_shapes
+from .export_format import CONFIG, WEIGHTS, args_of, first_shape_mismatch, model_shapes
 from .shapes import FLAVORS, ModelShape
 
 # ---- loading an export in the trainer ----------------------------------------------------
@@ -101,12 +101,12 @@ def check_export(
     except Exception as e:  # SafetensorError on a truncated or foreign file
         raise ConfigError(f"{where}: {WEIGHTS} is unreadable ({e}); export again") from None
     expected = model_shapes(args)
-    for key in sorted(expected.keys() | stored.keys()):
-        if expected.get(key) != stored.get(key):
-            raise ConfigError(
-                f"{where}: {WEIGHTS} has {key} {stored.get(key, 'missing')} but the model "
-                f"expects {expected.get(key, 'no such weight')}; export again"
-            )
+    key = first_shape_mismatch(expected, stored)
+    if key is not None:
+        raise ConfigError(
+            f"{where}: {WEIGHTS} has {key} {stored.get(key, 'missing')} but the model "
+            f"expects {expected.get(key, 'no such weight')}; export again"
+        )
 
 
 class BoostStateDictAdapter(BaseStateDictAdapter):

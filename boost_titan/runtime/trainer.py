@@ -46,6 +46,9 @@ from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
 from boost_titan.runtime.validator import owns_loss
 
+TITAN_CLIP = titan_dist_utils.clip_grad_norm_
+"""TorchTitan's own clipping, kept before the trainer points `train_step` at its own."""
+
 LOSS_LOG = "losses.jsonl"
 """Per-step global loss and tokens, appended by rank 0 under the dump folder."""
 
@@ -85,7 +88,6 @@ class BoostTrainer(Trainer):
             log_path = os.path.join(job_config.job.dump_folder, LOSS_LOG)
         self.run_log = RunLog(path=log_path)
         self.grad_norm: float | None = None
-        self._titan_clip = titan_dist_utils.clip_grad_norm_
         titan_dist_utils.clip_grad_norm_ = self.clip_grad_norm_
         self.step_losses: list[torch.Tensor] = []
         self.fault = Fault.from_env(dist.get_rank(), dist.get_world_size())
@@ -131,7 +133,7 @@ class BoostTrainer(Trainer):
         """TorchTitan's clipping (through `torchtitan.distributed.utils`, whose function
         `train_step` calls), with the exact fp64 norm of `runtime.grad_norm` unless
         `[boost] exact_grad_norm` is off; the norm is kept for the run log."""
-        clip = clip_grad_norm_exact_ if self.job_config.boost.exact_grad_norm else self._titan_clip
+        clip = clip_grad_norm_exact_ if self.job_config.boost.exact_grad_norm else TITAN_CLIP
         norm = clip(parameters, max_norm, **kwargs)
         self.grad_norm = norm.item()
         return norm
