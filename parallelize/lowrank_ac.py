@@ -13,15 +13,18 @@ Together with the block input (the previous block's B_down + residual, which che
 keeps) these are the boundaries of the segments [B_down(prev) + residual + norm + A_qkv],
 [B_qkv + RoPE + attention + A_o], [B_o + residual + norm + A_gate/up] and [B_gate/up +
 multiply + A_down]. Backward recomputes what lies between from them (norms, B GEMMs, RoPE,
-attention, products; B_down itself is not recomputed: checkpoint stops once the last
-saved tensor is rebuilt) and replays no forward collective, so it issues exactly the
-collectives it issues without checkpointing.
+attention, products; not B_down, see below) and replays no forward collective, so it
+issues exactly the collectives it issues without checkpointing.
 
 In eager mode a GEMM whose output only feeds a cached collective (BTP's row-parallel
 partial products A_i x_i, possibly through `cat`) is not recomputed either: after the
 forward its recompute entry becomes an uninitialised placeholder of its layout, since the
-collective returns its cached output whatever its input. torch.compile's partitioner drops
-such dead recomputation by itself, so compiled blocks use the plain policy.
+collective returns its cached output whatever its input. The same holds for a GEMM whose
+output only feeds residual adds that nothing in the block reads and whose results leave
+the block (B_down under TP: its column-parallel autograd Function saves its input only
+after its GEMM, so checkpoint would rerun that GEMM before it could stop). torch.compile's
+partitioner drops such dead recomputation by itself, so compiled blocks use the plain
+policy.
 
 With `tp_strategy = "vanilla"` the same mechanism applies and stays communication-free,
 but vanilla's collectives sit at the full output dims (5d + 2 d_ff per token), so it saves
@@ -50,6 +53,8 @@ from torch.utils.checkpoint import (
 
 aten = torch.ops.aten
 GEMMS = frozenset({aten.mm.default, aten.addmm.default})
+# ops whose autograd saves none of their inputs: a residual add may end a skipped chain
+_SINKS = frozenset({aten.add.Tensor})
 # ops whose autograd saves nothing of their inputs: a skipped chain may pass through them
 _PASS_THROUGH = frozenset({aten.cat.default, aten.clone.default})
 _SKIPPABLE = GEMMS | _PASS_THROUGH
@@ -110,7 +115,21 @@ class _Placeholder:
 
 
 _COLLECTIVE, _OTHER = -1, -2
-"""Consumer ids that are not candidate ops: a cached collective, anything else."""
+"""Consumer ids that are not candidate ops: a cached collective, anything else. A sink
+(`_SINKS`) k has the id `_sink_id(k)`."""
+
+
+def _sink_id(k: int) -> int:
+    return -3 - k
+
+
+@dataclass
+class _Sink:
+    """An op that saves none of its inputs; a dead end when nothing in the block reads its
+    output and that output leaves the block."""
+
+    storages: frozenset[int]
+    read: bool = False
 
 
 @dataclass
@@ -133,6 +152,8 @@ class _DataFlow:
         self.mode = None
         self.candidates: list[_Candidate] = []
         self.producer: dict[int, int] = {}
+        self.sinks: list[_Sink] = []
+        self.sink_of: dict[int, int] = {}
         # weak references keep storage ids unique (no address reuse) until finalize
         self.seen: list[StorageWeakRef] = []
 
@@ -147,11 +168,15 @@ class _DataFlow:
             return decision
         out = ctx.op_output
         candidate = func in _SKIPPABLE and isinstance(out, torch.Tensor)
-        me = len(self.candidates) if candidate else _COLLECTIVE if _is_collective(func) else _OTHER
+        sink = func in _SINKS and isinstance(out, torch.Tensor)
+        me = (len(self.candidates) if candidate else _sink_id(len(self.sinks)) if sink
+              else _COLLECTIVE if _is_collective(func) else _OTHER)
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         for key in map(_storage_key, tensors):
             if key in self.producer:
                 self.candidates[self.producer[key]].consumers.append(me)
+            if key in self.sink_of:
+                self.sinks[self.sink_of[key]].read = True
         if func._schema.is_mutable:
             return decision
         storages = [_storage(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -160,6 +185,10 @@ class _DataFlow:
         keys = {s._cdata for s in storages}
         for key in keys:
             self.producer.pop(key, None)
+            self.sink_of.pop(key, None)
+        if sink:
+            self.sink_of.update(dict.fromkeys(keys, len(self.sinks)))
+            self.sinks.append(_Sink(frozenset(keys)))
         if candidate:
             index = self.mode.func_counter[func] - 1
             self.candidates.append(_Candidate(func, index, _Placeholder(out), frozenset(keys)))
@@ -168,13 +197,17 @@ class _DataFlow:
 
     def finalize(self, outputs: Any) -> None:
         """Replace the recompute entries of candidates whose outputs only feed cached
-        collectives (directly or through skipped pass-through ops) by placeholders."""
+        collectives or dead-end sinks (directly or through skipped pass-through ops) by
+        placeholders."""
         escaped = {_storage_key(t) for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)}
+        dead_ends = {_sink_id(k) for k, sink in enumerate(self.sinks)
+                     if not sink.read and sink.storages and sink.storages <= escaped}
         skipped: set[int] = set()
         for i in reversed(range(len(self.candidates))):
             op = self.candidates[i]
             if op.consumers and not op.storages & escaped and all(
                 c == _COLLECTIVE
+                or c in dead_ends
                 or (c in skipped and self.candidates[c].func in _PASS_THROUGH)
                 for c in op.consumers
             ):
@@ -182,6 +215,8 @@ class _DataFlow:
                 self.mode.storage[op.func][op.index] = op.placeholder
         self.candidates.clear()
         self.producer.clear()
+        self.sinks.clear()
+        self.sink_of.clear()
         self.seen.clear()
 
 
