@@ -17,7 +17,10 @@ rows (summed by a tiny torch reduction: two stages, no atomics, deterministic).
 
 Dispatch: Triton when x is on CUDA, or when the environment sets ``BOOST_TITAN_TRITON=1``
 (with ``TRITON_INTERPRET=1`` that runs the kernels on CPU, for tests); the torch
-references otherwise. Both take x of any shape ``[..., d]`` and compute in fp32.
+references otherwise, and always under torch.compile: there Inductor fuses the references'
+element-wise work and row reduction into one pass over x itself (the same bytes as these
+kernels), and can also fuse them into their neighbours, which a hand-written kernel would
+keep it from. Both take x of any shape ``[..., d]`` and compute in fp32.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import torch
 
 
 def _use_triton(x: torch.Tensor) -> bool:
+    if torch.compiler.is_compiling():
+        return False
     return x.is_cuda or os.environ.get("BOOST_TITAN_TRITON") == "1"
 
 

@@ -24,7 +24,12 @@ output only feeds residual adds that nothing in the block reads and whose result
 the block (B_down under TP: its column-parallel autograd Function saves its input only
 after its GEMM, so checkpoint would rerun that GEMM before it could stop). torch.compile's
 partitioner drops such dead recomputation by itself, so compiled blocks use the plain
-policy.
+policy, with one addition under TP: ops that draw random numbers (the attention kernel is
+tagged so, dropout or not) are saved, not recomputed. In torch 2.13 AOT autograd appends
+the RNG state of a recomputed random op after the DTensor meshes it passes from forward
+to backward, then reads its saved values at the wrong offsets and fails; saving the
+attention output (and its log-sum-exp) per layer avoids it. `compilable_full_ac` gives
+TorchTitan's whole-block AC the same rule when it is compiled under TP.
 
 With `tp_strategy = "vanilla"` the same mechanism applies and stays communication-free,
 but vanilla's collectives sit at the full output dims (5d + 2 d_ff per token), so it saves
@@ -82,6 +87,33 @@ def lowrank_policy(
         if out.shape[-1] in widths and mat2.shape[0] != min(widths):
             return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def draws_random_numbers(func: Any) -> bool:
+    """Ops tagged as seeded by the RNG (dropout, the attention kernels)."""
+    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+
+
+def compiled_lowrank_policy(
+    widths: frozenset[int], save_random: bool, ctx: SelectiveCheckpointContext, func, *args, **kwargs
+) -> CheckpointPolicy:
+    """`lowrank_policy` for compiled blocks; with `save_random` (under TP) ops that draw
+    random numbers are saved too (see the module doc)."""
+    if save_random and draws_random_numbers(func):
+        return CheckpointPolicy.MUST_SAVE
+    return lowrank_policy(widths, ctx, func, *args, **kwargs)
+
+
+def _save_random_ops(ctx: SelectiveCheckpointContext, func, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if draws_random_numbers(func) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def compilable_full_ac(wrapper: nn.Module) -> None:
+    """Make a whole-block checkpoint wrapper (TorchTitan's `full` or layer-selective AC)
+    compilable under TP in torch 2.13: it saves the outputs of random ops (the attention
+    kernel) and recomputes everything else (see the module doc)."""
+    context_fn = functools.partial(create_selective_checkpoint_contexts, _save_random_ops)
+    wrapper.checkpoint_fn = functools.partial(wrapper.checkpoint_fn, context_fn=context_fn)
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -220,7 +252,7 @@ class _DataFlow:
         self.seen.clear()
 
 
-def lowrank_checkpoint(module: nn.Module, *args, widths: frozenset[int], **kwargs):
+def lowrank_checkpoint(module: nn.Module, *args, widths: frozenset[int], tp_degree: int = 1, **kwargs):
     """Run `module` under low-rank selective checkpointing (tensors in nested arguments,
     such as LaX latents, are passed to checkpoint as top-level inputs)."""
     flat, spec = tree_flatten((args, kwargs))
@@ -230,9 +262,8 @@ def lowrank_checkpoint(module: nn.Module, *args, widths: frozenset[int], **kwarg
         return module(*run_args, **run_kwargs)
 
     if torch.compiler.is_compiling():
-        context_fn = functools.partial(
-            create_selective_checkpoint_contexts, functools.partial(lowrank_policy, widths)
-        )
+        policy = functools.partial(compiled_lowrank_policy, widths, tp_degree > 1)
+        context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
         return checkpoint(run, *flat, use_reentrant=False, context_fn=context_fn)
     flow = _DataFlow(widths)
     out = checkpoint(run, *flat, use_reentrant=False, context_fn=flow.contexts)
@@ -249,5 +280,6 @@ def apply_lowrank_ac(
     layers = model.get_submodule(blocks)
     widths = down_widths(rank, tp_degree)
     for layer_id, block in layers.named_children():
-        wrapped = checkpoint_wrapper(block, checkpoint_fn=lowrank_checkpoint, widths=widths)
+        wrapped = checkpoint_wrapper(block, checkpoint_fn=lowrank_checkpoint, widths=widths,
+                                     tp_degree=tp_degree)
         layers.register_module(layer_id, wrapped)

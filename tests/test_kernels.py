@@ -119,3 +119,18 @@ def test_online_rmsnorm_down_matches_torch(request, one_rank_group, backend, sca
         torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
     for leaf, want in zip(leaves, ref):
         torch.testing.assert_close(leaf.grad, want.grad, rtol=1e-4, atol=1e-5 * want.grad.abs().max().item())
+
+
+def test_compiled_callers_get_inductors_fusion(triton_interpret):
+    """Under torch.compile the kernels' callers trace the torch references (Inductor fuses
+    them; a Triton launch would break the graph), with no graph break, even where eager
+    takes the Triton path."""
+    x, weight, gsx, coef = _inputs((4, 40), torch.float32, "cpu")
+
+    def both(x, weight, gsx, coef):
+        return (*rmsnorm_partial_stats(x, weight), *rmsnorm_partial_backward(x, weight, gsx, coef))
+
+    compiled = torch.compile(both, backend="aot_eager", fullgraph=True)
+    want = (*partial_stats_reference(x, weight), *partial_backward_reference(x, weight, gsx, coef))
+    for got, ref in zip(compiled(x, weight, gsx, coef), want):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

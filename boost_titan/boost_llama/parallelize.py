@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
@@ -18,7 +19,7 @@ from torchtitan.models.llama3.infra.parallelize import (
 from torchtitan.tools.logging import logger
 
 from boost_titan.parallelize import apply_plan
-from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac
+from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, compilable_full_ac
 from boost_titan.runtime.device import force_sum_reductions
 
 from .strategies import build_plan, resolve_strategy
@@ -57,6 +58,10 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             op_sac_save_list=_SAC_SAVE,
             base_folder=job_config.job.dump_folder,
         )
+        if compile_model and parallel_dims.tp_enabled:
+            for block in model.layers.values():
+                if isinstance(block, CheckpointWrapper) and "context_fn" not in block.checkpoint_fn.keywords:
+                    compilable_full_ac(block)
     elif boost.lowrank_ac:
         apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=parallel_dims.tp)
         logger.info("Applied low-rank activation checkpointing to the model")

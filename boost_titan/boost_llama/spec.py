@@ -110,13 +110,6 @@ def validate_job(job_config, world_size: int) -> None:
             "[boost] lowrank_ac and [activation_checkpoint] mode = "
             f"{job_config.activation_checkpoint.mode!r} both checkpoint activations; keep one"
         )
-    checkpointing = job_config.boost.lowrank_ac or job_config.activation_checkpoint.mode != "none"
-    compiled = job_config.compile.enable and "model" in job_config.compile.components
-    if compiled and checkpointing and job_config.parallelism.tensor_parallel_degree > 1:
-        raise ConfigError(
-            "torch.compile with tensor parallelism and activation checkpointing fails to trace "
-            "in torch 2.13; turn off compile.enable or the activation checkpointing"
-        )
 
 
 def _parallelize(model, parallel_dims, job_config):
