@@ -8,7 +8,7 @@ process group through functional collectives, so `CommDebugMode` sees them and
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -38,6 +38,51 @@ def _own_slice(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return x.narrow(-1, rank * chunk, chunk).contiguous()
 
 
+def row_blocks(rows: int, chunks: int) -> list[tuple[int, int]]:
+    """[start, end) of `chunks` consecutive blocks of `rows` rows (fewer if rows < chunks)."""
+    chunks = max(1, min(chunks, rows))
+    size, extra = divmod(rows, chunks)
+    bounds = [0]
+    for k in range(chunks):
+        bounds.append(bounds[-1] + size + (k < extra))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def all_reduce_in_row_blocks(
+    partials_of: Callable[[int, int], Sequence[torch.Tensor]],
+    rows: int,
+    chunks: int,
+    group: ProcessGroup,
+) -> list[torch.Tensor]:
+    """Each of the 2-D partial sums `partials_of(start, end)` returns for a block of rows,
+    all-reduced and concatenated over the blocks. Block k's all-reduces are launched before
+    block k+1's partials are computed, so they run behind that work; all are waited for at
+    the end (`overlap_chunks`: Domino-style overlap inside one collective site)."""
+    pending = [[funcol.all_reduce(p.contiguous(), "sum", group) for p in partials_of(start, end)]
+               for start, end in row_blocks(rows, chunks)]
+    waited = [[funcol.wait_tensor(t) for t in block] for block in pending]
+    return [torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*waited)]
+
+
+class _RowLinear(torch.autograd.Function):
+    """F.linear of a sharded input, all-reduced in row blocks (see `row_linear`)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, group, chunks):
+        ctx.save_for_backward(x, weight)
+        rows = x.flatten(0, -2)
+        (y,) = all_reduce_in_row_blocks(lambda a, b: [F.linear(rows[a:b], weight)], rows.shape[0], chunks,
+                                        group)
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_w = _weight_grad(grad, x) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None, None
+
+
 class _SumPartials(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -53,8 +98,8 @@ class _ColumnLinears(torch.autograd.Function):
     overlapped with the weight-grad GEMMs (Megatron's asynchronous grad all-reduce)."""
 
     @staticmethod
-    def forward(ctx, x, group, split_input, *weights):
-        ctx.group, ctx.split_input = group, split_input
+    def forward(ctx, x, group, split_input, chunks, *weights):
+        ctx.group, ctx.split_input, ctx.chunks = group, split_input, chunks
         ctx.save_for_backward(x, *weights)
         return tuple(F.linear(x_p, w) for x_p, w in zip(_inputs(x, weights, split_input), weights))
 
@@ -63,21 +108,29 @@ class _ColumnLinears(torch.autograd.Function):
         x, *weights = ctx.saved_tensors
         reduced = None
         if ctx.needs_input_grad[0]:
-            grads_x = [g @ w for g, w in zip(grads, weights)]
-            if ctx.split_input:
-                grad_x = torch.cat(grads_x, dim=-1)
-            else:
-                grad_x = functools.reduce(torch.add, grads_x)
-            # launched now, waited for after the weight grads: it runs behind them
-            reduced = funcol.all_reduce(grad_x.contiguous(), "sum", ctx.group)
+            rows = [g.flatten(0, -2) for g in grads]
+
+            def grad_x_of(start: int, end: int) -> list[torch.Tensor]:
+                grads_x = [g[start:end] @ w for g, w in zip(rows, weights)]
+                if ctx.split_input:
+                    return [torch.cat(grads_x, dim=-1)]
+                return [functools.reduce(torch.add, grads_x)]
+
+            # each row block's all-reduce is launched at once and waited for after the
+            # weight grads: it runs behind the next block's input grad and the weight grads
+            reduced = [[funcol.all_reduce(p.contiguous(), "sum", ctx.group) for p in grad_x_of(a, b)]
+                       for a, b in row_blocks(rows[0].shape[0], ctx.chunks)]
         grads_w = [
             g.flatten(0, -2).t() @ x_p.flatten(0, -2) if needed else None
             for g, x_p, needed in zip(
-                grads, _inputs(x, weights, ctx.split_input), ctx.needs_input_grad[3:]
+                grads, _inputs(x, weights, ctx.split_input), ctx.needs_input_grad[4:]
             )
         ]
-        grad_x = funcol.wait_tensor(reduced) if reduced is not None else None
-        return grad_x, None, None, *grads_w
+        grad_x = None
+        if reduced is not None:
+            blocks = [funcol.wait_tensor(block[0]) for block in reduced]
+            grad_x = (torch.cat(blocks) if len(blocks) > 1 else blocks[0]).view_as(x)
+        return grad_x, None, None, None, *grads_w
 
 
 def _inputs(x: torch.Tensor, weights: Sequence[torch.Tensor], split: bool) -> list[torch.Tensor]:
@@ -183,20 +236,31 @@ def sum_partials(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return _SumPartials.apply(x, group)
 
 
+def row_linear(x: torch.Tensor, weight: torch.Tensor, group: ProcessGroup, chunks: int = 1) -> torch.Tensor:
+    """Row-parallel ``F.linear(x, W)`` of a sharded input, all-reduced to a replicated
+    output. Forward: one all-reduce per block of `chunks` row blocks, each launched before
+    the next block's GEMM (overlap). Backward: no collective."""
+    if chunks == 1:
+        return sum_partials(F.linear(x, weight), group)
+    return _RowLinear.apply(x, weight, group, chunks)
+
+
 def column_linears(
     x: torch.Tensor,
     weights: Sequence[torch.Tensor],
     group: ProcessGroup,
     *,
     split_input: bool = False,
+    chunks: int = 1,
 ) -> tuple[torch.Tensor, ...]:
     """Column-parallel linears ``F.linear(x_p, W_p)`` on a replicated input, one per local
     weight shard W_p: every W_p sees all of x, or with `split_input` x's last dim is cut
     into consecutive chunks of ``W_p.shape[1]`` (grouped up-projections of concatenated
     latents). Forward: no collective. Backward: the input grad (summed over p, or
-    concatenated) is a partial sum; ONE all-reduce makes it whole, launched before the
-    weight-grad GEMMs and waited for after them."""
-    return _ColumnLinears.apply(x, group, split_input, *weights)
+    concatenated) is a partial sum; ONE all-reduce per row block (`chunks` of them) makes
+    it whole, launched as soon as that block's input grad is computed and waited for after
+    the weight-grad GEMMs."""
+    return _ColumnLinears.apply(x, group, split_input, chunks, *weights)
 
 
 def reduce_grad(

@@ -396,7 +396,7 @@ class BottleneckGroupNorm(_GroupNorm):
         downs = [torch.cat([local(f.weight) for f in s]) if len(s) > 1 else local(s[0].weight)
                  for s in stacks]
         if self.rmsnorm == "online":
-            zs = list(online_rmsnorm_down(x, weight, downs, dim, eps, group))
+            zs = list(online_rmsnorm_down(x, weight, downs, dim, eps, group, self.overlap_chunks))
         else:
             normed = sync_rmsnorm(x, weight, dim, eps, group)
             zs = [comm.sum_partials(F.linear(normed, w), group) for w in downs]
@@ -477,11 +477,11 @@ class ReplicatedGroupNorm(_GroupNorm):
         widths = [w.shape[0] for w in weights]
         bias = _stacked_bias(firsts, widths)
         if self.grouped:
-            (y,) = comm.column_linears(normed, [torch.cat(weights)], group)
+            (y,) = comm.column_linears(normed, [torch.cat(weights)], group, chunks=self.overlap_chunks)
             y = y + bias if bias is not None else y
             ys = list(y.split(widths, dim=-1)) if self.gather_latents else [y]
         else:
-            ys = list(comm.column_linears(normed, weights, group))
+            ys = list(comm.column_linears(normed, weights, group, chunks=self.overlap_chunks))
             if bias is not None:
                 ys = [y + b for y, b in zip(ys, bias.split(widths))]
         if self.gather_latents:
@@ -582,7 +582,7 @@ class GroupUp(_Bound, ColumnParallel):
         if instance.deferred:
             y = instance.deferred_linear(h, module, self.index)
         else:
-            (y,) = comm.column_linears(h, [local(module.weight)], group)
+            (y,) = comm.column_linears(h, [local(module.weight)], group, chunks=self.overlap_chunks)
             y = y + local(module.bias) if module.bias is not None else y
         instance.record_up(self.index, h, y)
         return y

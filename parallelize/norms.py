@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from boost_titan.kernels import rmsnorm_partial_backward, rmsnorm_partial_stats
 from torch.distributed import ProcessGroup
 
-from .comm import _all_reduce, sum_both
+from .comm import _all_reduce, all_reduce_in_row_blocks, sum_both
 
 
 class _OnlineRMSNormDown(torch.autograd.Function):
@@ -32,12 +32,23 @@ class _OnlineRMSNormDown(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, dim, eps, group, *downs):
+    def forward(ctx, x, weight, dim, eps, group, chunks, *downs):
         scaled, sum_sq = rmsnorm_partial_stats(x, weight)  # one fused pass over x on GPU
-        partials = [F.linear(scaled, down) for down in downs]
-        sum_sq = sum_sq.to(partials[0].dtype)
-        first = _all_reduce(torch.cat([partials[0], sum_sq], dim=-1), group)
-        ys = [first[..., :-1]] + [_all_reduce(p, group) for p in partials[1:]]
+        if chunks == 1:
+            partials = [F.linear(scaled, down) for down in downs]
+            sum_sq = sum_sq.to(partials[0].dtype)
+            first = _all_reduce(torch.cat([partials[0], sum_sq], dim=-1), group)
+            ys = [first[..., :-1]] + [_all_reduce(p, group) for p in partials[1:]]
+        else:
+            rows, stats = scaled.flatten(0, -2), sum_sq.flatten(0, -2).to(scaled.dtype)
+
+            def partials_of(start: int, end: int) -> list[torch.Tensor]:
+                block = [F.linear(rows[start:end], down) for down in downs]
+                return [torch.cat([block[0], stats[start:end]], dim=-1), *block[1:]]
+
+            reduced = all_reduce_in_row_blocks(partials_of, rows.shape[0], chunks, group)
+            first, *others = [r.view(*x.shape[:-1], r.shape[-1]) for r in reduced]
+            ys = [first[..., :-1], *others]
         inv_rms = torch.rsqrt(first[..., -1:].float() / dim + eps).to(first.dtype)
         outs = tuple(y * inv_rms for y in ys)
         ctx.save_for_backward(x, weight, inv_rms, *downs, *outs)
@@ -55,7 +66,7 @@ class _OnlineRMSNormDown(torch.autograd.Function):
         grad_x, grad_weight = rmsnorm_partial_backward(x, weight, grad_scaled, coef)
         tokens = x.flatten(0, -2)  # A_p's grad, G_p^T (x * g), without materialising x * g
         grad_downs = [(g.flatten(0, -2).t() @ tokens) * weight for g in grad_ys]
-        return grad_x, grad_weight, None, None, None, *grad_downs
+        return grad_x, grad_weight, None, None, None, None, *grad_downs
 
 
 def online_rmsnorm_down(
@@ -65,11 +76,14 @@ def online_rmsnorm_down(
     dim: int,
     eps: float,
     group: ProcessGroup,
+    chunks: int = 1,
 ) -> tuple[torch.Tensor, ...]:
     """Replicated ``F.linear(rms_norm(x) * weight, down)`` for each of `downs` from
     hidden-sharded x: one all-reduce of ``down.shape[0]`` elements per token each, plus
-    one element (the statistic) in the first; no collective in backward."""
-    return _OnlineRMSNormDown.apply(x, weight, dim, eps, group, *downs)
+    one element (the statistic) in the first; no collective in backward. With `chunks`
+    > 1 the tokens go in that many row blocks, each block's all-reduces launched before
+    the next block's GEMMs (overlap)."""
+    return _OnlineRMSNormDown.apply(x, weight, dim, eps, group, chunks, *downs)
 
 
 def sync_rmsnorm(

@@ -288,6 +288,7 @@ def apply_plan(
     *,
     src_data_rank: int | None = 0,
     verify: bool = False,
+    overlap_chunks: int = 1,
 ) -> nn.Module:
     """Check `plan` against `model` (`resolve_plan`), then shard the model in place.
 
@@ -295,10 +296,17 @@ def apply_plan(
     slice, no communication; as `parallelize_module`). `verify`: afterwards run one small
     forward and backward on random tokens against an unsharded copy of the model and raise
     `PlanError` on any mismatch (`verify.verify_plan`): cheap insurance for a new model.
+    `overlap_chunks`: split the tokens of each forward all-reduce that follows a GEMM
+    (row-parallel outputs, online-RMSNorm downs) and of each column-parallel input-grad
+    all-reduce into that many row blocks, each launched before the next block's GEMM, so
+    that communication runs behind computation (1: one all-reduce each).
     """
+    if overlap_chunks < 1:
+        raise PlanError(f"overlap_chunks must be >= 1, got {overlap_chunks}")
     resolved = resolve_plan(model, plan, mesh.size())
     reference = copy.deepcopy(model) if verify else None
     for r in resolved:
+        r.style.overlap_chunks = overlap_chunks
         parallelize_module(r.module, mesh, r.style, src_data_rank=src_data_rank)
     if reference is not None:
         from .verify import verify_plan

@@ -118,6 +118,8 @@ class TPStyle(ParallelStyle):
     module_kinds: tuple[type, ...] = (nn.Linear,)
     fqn: str = ""
     """The module this copy of the style is for (set by `bind`), named in errors."""
+    overlap_chunks: int = 1
+    """Row blocks of the collectives this style overlaps with its GEMMs (`apply_plan` sets it)."""
 
     def bind(self, root: nn.Module, fqn: str) -> TPStyle:
         """This style for module `fqn` of `root` (`resolve_plan` binds every match)."""
@@ -242,7 +244,7 @@ class ColumnParallel(TPStyle):
         x = local(x)
         self.check_input(x, module.in_features)
         if self.reduce_input_grad:
-            (y,) = comm.column_linears(x, [local(module.weight)], group)
+            (y,) = comm.column_linears(x, [local(module.weight)], group, chunks=self.overlap_chunks)
             y = y + local(module.bias) if module.bias is not None else y
         else:
             y = linear(x, module)
@@ -286,7 +288,7 @@ class RowParallel(TPStyle):
         self.check_input(x, features)
         if self.split_input:
             x = comm.split_last(x, group)
-        y = comm.sum_partials(F.linear(x, local(module.weight)), group)
+        y = comm.row_linear(x, local(module.weight), group, self.overlap_chunks)
         return y + local(module.bias) if module.bias is not None else y
 
 

@@ -218,6 +218,29 @@ def test_column_linears_overlap_grad_all_reduce(mesh, split_input):
     assert [w.grad.shape for w in weights] == [w.shape for w in weights]
 
 
+def test_overlapped_blocks_launch_before_the_next_gemm(mesh):
+    """overlap_chunks = 2: forward, block 1's all-reduce is launched before block 2's GEMM
+    and waited for after it; backward (column-parallel), block 1's input-grad all-reduce is
+    launched before block 2's input-grad GEMM, and both are waited for after the weight-grad
+    GEMM."""
+    from boost_titan.parallelize.norms import online_rmsnorm_down
+
+    group = mesh.get_group()
+    x = torch.randn(BATCH, SEQ, 4, requires_grad=True)
+    w = torch.randn(6, 4, requires_grad=True)
+    for forward in (lambda: comm.row_linear(x, w, group, 2),
+                    lambda: online_rmsnorm_down(x, torch.rand(4) + 0.5, [w], 4 * mesh.size(), 1e-6, group, 2)[0]):
+        with _OpLog() as log:
+            forward()
+        ops = [n for n in log.names if n in ("mm", "all_reduce", "wait_tensor")]
+        assert ops == ["mm", "all_reduce", "mm", "all_reduce", "wait_tensor", "wait_tensor"]
+    (y,) = comm.column_linears(x, [w], group, chunks=2)
+    with _OpLog() as log:
+        y.backward(torch.ones_like(y))
+    ops = [n for n in log.names if n in ("mm", "all_reduce", "wait_tensor")]
+    assert ops == ["mm", "all_reduce", "mm", "all_reduce", "mm", "wait_tensor", "wait_tensor"]
+
+
 def test_deferred_group_grad_all_reduce_runs_behind_weight_grads(mesh):
     """Linears that leave their input grads to a group's `reduce_grad` leave their
     weight-grad GEMMs to it too: it launches the all-reduce, runs them, then waits."""

@@ -92,12 +92,14 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("chunks", [1, 3], ids=["one-block", "3-blocks"])
 @pytest.mark.parametrize("scale", [1.0, 1e-3], ids=["unit-scale", "eps-scale"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_online_rmsnorm_down_matches_torch(request, one_rank_group, backend, scale):
+def test_online_rmsnorm_down_matches_torch(request, one_rank_group, backend, scale, chunks):
     """The product's `online_rmsnorm_down` (one rank) equals F.rms_norm + F.linear for
     two down-projections, forward and every gradient, with a random norm weight far from 1;
-    at `eps-scale` the mean square is comparable to eps, so a wrong eps shows."""
+    at `eps-scale` the mean square is comparable to eps, so a wrong eps shows. With 3
+    overlapped row blocks of its 10 tokens (4 + 3 + 3) too."""
     from boost_titan.parallelize.norms import online_rmsnorm_down
 
     if backend == "triton":
@@ -109,7 +111,7 @@ def test_online_rmsnorm_down_matches_torch(request, one_rank_group, backend, sca
     downs = [torch.randn(r, d, generator=gen) / 7 for r in (12, 8)]
     grads = [torch.randn(2, 5, r, generator=gen) for r in (12, 8)]
     leaves = [t.clone().requires_grad_() for t in (x, weight, *downs)]
-    outs = online_rmsnorm_down(leaves[0], leaves[1], leaves[2:], d, eps, one_rank_group)
+    outs = online_rmsnorm_down(leaves[0], leaves[1], leaves[2:], d, eps, one_rank_group, chunks)
     torch.autograd.backward(outs, grads)
     ref = [t.clone().requires_grad_() for t in (x, weight, *downs)]
     normed = F.rms_norm(ref[0], (d,), ref[1], eps)
@@ -119,6 +121,29 @@ def test_online_rmsnorm_down_matches_torch(request, one_rank_group, backend, sca
         torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
     for leaf, want in zip(leaves, ref):
         torch.testing.assert_close(leaf.grad, want.grad, rtol=1e-4, atol=1e-5 * want.grad.abs().max().item())
+
+
+@pytest.mark.parametrize("chunks", [2, 4])
+def test_overlapped_linears_match_torch(one_rank_group, chunks):
+    """Row- and column-parallel linears with their all-reduces in row blocks (one rank):
+    batch 1 (the blocks cut the sequence) and 7 tokens (uneven blocks), every gradient."""
+    from boost_titan.parallelize import comm
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 7, 12, generator=gen)
+    weights = [torch.randn(5, 12, generator=gen), torch.randn(3, 12, generator=gen)]
+    grads = [torch.randn(1, 7, 5, generator=gen), torch.randn(1, 7, 3, generator=gen)]
+    leaves = [t.clone().requires_grad_() for t in (x, *weights)]
+    outs = [comm.row_linear(leaves[0], leaves[1], one_rank_group, chunks),
+            *comm.column_linears(leaves[0], leaves[1:], one_rank_group, chunks=chunks)]
+    torch.autograd.backward(outs, [grads[0], grads[0], grads[1]])
+    ref = [t.clone().requires_grad_() for t in (x, *weights)]
+    ref_outs = [F.linear(ref[0], ref[1]), F.linear(ref[0], ref[1]), F.linear(ref[0], ref[2])]
+    torch.autograd.backward(ref_outs, [grads[0], grads[0], grads[1]])
+    for out, want in zip(outs, ref_outs):
+        torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+    for leaf, want in zip(leaves, ref):
+        torch.testing.assert_close(leaf.grad, want.grad, rtol=1e-6, atol=1e-6)
 
 
 def test_compiled_callers_get_inductors_fusion(triton_interpret):

@@ -31,6 +31,14 @@ CASES: dict[str, tuple[str, str, dict, dict]] = {
     "cola-vanilla-ungrouped": ("cola", "vanilla", {}, {"group_linears": False}),
     "fullrank-megatron": ("fullrank", "megatron", {}, {}),
     "fullrank-megatron-ungrouped": ("fullrank", "megatron", {}, {"group_linears": False}),
+    # all-reduces in overlapped row blocks (apply_plan's overlap_chunks)
+    "cola-btp-overlap2": ("cola", "btp", {}, {"overlap_chunks": 2}),
+    "cola-btp-ungrouped-overlap4": ("cola", "btp", {}, {"group_linears": False, "overlap_chunks": 4}),
+    "lax-btp-overlap2": ("lax", "btp", {}, {"overlap_chunks": 2}),
+    "cola-vanilla-overlap2": ("cola", "vanilla", {}, {"overlap_chunks": 2}),
+    "fullrank-megatron-overlap2": ("fullrank", "megatron", {}, {"overlap_chunks": 2}),
+    "fullrank-megatron-ungrouped-overlap4": ("fullrank", "megatron", {}, {"group_linears": False,
+                                                                         "overlap_chunks": 4}),
 }
 
 
@@ -70,7 +78,9 @@ def _tp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
     for name in cases:
         arch, strategy, overrides, plan_options = CASES[name]
         model = build_model(arch, **overrides)
-        apply_plan(model, mesh, build_plan(strategy, model.args, **plan_options))
+        options = {k: v for k, v in plan_options.items() if k != "overlap_chunks"}
+        apply_plan(model, mesh, build_plan(strategy, model.args, **options),
+                   overlap_chunks=plan_options.get("overlap_chunks", 1))
         tokens, labels = batch()
         logits = model(tokens)
         with loss_parallel():
@@ -123,10 +133,15 @@ def test_matches_single_process(tp_results, name):
         ("cola-btp", "cola-btp-sync"),
         ("cola-btp", "cola-btp-ungrouped"),
         ("cola-btp", "cola-btp-sync-ungrouped"),
+        ("cola-btp", "cola-btp-overlap2"),
+        ("cola-btp-ungrouped", "cola-btp-ungrouped-overlap4"),
+        ("fullrank-megatron", "fullrank-megatron-overlap2"),
+        ("fullrank-megatron-ungrouped", "fullrank-megatron-ungrouped-overlap4"),
     ],
 )
 def test_variants_agree(tp_results, a, b):
-    """Online == sync RMSNorm, grouping on == off, under the same TP degree."""
+    """Online == sync RMSNorm, grouping on == off, overlapped blocks == one all-reduce,
+    under the same TP degree."""
     _, results = tp_results
     (logits_a, loss_a, grads_a), (logits_b, loss_b, grads_b) = results[a], results[b]
     assert _rel_err(logits_a, logits_b) <= RTOL

@@ -210,6 +210,19 @@ def _run_cpu(ns: argparse.Namespace) -> int:
     return cpu.run(ns)
 
 
+# ---- compile ---------------------------------------------------------------------------
+def _add_compile_args(parser: argparse.ArgumentParser) -> None:
+    from boost_titan.bench import compiled
+
+    compiled.add_args(parser)
+
+
+def _run_compile(ns: argparse.Namespace) -> int:
+    from boost_titan.bench import compiled
+
+    return compiled.run(ns)
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "model": Subcommand("analytic comm/FLOPs/memory/step-time model", _add_model_args, _run_model),
     "validate": Subcommand("model vs the BOOST authors' published iteration times and ablations",
@@ -220,6 +233,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                         _add_trace_args, _run_trace),
     "cpu": Subcommand("time training steps of each TP strategy on CPU (gloo, 1 thread per rank)",
                       _add_cpu_args, _run_cpu),
+    "compile": Subcommand("torch.compile vs eager per strategy x AC mode x TP: graph breaks, "
+                          "errors, collectives, compile time (CPU, gloo)", _add_compile_args, _run_compile),
 }
 
 

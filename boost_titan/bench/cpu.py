@@ -10,6 +10,11 @@ The full-rank baseline runs TorchTitan's llama3 layout: separate q/k/v and gate/
 (`group_linears=False`). Grouped, it would concatenate its large weights on every forward,
 which measured slower here; the low-rank strategies keep grouping (one GEMM and one
 all-reduce per group, BOOST's linear grouping).
+
+`--compile` also builds each strategy's model with every block under `torch.compile`
+(Inductor, fullgraph, as `[compile] enable` does) and times it interleaved with the eager
+one: compile seconds (its first step less its median step) and the compiled / eager step
+ratio come from the same run.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class CpuConfig:
     repeats: int = 10
     warmup: int = 2
     profile_steps: int = 0
+    compile: bool = False
 
     @staticmethod
     def group_linears(strategy: str) -> bool:
@@ -104,6 +110,10 @@ class CpuRecord:
     ratio_to_btp: float | None = None
     ratio_to_btp_paired: float | None = None
     profile_ms: dict[str, float] | None = None
+    compiled_step_ms: list[float] | None = None
+    compile_s: float | None = None
+    compiled_to_eager_paired: float | None = None
+    """--compile: median over repetitions of the compiled step / the eager step."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -113,13 +123,16 @@ class CpuRecord:
 class _Trainee:
     """A model under one strategy's plan, its optimizer and one timed step."""
 
-    def __init__(self, cfg: CpuConfig, strategy: str, mesh: DeviceMesh) -> None:
+    def __init__(self, cfg: CpuConfig, strategy: str, mesh: DeviceMesh, compiled: bool = False) -> None:
         args = cfg.model_args(strategy)
         torch.manual_seed(0)
         self.model = BoostTransformer(args)
         self.model.init_weights()
         plan = build_plan(strategy, args, group_linears=cfg.group_linears(strategy))
         apply_plan(self.model, mesh, plan)
+        if compiled:
+            for layer_id, block in self.model.layers.named_children():
+                self.model.layers.register_module(layer_id, torch.compile(block, fullgraph=True))
         self.optimizer = torch.optim.AdamW(  # fused: TorchTitan's default implementation
             self.model.parameters(), lr=1e-4, weight_decay=0.01, fused=True
         )
@@ -177,19 +190,26 @@ def _worker(rank: int, port: int, cfg: CpuConfig, strategies: tuple[str, ...], o
         tokens, labels = torch.randint(
             0, cfg.vocab_size, (2, cfg.micro_batch, cfg.seq_len), generator=generator
         )
-        times: dict[str, list[float]] = {s: [] for s in strategies}
+        runs = list(strategies)
+        first_ms = {}
+        if cfg.compile:
+            for s in strategies:
+                trainees[f"{s}:compiled"] = _Trainee(cfg, s, mesh, compiled=True)
+                first_ms[s] = _timed(trainees[f"{s}:compiled"], tokens, labels)
+                runs.append(f"{s}:compiled")
+        times: dict[str, list[float]] = {s: [] for s in runs}
         for rep in range(cfg.warmup + cfg.repeats):
-            shift = rep % len(strategies)
-            for strategy in strategies[shift:] + strategies[:shift]:
-                ms = _timed(trainees[strategy], tokens, labels)
+            shift = rep % len(runs)
+            for run in runs[shift:] + runs[:shift]:
+                ms = _timed(trainees[run], tokens, labels)
                 if rep >= cfg.warmup:
-                    times[strategy].append(ms)
+                    times[run].append(ms)
         profiles = {
             s: _profiled(trainees[s], tokens, labels, cfg.profile_steps)
             for s in (strategies if cfg.profile_steps else ())
         }
         if rank == 0:
-            Path(out).write_text(json.dumps({"times": times, "profiles": profiles}))
+            Path(out).write_text(json.dumps({"times": times, "profiles": profiles, "first_ms": first_ms}))
     finally:
         dist.destroy_process_group()
 
@@ -222,6 +242,11 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> 
     records = [_record(cfg, s, result["times"][s]) for s in strategies]
     for r in records:
         r.profile_ms = result["profiles"].get(r.strategy)
+        if cfg.compile:
+            compiled = result["times"][f"{r.strategy}:compiled"]
+            r.compiled_step_ms = compiled
+            r.compile_s = max(result["first_ms"][r.strategy] - statistics.median(compiled), 0.0) / 1e3
+            r.compiled_to_eager_paired = statistics.median(c / e for c, e in zip(compiled, r.step_ms))
     if "btp" in strategies:
         btp = records[strategies.index("btp")]
         for r in records:
@@ -259,6 +284,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", dest="profile_steps", type=int, default=0, metavar="N",
                         help="after timing, profile N more steps per strategy and split rank "
                              "0's step into gemm / attention / comm / other")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time each strategy with its blocks under torch.compile (Inductor)")
     parser.add_argument("--json", metavar="PATH|-",
                         help="write the records as a JSON list ('-': stdout only)")
 
@@ -281,6 +308,13 @@ def run(ns: argparse.Namespace) -> int:
         ]
         print(f"{r.strategy:>8} {r.arch:>8} {r.step_ms_median:>9.1f} {r.step_ms_min:>7.1f} "
               f"{r.step_ms_max:>7.1f} {ratios[0]:>6} {ratios[1]:>6}")
+    if cfg.compile:
+        print("\ntorch.compile (Inductor, fullgraph, per block), interleaved with the eager steps:")
+        print(f"{'strategy':>8} {'compile s':>9} {'median ms':>9} {'min':>7} {'max':>7} {'x eager':>7}")
+        for r in records:
+            ms = r.compiled_step_ms
+            print(f"{r.strategy:>8} {r.compile_s:>9.1f} {statistics.median(ms):>9.1f} {min(ms):>7.1f} "
+                  f"{max(ms):>7.1f} {r.compiled_to_eager_paired:>7.2f}")
     profiled = [r for r in records if r.profile_ms]
     if profiled:
         kinds = ("step", *PROFILE_KINDS, "other")

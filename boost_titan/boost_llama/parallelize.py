@@ -44,9 +44,10 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             group_linears=boost.group_linears,
             loss_parallel=not job_config.parallelism.disable_loss_parallel,
         )
-        apply_plan(model, parallel_dims.get_mesh("tp"), plan)
+        apply_plan(model, parallel_dims.get_mesh("tp"), plan, overlap_chunks=boost.overlap_chunks)
         details = f", {boost.rmsnorm} RMSNorm" * (strategy == "btp")
         details += f", grouping {boost.group_linears}"
+        details += f", all-reduces in {boost.overlap_chunks} overlapped blocks" * (boost.overlap_chunks > 1)
         logger.info(f"Applied {strategy} tensor parallelism (TP={parallel_dims.tp}{details})")
 
     compile_model = job_config.compile.enable and "model" in job_config.compile.components

@@ -14,7 +14,7 @@ from torchtitan.components.optimizer import build_optimizers
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
-from boost_titan.config import RMSNORM_MODES
+from boost_titan.config import OVERLAP_CHUNKS, RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.validation import validation_data
@@ -75,6 +75,11 @@ def validate_parallelism(args: BoostModelArgs, boost, parallelism) -> str:
         raise ConfigError(
             f"pipeline_parallel_degree {pp} exceeds the model's {args.n_layers} layers; "
             "lower the PP degree"
+        )
+    if boost.overlap_chunks not in OVERLAP_CHUNKS:
+        raise ConfigError(
+            f"[boost] overlap_chunks {boost.overlap_chunks} is not one of "
+            f"{', '.join(map(str, OVERLAP_CHUNKS))}; set --boost.overlap_chunks to one of them"
         )
     if boost.lowrank_ac and not args.low_rank:
         raise ConfigError("[boost] lowrank_ac needs a low-rank arch; set arch or turn it off")

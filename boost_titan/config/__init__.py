@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 ARCHS = ("fullrank", "svd", "cola", "lax")
 LAX_BASES = ("svd", "cola")
 RMSNORM_MODES = ("online", "sync")
+OVERLAP_CHUNKS = (1, 2, 4)
+"""Values of [boost] overlap_chunks."""
 
 
 @dataclass
@@ -42,6 +44,12 @@ class Boost:
 
     lowrank_ac: bool = False
     """Low-rank activation checkpointing: save only the bottleneck latents, recompute the rest."""
+
+    overlap_chunks: int = 1
+    """Under TP, split the tokens of every all-reduce that follows a GEMM (forward: the
+    down-projections' latents, row-parallel outputs; backward: column-parallel input grads)
+    into this many blocks, each launched before the next block's GEMM so that it runs behind
+    it (1, 2 or 4; 1: one all-reduce each)."""
 
 
 @dataclass
