@@ -399,7 +399,7 @@ class BottleneckGroupNorm(_GroupNorm):
             zs = list(online_rmsnorm_down(x, weight, downs, dim, eps, group, self.overlap_chunks))
         else:
             normed = sync_rmsnorm(x, weight, dim, eps, group)
-            zs = [comm.sum_partials(F.linear(normed, w), group) for w in downs]
+            zs = [comm.row_linear(normed, w, group, self.overlap_chunks) for w in downs]
         for i, stack in enumerate(stacks):
             bias = _stacked_bias(stack, [f.out_features for f in stack])
             if bias is not None:

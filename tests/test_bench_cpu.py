@@ -13,7 +13,8 @@ from boost_titan.bench.__main__ import main
 def test_cpu_json_schema(capsys):
     tiny = ["--dim", "32", "--rank", "8", "--heads", "2", "--ffn-dim", "64", "--vocab-size", "32",
             "--seq-len", "8", "--micro-batch", "1"]
-    argv = ["cpu", *tiny, "--repeats", "1", "--warmup", "0", "--profile", "1", "--json", "-"]
+    argv = ["cpu", *tiny, "--repeats", "1", "--warmup", "0", "--profile", "1", "--overlap-chunks", "2",
+            "--json", "-"]
     assert main(argv) == 0
     records = json.loads(capsys.readouterr().out)
     assert [(r["strategy"], r["arch"]) for r in records] == [
@@ -27,6 +28,9 @@ def test_cpu_json_schema(capsys):
         assert set(split) == {"step", "gemm", "attention", "comm", "other"}
         assert split["gemm"] > 0 and split["attention"] > 0 and split["comm"] > 0
         assert sum(v for k, v in split.items() if k != "step") == pytest.approx(split["step"])
+        # the same strategy with its all-reduces in 2 overlapped blocks, timed alongside
+        assert r["overlap_chunks"] == 2 and len(r["overlap_step_ms"]) == 1
+        assert r["overlap_profile_ms"]["comm"] > 0 and r["overlap_to_one_paired"] > 0
     assert records[-1]["ratio_to_btp"] == 1.0
     # the full-rank baseline runs TorchTitan's ungrouped layout; low-rank ones group
     assert [r["group_linears"] for r in records] == [False, True, True]

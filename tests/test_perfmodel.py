@@ -578,3 +578,23 @@ def test_cli_dtype_takes_torchtitans_spelling(capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1  # one line, no usage dump
     assert err.startswith("error: argument --dtype: 'float16' is not one of bf16, fp32, bfloat16, float32")
+
+
+def test_overlap_chunks_pipeline_hand_computed():
+    """k row blocks of a GEMM and its all-reduce form a two-stage pipeline: exposed =
+    (k - 1)(max(g, a) - g) + a, with g = GEMM / k and a the all-reduce of T / k tokens."""
+    gpu = pm.gpu_profile("a100-hgx4")
+    c = Collective("all_reduce", "o.A", 256)
+    one = pm.Plan(strategy="btp", tp=4, seq_len=4096, micro_batch=4)
+    two = dataclasses.replace(one, overlap_chunks=2)
+    full = costs.collective_time("all_reduce", c.bytes(one.tokens, 2), 4, gpu)
+    half = costs.collective_time("all_reduce", c.bytes(one.tokens, 2) / 2, 4, gpu)
+    assert pm.chunked_exposed(1.0, c, one, gpu) == full  # one block: all of it exposed
+    assert pm.chunked_exposed(1.0, c, two, gpu) == pytest.approx(half)  # GEMM-bound: the last block
+    assert pm.chunked_exposed(0.0, c, two, gpu) == pytest.approx(2 * half)  # nothing to hide behind
+    g = half / 2  # each GEMM block hides half of an all-reduce block
+    assert pm.chunked_exposed(2 * g, c, two, gpu) == pytest.approx(half - g + half)
+    # the block model uses it for every forward all-reduce a GEMM produces
+    args = pm.model_args("7B", "cola", "btp")
+    steps = [pm.block_time(args, dataclasses.replace(one, overlap_chunks=k), gpu)["comm"] for k in (1, 2)]
+    assert steps[1] < steps[0]

@@ -17,7 +17,7 @@ from boost_titan.bench import perfmodel
 from boost_titan.bench.gpus import GPUS
 from boost_titan.bench.plots import write_plot
 from boost_titan.bench.records import format_records
-from boost_titan.config import ARCHS, RMSNORM_MODES
+from boost_titan.config import ARCHS, OVERLAP_CHUNKS, RMSNORM_MODES
 from boost_titan.config.cli import OneLineParser
 from boost_titan.config.errors import ConfigError
 
@@ -70,6 +70,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rmsnorm", default="online", choices=RMSNORM_MODES, help="btp's RMSNorm")
     parser.add_argument("--group-linears", action=argparse.BooleanOptionalAction, default=True,
                         help="group the q/k/v and gate/up down-projections")
+    parser.add_argument("--overlap-chunks", type=int, default=1, choices=OVERLAP_CHUNKS,
+                        help="[boost] overlap_chunks: forward all-reduces in that many overlapped blocks")
     parser.add_argument("--gpu", type=_csv, default=["a100", "h100"],
                         help=f"comma list of {', '.join(GPUS)}; speedups use the first")
 
@@ -80,6 +82,7 @@ def plans_from_args(ns: argparse.Namespace) -> dict:
         flavors=ns.flavor, arch=ns.arch, strategies=ns.strategy, tps=ns.tp, gpus=ns.gpu,
         pp=ns.pp, seq_len=ns.seq_len, micro_batch=ns.micro_batch, microbatches=ns.microbatches,
         dtype=ns.dtype, ac=ns.ac, rmsnorm=ns.rmsnorm, group_linears=ns.group_linears,
+        overlap_chunks=ns.overlap_chunks,
     )
 
 

@@ -1,8 +1,8 @@
 """torch.compile against eager: every strategy x AC mode x TP degree on a small random model.
 
 Per TP degree, `tp` gloo processes build, per (strategy, AC mode), the same randomly
-initialised model twice (megatron trains the fullrank twin): once eager without AC (the
-reference), once through the trainer's own `parallelize_boost` with the AC mode and
+initialised model twice (megatron trains the fullrank twin), both through the trainer's
+own `parallelize_boost` with that AC mode: once eager (the reference), once with
 `[compile] enable` (AC, then `torch.compile(block, fullgraph=True)` per block). Each row
 reports:
 
@@ -161,7 +161,7 @@ def _rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
 def _cell(cfg: MatrixConfig, mesh, strategy: str, ac: str, tokens, labels) -> CompileRow:
     row = CompileRow(cfg.arch, strategy, ac, mesh.size(), cfg.backend, None, None, {}, {}, None, None)
     eager = _model(cfg, strategy)
-    _parallelize(eager, mesh, strategy, "none", compiled=False, backend=cfg.backend)
+    _parallelize(eager, mesh, strategy, ac, compiled=False, backend=cfg.backend)
     compiled = _model(cfg, strategy)
     try:
         torch._dynamo.reset()

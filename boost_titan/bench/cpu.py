@@ -14,7 +14,10 @@ all-reduce per group, BOOST's linear grouping).
 `--compile` also builds each strategy's model with every block under `torch.compile`
 (Inductor, fullgraph, as `[compile] enable` does) and times it interleaved with the eager
 one: compile seconds (its first step less its median step) and the compiled / eager step
-ratio come from the same run.
+ratio come from the same run. `--overlap-chunks K` likewise adds each strategy with its
+all-reduces in K overlapped row blocks (`[boost] overlap_chunks`); with `--profile N`
+the time rank 0 spends in collectives (launching and waiting: the exposed communication)
+is reported for 1 and K blocks side by side.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class CpuConfig:
     warmup: int = 2
     profile_steps: int = 0
     compile: bool = False
+    overlap_chunks: int = 1
 
     @staticmethod
     def group_linears(strategy: str) -> bool:
@@ -114,6 +118,11 @@ class CpuRecord:
     compile_s: float | None = None
     compiled_to_eager_paired: float | None = None
     """--compile: median over repetitions of the compiled step / the eager step."""
+    overlap_chunks: int = 1
+    overlap_step_ms: list[float] | None = None
+    overlap_to_one_paired: float | None = None
+    """--overlap-chunks K: median over repetitions of the K-block step / the 1-block step."""
+    overlap_profile_ms: dict[str, float] | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -123,13 +132,15 @@ class CpuRecord:
 class _Trainee:
     """A model under one strategy's plan, its optimizer and one timed step."""
 
-    def __init__(self, cfg: CpuConfig, strategy: str, mesh: DeviceMesh, compiled: bool = False) -> None:
+    def __init__(
+        self, cfg: CpuConfig, strategy: str, mesh: DeviceMesh, compiled: bool = False, chunks: int = 1
+    ) -> None:
         args = cfg.model_args(strategy)
         torch.manual_seed(0)
         self.model = BoostTransformer(args)
         self.model.init_weights()
         plan = build_plan(strategy, args, group_linears=cfg.group_linears(strategy))
-        apply_plan(self.model, mesh, plan)
+        apply_plan(self.model, mesh, plan, overlap_chunks=chunks)
         if compiled:
             for layer_id, block in self.model.layers.named_children():
                 self.model.layers.register_module(layer_id, torch.compile(block, fullgraph=True))
@@ -197,6 +208,10 @@ def _worker(rank: int, port: int, cfg: CpuConfig, strategies: tuple[str, ...], o
                 trainees[f"{s}:compiled"] = _Trainee(cfg, s, mesh, compiled=True)
                 first_ms[s] = _timed(trainees[f"{s}:compiled"], tokens, labels)
                 runs.append(f"{s}:compiled")
+        if cfg.overlap_chunks > 1:
+            for s in strategies:
+                trainees[f"{s}:overlap"] = _Trainee(cfg, s, mesh, chunks=cfg.overlap_chunks)
+                runs.append(f"{s}:overlap")
         times: dict[str, list[float]] = {s: [] for s in runs}
         for rep in range(cfg.warmup + cfg.repeats):
             shift = rep % len(runs)
@@ -205,8 +220,8 @@ def _worker(rank: int, port: int, cfg: CpuConfig, strategies: tuple[str, ...], o
                 if rep >= cfg.warmup:
                     times[run].append(ms)
         profiles = {
-            s: _profiled(trainees[s], tokens, labels, cfg.profile_steps)
-            for s in (strategies if cfg.profile_steps else ())
+            run: _profiled(trainees[run], tokens, labels, cfg.profile_steps)
+            for run in (runs if cfg.profile_steps else ())
         }
         if rank == 0:
             Path(out).write_text(json.dumps({"times": times, "profiles": profiles, "first_ms": first_ms}))
@@ -230,8 +245,8 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> 
         for name in ("dim", *STRATEGIES[strategy].divisible):
             if values[name] % cfg.tp:
                 raise ConfigError(f"{name} {values[name]} is not divisible by tp {cfg.tp}")
-    if cfg.repeats < 1 or cfg.warmup < 0 or cfg.profile_steps < 0:
-        raise ConfigError("--repeats must be >= 1, --warmup and --profile >= 0")
+    if cfg.repeats < 1 or cfg.warmup < 0 or cfg.profile_steps < 0 or cfg.overlap_chunks < 1:
+        raise ConfigError("--repeats and --overlap-chunks must be >= 1, --warmup and --profile >= 0")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.json")
         mp.start_processes(
@@ -247,6 +262,11 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> 
             r.compiled_step_ms = compiled
             r.compile_s = max(result["first_ms"][r.strategy] - statistics.median(compiled), 0.0) / 1e3
             r.compiled_to_eager_paired = statistics.median(c / e for c, e in zip(compiled, r.step_ms))
+        if cfg.overlap_chunks > 1:
+            overlapped = result["times"][f"{r.strategy}:overlap"]
+            r.overlap_chunks, r.overlap_step_ms = cfg.overlap_chunks, overlapped
+            r.overlap_to_one_paired = statistics.median(o / e for o, e in zip(overlapped, r.step_ms))
+            r.overlap_profile_ms = result["profiles"].get(f"{r.strategy}:overlap")
     if "btp" in strategies:
         btp = records[strategies.index("btp")]
         for r in records:
@@ -284,6 +304,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", dest="profile_steps", type=int, default=0, metavar="N",
                         help="after timing, profile N more steps per strategy and split rank "
                              "0's step into gemm / attention / comm / other")
+    parser.add_argument("--overlap-chunks", dest="overlap_chunks", type=int, default=1, metavar="K",
+                        help="also time each strategy with its all-reduces in K overlapped blocks")
     parser.add_argument("--compile", action="store_true",
                         help="also time each strategy with its blocks under torch.compile (Inductor)")
     parser.add_argument("--json", metavar="PATH|-",
@@ -315,6 +337,17 @@ def run(ns: argparse.Namespace) -> int:
             ms = r.compiled_step_ms
             print(f"{r.strategy:>8} {r.compile_s:>9.1f} {statistics.median(ms):>9.1f} {min(ms):>7.1f} "
                   f"{max(ms):>7.1f} {r.compiled_to_eager_paired:>7.2f}")
+    if cfg.overlap_chunks > 1:
+        k = cfg.overlap_chunks
+        print(f"\nall-reduces in 1 vs {k} overlapped blocks ([boost] overlap_chunks), interleaved:")
+        print(f"{'strategy':>8} {'1: ms':>8} {f'{k}: ms':>8} {f'x {k}/1':>7} {'1: comm ms':>10} "
+              f"{f'{k}: comm ms':>10} {'comm x':>7}")
+        for r in records:
+            comm = [p["comm"] if p else None for p in (r.profile_ms, r.overlap_profile_ms)]
+            cells = [f"{c:>10.1f}" if c is not None else f"{'-':>10}" for c in comm]
+            ratio = f"{comm[1] / comm[0]:>7.2f}" if None not in comm else f"{'-':>7}"
+            print(f"{r.strategy:>8} {r.step_ms_median:>8.1f} {statistics.median(r.overlap_step_ms):>8.1f} "
+                  f"{r.overlap_to_one_paired:>7.2f} {cells[0]} {cells[1]} {ratio}")
     profiled = [r for r in records if r.profile_ms]
     if profiled:
         kinds = ("step", *PROFILE_KINDS, "other")

@@ -15,8 +15,9 @@ Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch
   bytes over sustained HBM bandwidth, causal flash attention, one launch per kernel,
   collectives on NCCL's ring model, pipeline sends over the network, the optimizer by bytes
   per parameter. Overlap is what the plans do: each backward input-grad all-reduce of a
-  column-parallel group runs behind that group's weight-grad GEMMs; forward collectives
-  and everything else are exposed. A step is `microbatches` micro-batches through a 1F1B
+  column-parallel group runs behind that group's weight-grad GEMMs; with `overlap_chunks`
+  k > 1 each forward all-reduce that a GEMM produces goes in k row blocks, block j's
+  all-reduce behind block j+1's GEMM (`chunked_exposed`); everything else is exposed. A step is `microbatches` micro-batches through a 1F1B
   pipeline (fill and drain: the bubble) plus gradient clipping and one AdamW update.
 """
 
@@ -80,6 +81,7 @@ class Plan:
     ac: str = "none"
     rmsnorm: str = "online"
     group_linears: bool = True
+    overlap_chunks: int = 1
 
     @property
     def tokens(self) -> int:
@@ -469,6 +471,19 @@ def overlapped(
     return exposed, hidden
 
 
+def chunked_exposed(gemm_s: float, c: Collective, plan: Plan, gpu: GpuProfile) -> float:
+    """Exposed seconds of forward all-reduce `c` produced by a GEMM of `gemm_s` seconds,
+    both cut into `overlap_chunks` k row blocks: the GEMM blocks g = gemm_s / k and the
+    all-reduce blocks a (each on T / k tokens, latency included) form a two-stage pipeline,
+    g + (k - 1) max(g, a) + a in all, of which k g is the GEMM's own time."""
+    k = plan.overlap_chunks
+    if k == 1:
+        return _collective_time(c, plan, gpu)
+    g = gemm_s / k
+    a = costs.collective_time(c.kind, c.bytes(plan.tokens, plan.dtype_bytes) / k, plan.tp, gpu)
+    return (k - 1) * (max(g, a) - g) + a
+
+
 _MEMBERS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 _NORM_CONSUMERS = ("q", "k", "v", "gate", "up")
 
@@ -505,7 +520,8 @@ def block_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float
     mem_bwd = costs.stream_time(bwd_streams, gpu, plan.tokens)
     mem_weights = costs.stream_time(weight_streams(args, plan), gpu)
     fwd_c, bwd_c = layer_collectives(args, plan)
-    comm_fwd = sum(_collective_time(c, plan, gpu) for c in fwd_c)
+    comm_fwd = sum(chunked_exposed(gemm_fwd[c.name], c, plan, gpu) if c.name in gemm_fwd
+                   else _collective_time(c, plan, gpu) for c in fwd_c)
     comm_bwd, hidden = overlapped(bwd_c, weight_grads, plan, gpu)
     parts = {
         "gemm": sum(gemm_fwd.values()) + input_grads + sum(weight_grads.values()),
