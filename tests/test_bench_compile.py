@@ -22,6 +22,7 @@ def test_compiled_lowrank_ac_at_tp2_equals_eager(tmp_path, capsys):
     assert row["compiled_collectives"] == row["eager_collectives"]
     assert row["eager_collectives"]["all_reduce"] > 0
     assert "every cell compiles" in capsys.readouterr().out
+    assert row["compiled_collectives"] == {"all_gather": 1, "all_reduce": 21, "reduce_scatter": 1}
 
 
 def test_cells_skip_lowrank_ac_on_the_fullrank_model():
@@ -33,10 +34,12 @@ def test_rows_show_differences_and_errors():
     base = dict(arch="cola", strategy="btp", ac="full", tp=2, backend="aot_eager", graph_breaks=0,
                 max_rel_error=0.0, compile_s=1.0, step_ratio=1.0)
     rows = [CompileRow(**base, eager_collectives={"all_reduce": 8}, compiled_collectives={"all_reduce": 12}),
+            CompileRow(**base, eager_collectives={"all_reduce": 8}, compiled_collectives={"all_reduce": 6}),
             CompileRow(**{**base, "graph_breaks": None}, eager_collectives={}, compiled_collectives={},
                        error="Unsupported: graph break")]
     text = format_rows(rows)
-    assert "DIFFER: all_reducex8 / all_reducex12" in text
+    assert "DIFFER: all_reduce x8 / all_reduce x12" in text
+    assert "fewer: all_reduce x8 / all_reduce x6" in text
     assert "| btp | full | 2 | Unsupported: graph break |" in text
 
 
