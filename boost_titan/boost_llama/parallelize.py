@@ -4,7 +4,10 @@ FSDP2 / DDP, in TorchTitan's order, configured from the job's TOML (as TorchTita
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torchtitan.config import TORCH_DTYPE_MAP
@@ -30,6 +33,16 @@ _SAC_SAVE = _op_sac_save_list | {
     torch.ops._c10d_functional.all_gather_into_tensor.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
 }
+
+
+def _rank_own_compile_cache() -> None:
+    """Give this rank its own Inductor cache folder. In torch 2.13 the compiled graphs of
+    different TP groups get the same cache key although their collectives name different
+    process groups (pytorch/pytorch#176532), so a rank could load another group's graph and
+    fail with "Could not resolve the process group registered under the name N"."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir(), f"rank{dist.get_rank()}")
 
 
 def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
@@ -67,6 +80,8 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=parallel_dims.tp)
         logger.info("Applied low-rank activation checkpointing to the model")
     if compile_model:
+        if parallel_dims.tp_enabled and parallel_dims.world_size > parallel_dims.tp:
+            _rank_own_compile_cache()
         apply_compile(model, job_config.compile)
 
     if parallel_dims.fsdp_enabled:
