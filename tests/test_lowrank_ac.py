@@ -315,7 +315,8 @@ def _parallelize_compiled(model, mesh, ac: str) -> None:
         activation_checkpoint=ActivationCheckpoint(mode=mode, selective_ac_option=option),
         compile=Compile(enable=True, backend="aot_eager"), job=types.SimpleNamespace(dump_folder=""),
     )
-    dims = types.SimpleNamespace(tp_enabled=True, tp=mesh.size(), get_mesh=lambda name: mesh,
+    dims = types.SimpleNamespace(tp_enabled=True, tp=mesh.size(), world_size=mesh.size(),
+                                 get_mesh=lambda name: mesh,
                                  fsdp_enabled=False, dp_replicate_enabled=False)
     parallelize_boost(model, dims, job)
 

@@ -115,7 +115,8 @@ def _parallelize(model, mesh, strategy: str, ac: str, compiled: bool, backend: s
         activation_checkpoint=ActivationCheckpoint(mode=mode, selective_ac_option="op"),
         compile=Compile(enable=compiled, backend=backend), job=types.SimpleNamespace(dump_folder=""),
     )
-    dims = types.SimpleNamespace(tp_enabled=mesh.size() > 1, tp=mesh.size(), get_mesh=lambda name: mesh,
+    dims = types.SimpleNamespace(tp_enabled=mesh.size() > 1, tp=mesh.size(), world_size=mesh.size(),
+                                 get_mesh=lambda name: mesh,
                                  fsdp_enabled=False, dp_replicate_enabled=False)
     parallelize_boost(model, dims, job)
 
