@@ -17,10 +17,10 @@ rows (summed by a tiny torch reduction: two stages, no atomics, deterministic).
 
 Dispatch: Triton when x is on CUDA, or when the environment sets ``BOOST_TITAN_TRITON=1``
 (with ``TRITON_INTERPRET=1`` that runs the kernels on CPU, for tests); the torch
-references otherwise, and always under torch.compile: there Inductor fuses the references'
-element-wise work and row reduction into one pass over x itself (the same bytes as these
-kernels), and can also fuse them into their neighbours, which a hand-written kernel would
-keep it from. Both take x of any shape ``[..., d]`` and compute in fp32.
+references otherwise, and always under torch.compile: there Inductor can generate the
+references' element-wise work and row reduction as one pass over x itself (the bytes of
+these kernels) and fuse them into their neighbours, which an opaque hand-written kernel
+would keep it from. Both take x of any shape ``[..., d]`` and compute in fp32.
 """
 
 from __future__ import annotations
