@@ -110,15 +110,15 @@ class _ColumnLinears(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             rows = [g.flatten(0, -2) for g in grads]
 
-            def grad_x_of(start: int, end: int) -> list[torch.Tensor]:
+            def grad_x_of(start: int, end: int) -> torch.Tensor:
                 grads_x = [g[start:end] @ w for g, w in zip(rows, weights)]
                 if ctx.split_input:
-                    return [torch.cat(grads_x, dim=-1)]
-                return [functools.reduce(torch.add, grads_x)]
+                    return torch.cat(grads_x, dim=-1)
+                return functools.reduce(torch.add, grads_x)
 
             # each row block's all-reduce is launched at once and waited for after the
             # weight grads: it runs behind the next block's input grad and the weight grads
-            reduced = [[funcol.all_reduce(p.contiguous(), "sum", ctx.group) for p in grad_x_of(a, b)]
+            reduced = [funcol.all_reduce(grad_x_of(a, b).contiguous(), "sum", ctx.group)
                        for a, b in row_blocks(rows[0].shape[0], ctx.chunks)]
         grads_w = [
             g.flatten(0, -2).t() @ x_p.flatten(0, -2) if needed else None
@@ -128,7 +128,7 @@ class _ColumnLinears(torch.autograd.Function):
         ]
         grad_x = None
         if reduced is not None:
-            blocks = [funcol.wait_tensor(block[0]) for block in reduced]
+            blocks = [funcol.wait_tensor(block) for block in reduced]
             grad_x = (torch.cat(blocks) if len(blocks) > 1 else blocks[0]).view_as(x)
         return grad_x, None, None, None, *grads_w
 

@@ -64,17 +64,19 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         logger.info(f"Applied {strategy} tensor parallelism (TP={parallel_dims.tp}{details})")
 
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
-    if job_config.activation_checkpoint.mode != "none":
+    ac = job_config.activation_checkpoint
+    if ac.mode != "none":
         apply_ac(
             model,
-            job_config.activation_checkpoint,
+            ac,
             model_compile_enabled=compile_model,
             op_sac_save_list=_SAC_SAVE,
             base_folder=job_config.job.dump_folder,
         )
-        if compile_model and parallel_dims.tp_enabled:
+        whole_blocks = ac.mode == "full" or ac.selective_ac_option != "op"  # full or by layer
+        if compile_model and parallel_dims.tp_enabled and whole_blocks:
             for block in model.layers.values():
-                if isinstance(block, CheckpointWrapper) and "context_fn" not in block.checkpoint_fn.keywords:
+                if isinstance(block, CheckpointWrapper):
                     compilable_full_ac(block)
     elif boost.lowrank_ac:
         apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=parallel_dims.tp)
