@@ -2,7 +2,7 @@
 gradient norms step by step.
 
     python -m boost_titan.loss_compare --steps 5
-    python -m boost_titan.loss_compare --steps 2000 --data corpus --exact-steps 100 \\
+    python -m boost_titan.loss_compare --steps 2000 --exact-steps 100 \\
         --tolerance 1e-4 --layouts tp1,tp2,vanilla-tp2,dp2-tp2,tp1-seed1,fullrank-tp2 \\
         --every 100 --validate --out outputs/convergence
 
@@ -25,12 +25,11 @@ The report: per step (or per window of `--every` steps: the largest difference i
 reference's loss and grad norm and each layout's differences, `compare.json`, and a PNG
 overlay of the curves (`compare.png`); exit 1 when a check fails (2 for bad input).
 
-`--data repeat` (default) trains on one short document repeated so that every sample is
-the same window: the global batch is then identical whatever the data-parallel degree,
-and layouts must agree to fp32 rounding. `--data corpus` uses the config's dataset:
-exact only between layouts of one data-parallel degree (TorchTitan shards the documents by
-DP rank), so there a layout of another DP degree than the reference's is judged by the
-seed yardstick alone.
+Every layout trains on the config's dataset in the global order (`[boost] data_order =
+"global"`): each step's global batch is the same windows at any data-parallel degree, so
+layouts must agree to fp32 rounding. With `--validate`, the held-out batch
+(`--validation-batch`) is split over the data-parallel ranks likewise, so every layout is
+scored on the same windows.
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ from boost_titan.config.cli import OneLineParser, fail
 from boost_titan.config.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-REPEATED_DOC = "def add(a, b):\n    return a + b\n"
 
 
 @dataclass(frozen=True)
@@ -104,23 +102,6 @@ def torchrun_train(nproc: int, dump: Path, args: list[str], config: str, timeout
     return result.stdout + result.stderr
 
 
-def token_period(tokenizer: str = "default") -> int:
-    """Tokens per repeated document in the packed stream (text + BOS + EOS)."""
-    from boost_titan.data.tokenizer import load_tokenizer
-
-    return len(load_tokenizer(tokenizer).encode(REPEATED_DOC, add_bos=True, add_eos=True))
-
-
-def repeated_dataset(folder: Path, min_seq_len: int = 64) -> int:
-    """Write the layout-invariant dataset into `folder`; return a seq_len whose windows
-    (seq_len + 1 tokens) are whole periods of it, so every sample is the same window."""
-    period = token_period()
-    folder.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"text": REPEATED_DOC}) + "\n"
-    (folder / "docs.jsonl").write_text(line * 64)
-    return period * (min_seq_len // period + 1) - 1
-
-
 def read_log_rows(dump: Path) -> tuple[list[dict], list[dict]]:
     """The training rows (step, loss, grad_norm) and validation rows of a run's log."""
     from boost_titan.runtime.run_log import read_log
@@ -150,9 +131,6 @@ class Comparison:
     """Final held-out loss per layout (with --validate)."""
     exact_steps: int = 0
     smooth: int = 50
-    other_data: list[str] = field(default_factory=list)
-    """Layouts of the reference's model that trained on other batches (corpus data at
-    another data-parallel degree): left out of the exact check."""
 
     @property
     def reference(self) -> str:
@@ -180,7 +158,7 @@ class Comparison:
     def exact(self) -> tuple[float, float]:
         """(largest |loss difference|, largest relative grad-norm difference) of the
         reference's model under other layouts over the first `exact_steps` steps."""
-        same = [n for n in self.layouts[1:] if self.kind(n) == "same" and n not in self.other_data]
+        same = [n for n in self.layouts[1:] if self.kind(n) == "same"]
         n = self.exact_steps
         loss = max((d for s in same for d in self.loss_diff(s)[:n]), default=0.0)
         grad = max((d for s in same for d in self.grad_norm_diff(s)[:n]), default=0.0)
@@ -204,8 +182,7 @@ class Comparison:
 
 
 def compare(
-    rows: dict[str, list[dict]], validations: dict[str, list[dict]], exact_steps: int, window: int,
-    other_data: list[str] = (),
+    rows: dict[str, list[dict]], validations: dict[str, list[dict]], exact_steps: int, window: int
 ) -> Comparison:
     """Line the layouts' rows up by step; ConfigError if they did not run the same steps."""
     names = list(rows)
@@ -221,7 +198,6 @@ def compare(
         {n: [r["loss"] for r in rows[n]] for n in names},
         {n: [r["grad_norm"] for r in rows[n]] for n in names},
         final if len(final) == len(names) else {}, min(exact_steps, len(steps)), window,
-        [n for n in names if n in other_data],
     )  # fmt: skip
 
 
@@ -317,15 +293,13 @@ def run(ns: argparse.Namespace, extra: list[str]) -> Comparison:
     if LAYOUTS[names[0]].seed or LAYOUTS[names[0]].arch:
         raise ConfigError(f"the reference layout {names[0]} must be one of the reference model's")
     for name in names:
-        if ns.global_batch % LAYOUTS[name].dp:
-            raise ConfigError(f"--global-batch {ns.global_batch} does not divide over {name}'s data parallelism")
+        for option, batch in (("--global-batch", ns.global_batch), ("--validation-batch", ns.validation_batch)):
+            if batch % LAYOUTS[name].dp:
+                raise ConfigError(f"{option} {batch} does not divide over {name}'s data parallelism")
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     common = ["--training.steps", str(ns.steps), "--metrics.log_freq", str(ns.log_freq),
-              "--boost.arch", ns.arch, *extra]  # fmt: skip
-    if ns.data == "repeat":
-        seq_len = repeated_dataset(out / "data")
-        common += ["--training.dataset_path", str(out / "data"), "--training.seq_len", str(seq_len)]
+              "--boost.arch", ns.arch, "--boost.data_order", "global", *extra]  # fmt: skip
     if ns.validate:
         common += ["--validation.enable", "--validation.freq", str(ns.steps)]
     else:
@@ -338,13 +312,13 @@ def run(ns: argparse.Namespace, extra: list[str]) -> Comparison:
             load = ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed),
                     "--checkpoint.interval", str(10**9)]  # fmt: skip
             arch = ["--boost.arch", layout.arch] if layout.arch else []
-            batch = ["--training.local_batch_size", str(ns.global_batch // layout.dp)]
+            batch = ["--training.local_batch_size", str(ns.global_batch // layout.dp),
+                     "--validation.local_batch_size", str(ns.validation_batch // layout.dp)]
             print(f"{name}: {layout.nproc} processes -> {dump}", flush=True)
             output = torchrun_train(layout.nproc, dump, [*common, *load, *layout.args, *arch, *batch], ns.config)
             (dump / "train.log").write_text(output)
         rows[name], validations[name] = read_log_rows(dump)
-    other_data = [n for n in names if ns.data == "corpus" and LAYOUTS[n].dp != LAYOUTS[names[0]].dp]
-    return compare(rows, validations, ns.exact_steps or ns.steps, ns.smooth, other_data)
+    return compare(rows, validations, ns.exact_steps or ns.steps, ns.smooth)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, the first is the reference; from {', '.join(LAYOUTS)}")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--arch", default="cola")
-    parser.add_argument("--data", choices=("repeat", "corpus"), default="repeat")
     parser.add_argument("--global-batch", type=int, default=4)
+    parser.add_argument("--validation-batch", type=int, default=8,
+                        help="held-out windows per validation step, over all data-parallel ranks")
     parser.add_argument("--config", default=str(ROOT / "train_configs" / "debug.toml"))
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |loss difference|")
     parser.add_argument("--grad-norm-tolerance", type=float, default=1e-6,
@@ -393,7 +368,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nlayouts {'agree' if ok else 'DIFFER'}: over steps 1-{c.exact_steps} max |dloss| "
           f"{loss:.2e} (tolerance {ns.tolerance:.0e}), max relative grad-norm difference {grad:.2e} "
           f"(tolerance {ns.grad_norm_tolerance:.0e})"
-          + (f" ({', '.join(c.other_data)}: other batches, not compared)" if c.other_data else "")
           + (f"; further from the reference than the seed run: {', '.join(drift)}" if drift else "")
           + f"; report in {ns.out}")
     return 0 if ok else 1

@@ -308,3 +308,59 @@ def test_dataloader_resumes_exactly(tmp_path):
     resumed.load_state_dict(state)
     got = [labels for _, labels in itertools.islice(resumed, 6)]
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+# ---- data order ----------------------------------------------------------------------------
+def _varied_docs(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "d.jsonl", [f"doc {i}: " + "word " * (2 * i) for i in range(12)])
+
+
+def _labels(loader, batches: int) -> list[torch.Tensor]:
+    return [labels for _, labels in itertools.islice(loader, batches)]
+
+
+def _global_batches(dp: int, path: Path, order: str, batches: int = 8) -> list[torch.Tensor]:
+    """The first global batches (4 windows of 8 + 1 tokens) at DP degree `dp`: every
+    rank's rows of each step, rank by rank."""
+    config = job_config("--training.dataset_path", str(path), "--training.seq_len", "8",
+                        "--training.local_batch_size", str(4 // dp), "--boost.data_order", order)  # fmt: skip
+    tok = build_tokenizer(config)
+    ranks = [_labels(build_dataloader(dp, r, tok, config), batches) for r in range(dp)]
+    return [torch.cat(step) for step in zip(*ranks, strict=True)]
+
+
+def test_global_order_batches_do_not_depend_on_the_dp_degree(tmp_path):
+    path = _varied_docs(tmp_path)
+    one = _global_batches(1, path, "global")
+    assert all(torch.equal(a, b) for a, b in zip(one, _global_batches(1, path, "sharded"), strict=True))
+    for dp in (2, 4):
+        assert all(torch.equal(a, b) for a, b in zip(one, _global_batches(dp, path, "global"), strict=True))
+    # TorchTitan's sharded order trains DP 2 on other windows
+    assert not all(torch.equal(a, b) for a, b in zip(one, _global_batches(2, path, "sharded")))
+
+
+def test_global_order_resumes_exactly(tmp_path):
+    config = job_config("--training.dataset_path", str(_varied_docs(tmp_path)), "--training.seq_len", "8",
+                        "--training.local_batch_size", "2", "--boost.data_order", "global")  # fmt: skip
+    tok = build_tokenizer(config)
+    for rank in (0, 1):
+        loader = build_dataloader(2, rank, tok, config)
+        first = iter(loader)
+        for _ in range(5):  # past the end of the documents: the stream re-loops
+            next(first)
+        state = loader.state_dict()
+        expected = _labels(first, 6)
+        resumed = build_dataloader(2, rank, tok, config)
+        resumed.load_state_dict(state)
+        assert all(torch.equal(a, b) for a, b in zip(expected, _labels(resumed, 6), strict=True))
+
+
+def test_unknown_data_order_is_one_line():
+    from boost_titan.boost_llama.spec import validate_job
+
+    with pytest.raises(ConfigError) as excinfo:
+        validate_job(job_config("--model.name", "boost_llama", "--model.flavor", "debug",
+                                "--boost.data_order", "shuffled"), 1)
+    assert one_line_error(excinfo) == (
+        "unknown [boost] data_order 'shuffled'; choose one of sharded, global"
+    )

@@ -31,14 +31,6 @@ def test_exact_differences_over_the_exact_steps_only():
     assert "| 1-2 | 4.000000 | 1.000000 | 2.0e-05 / 1.0e-06 |" in table(c, every=2)
 
 
-def test_layouts_on_other_batches_are_left_out_of_the_exact_check():
-    """Corpus data at another DP degree: other batches, so only the yardstick judges it."""
-    rows = {"tp1": _rows([5.0, 4.0]), "tp2": _rows([5.0, 4.00001]), "dp2-tp2": _rows([5.0, 4.3])}
-    c = compare(rows, {}, exact_steps=2, window=1, other_data=["dp2-tp2"])
-    assert c.exact()[0] == pytest.approx(1e-5)
-    assert compare(rows, {}, exact_steps=2, window=1).exact()[0] == pytest.approx(0.3)
-
-
 def test_drift_is_judged_against_the_seed_run():
     """After the exact steps a layout must stay closer to the reference than a run from
     other initial weights, in smoothed loss and in final validation loss; a full-rank run
@@ -76,7 +68,8 @@ def test_runs_of_other_steps_are_refused():
         (["--layouts", "tp1"], "two or more"),
         (["--layouts", "tp1,tp3"], "unknown: tp3"),
         (["--layouts", "tp1-seed1,tp2"], "reference layout"),
-        (["--layouts", "tp1,dp2", "--global-batch", "3"], "does not divide"),
+        (["--layouts", "tp1,dp2", "--global-batch", "3"], "--global-batch 3 does not divide"),
+        (["--layouts", "tp1,dp2", "--validation-batch", "5"], "--validation-batch 5 does not divide"),
         (["--steps", "0"], "--steps"),
     ],
 )

@@ -2,10 +2,11 @@
 the same exact gradient norm and the same held-out validation loss (launched and read with
 `boost_titan.loss_compare`'s functions).
 
-The dataset repeats one document whose packed token stream has a period that divides
-seq_len + 1, so every sample is the same window: data-parallel ranks and a single process
-then see the same global batch whatever the sharding of documents. Validation reads other
-text (this repository's sources) in global batches of 4 sequences everywhere.
+Training reads this repository's `parallelize/` sources in the global order
+(`[boost] data_order = "global"`): every sample is another window of real text, and each
+step's global batch is the same windows at any data-parallel degree, so a layout that fed
+its ranks the wrong rows would differ. Validation reads other text (`boost_titan/data/`'s
+sources) in global batches of 4 sequences everywhere.
 
 Each arch gets its own seed checkpoint and one-process (tp1) reference run, shared by the
 layouts of that arch. Runs are memoized per module, so the saved-activation test reuses
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from boost_titan.loss_compare import repeated_dataset, torchrun_train
+from boost_titan.loss_compare import torchrun_train
 from boost_titan.runtime.run_log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,7 @@ GRAD_NORM_TOLERANCE = 1e-6
 SAME_WEIGHTS_TOLERANCE = 1e-5
 """Held-out loss of one set of weights under different layouts (fp32)."""
 VALIDATION_STEPS = 4
+SEQ_LEN = 64
 
 
 def _torchrun(nproc: int, dump: Path, *args: str) -> str:
@@ -52,6 +54,13 @@ def _losses(dump: Path) -> list[float]:
 def _validations(dump: Path) -> dict[int, dict]:
     """Step -> the row (loss, perplexity, tokens) of every validation the run logged."""
     return {row["step"]: row for row in read_log(str(dump / "losses.jsonl"))[1]}
+
+
+def _documents(path: Path, sources: Path) -> Path:
+    """A .jsonl at `path` with one document per .py file under `sources`."""
+    files = sorted(sources.glob("*.py"))
+    path.write_text("".join(json.dumps({"text": p.read_text()}) + "\n" for p in files))
+    return path
 
 
 @dataclass(frozen=True)
@@ -111,17 +120,13 @@ class Runs:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        data = root / "data"
-        seq_len = repeated_dataset(data)
-        self.validation_data = root / "validation.jsonl"
-        sources = sorted((ROOT / "boost_titan" / "data").glob("*.py"))
-        self.validation_data.write_text(
-            "".join(json.dumps({"text": p.read_text()}) + "\n" for p in sources)
-        )
-        self.seq_len = seq_len
+        data = _documents(root / "training.jsonl", ROOT / "parallelize")
+        self.validation_data = _documents(root / "validation.jsonl", ROOT / "boost_titan" / "data")
+        self.seq_len = seq_len = SEQ_LEN
         self.validation_tokens = VALIDATION_STEPS * 4 * seq_len  # global batch 4
         self.common = [
             "--training.dataset_path", str(data), "--training.seq_len", str(seq_len),
+            "--boost.data_order", "global",
             "--training.steps", str(STEPS), "--metrics.log_freq", "1",
             "--metrics.no_enable_tensorboard", "--lr_scheduler.warmup_steps", "2",
             "--debug.seed", "7", "--model.flavor", "debug",
@@ -244,7 +249,7 @@ RESHARDED = {
 @pytest.fixture(scope="module")
 def resharded_losses(runs) -> dict[str, float]:
     """The first loss of each layout loading the checkpoint that tp2-btp saved at its
-    last step (every batch is the same window, so the loss depends on the weights only).
+    last step (each starts from the first global batch, so the loss depends on the weights only).
 
     The step runs at learning rate 0, so AdamW leaves every weight as loaded (its update
     and weight decay are scaled by the LR) and the model-only checkpoint each layout saves

@@ -14,7 +14,7 @@ from torchtitan.components.optimizer import build_optimizers
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
-from boost_titan.config import OVERLAP_CHUNKS, RMSNORM_MODES
+from boost_titan.config import DATA_ORDERS, OVERLAP_CHUNKS, RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.validation import validation_data
@@ -110,6 +110,11 @@ def validate_job(job_config, world_size: int) -> None:
     args = model_args_for(job_config)
     validate_parallelism(args, job_config.boost, job_config.parallelism)
     validate_validation(job_config, args)
+    if job_config.boost.data_order not in DATA_ORDERS:
+        raise ConfigError(
+            f"unknown [boost] data_order {job_config.boost.data_order!r}; "
+            f"choose one of {', '.join(DATA_ORDERS)}"
+        )
     if job_config.boost.lowrank_ac and job_config.activation_checkpoint.mode != "none":
         raise ConfigError(
             "[boost] lowrank_ac and [activation_checkpoint] mode = "

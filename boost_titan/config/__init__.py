@@ -14,6 +14,8 @@ LAX_BASES = ("svd", "cola")
 RMSNORM_MODES = ("online", "sync")
 OVERLAP_CHUNKS = (1, 2, 4)
 """Values of [boost] overlap_chunks."""
+DATA_ORDERS = ("sharded", "global")
+"""Values of [boost] data_order."""
 
 
 @dataclass
@@ -50,6 +52,11 @@ class Boost:
     down-projections' latents, row-parallel outputs; backward: column-parallel input grads)
     into this many blocks, each launched before the next block's GEMM so that it runs behind
     it (1, 2 or 4; 1: one all-reduce each)."""
+
+    data_order: str = "sharded"
+    """Training batches: sharded (TorchTitan's: each data-parallel rank reads its own share
+    of the documents) | global (every rank reads the one stream and keeps its rows of each
+    global batch, so the batches do not depend on the DP degree; every rank tokenizes all)."""
 
 
 @dataclass

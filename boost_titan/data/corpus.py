@@ -1,7 +1,8 @@
 """Training text, offline: this Python's stdlib sources (default) or the user's local files.
 
 Both are registered in torchtitan's `DATASETS` table, so its stock text dataset (packing,
-DP sharding, checkpointable position) and dataloader are reused unchanged.
+DP sharding, checkpointable position) and dataloader are reused unchanged (with
+`[boost] data_order = "global"`, its dataset is read whole by every rank: `global_order`).
 
 The default corpus is split by file: a file is held out for validation when the SHA-256 of
 its path relative to the stdlib root falls in the lowest `HELD_OUT_PERCENT` percent. The
@@ -13,6 +14,7 @@ file, validation (`stdlib_validation`) reads only those.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import asdict
 import functools
 import hashlib
 import os
@@ -27,9 +29,14 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 from torchtitan.hf_datasets import DatasetConfig
-from torchtitan.hf_datasets.text_datasets import DATASETS, build_text_dataloader
+from torchtitan.hf_datasets.text_datasets import (
+    DATASETS,
+    HuggingFaceTextDataset,
+    build_text_dataloader,
+)
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.data.global_order import GlobalOrderRows
 
 if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS_TRUE_VALUES:
     # `datasets` reads the variable at import (see boost_titan.data), maybe before us.
@@ -210,13 +217,22 @@ def check_documents(ds: datasets.Dataset, where: str, dp_world_size: int) -> Non
 def build_dataloader(
     dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, job_config: JobConfig
 ) -> ParallelAwareDataloader:
-    """torchtitan's text dataloader over the resolved dataset, looping forever."""
+    """torchtitan's text dataloader over the resolved dataset, looping forever; with
+    `[boost] data_order = "global"`, over this rank's rows of the global stream."""
     training = job_config.training
     name, path = resolve_dataset(training.dataset, training.dataset_path)
+    global_order = job_config.boost.data_order == "global"
     if name in (STDLIB, LOCAL):
         config = DATASETS[name]
         where = path or config.path
-        check_documents(config.loader(where), where, dp_world_size)
-    training = dataclasses.replace(training, dataset=name, dataset_path=path)
-    resolved = dataclasses.replace(job_config, training=training)
-    return build_text_dataloader(dp_world_size, dp_rank, tokenizer, resolved, infinite=True)
+        check_documents(config.loader(where), where, 1 if global_order else dp_world_size)
+    if not global_order:
+        training = dataclasses.replace(training, dataset=name, dataset_path=path)
+        resolved = dataclasses.replace(job_config, training=training)
+        return build_text_dataloader(dp_world_size, dp_rank, tokenizer, resolved, infinite=True)
+    stream = HuggingFaceTextDataset(name, path, tokenizer, training.seq_len, infinite=True)
+    rows = GlobalOrderRows(stream, dp_rank, dp_world_size, training.local_batch_size)
+    return ParallelAwareDataloader(
+        rows, dp_rank=dp_rank, dp_world_size=dp_world_size,
+        **asdict(training.dataloader), batch_size=training.local_batch_size,
+    )  # fmt: skip
