@@ -91,7 +91,7 @@ from boost_titan.check import main
 argvs, results = json.loads(sys.argv[1]), []
 for i, argv in enumerate(argvs):
     path = f"{sys.argv[2]}.{i}"
-    with open(path, "wb") as out:
+    with open(path, "w+b") as out:
         sys.stdout.flush(); sys.stderr.flush()
         saved = os.dup(1), os.dup(2)
         os.dup2(out.fileno(), 1); os.dup2(out.fileno(), 2)
@@ -106,7 +106,9 @@ for i, argv in enumerate(argvs):
         finally:
             sys.stdout.flush(); sys.stderr.flush()
             os.dup2(saved[0], 1); os.dup2(saved[1], 2)
-    results.append([code, open(path, encoding="utf-8").read()])
+            os.close(saved[0]); os.close(saved[1])
+        out.seek(0)
+        results.append([code, out.read().decode("utf-8")])
 with open(sys.argv[2], "w") as f:
     json.dump(results, f)
 """
