@@ -28,6 +28,7 @@ from boost_titan.runtime.checkpoint_files import (
     latest_checkpoint,
 )
 from boost_titan.runtime.dump_lock import DumpFolderLock
+from boost_titan.runtime.precision import Precision
 
 FINISHED = 4
 """Exit status for a job that has nothing left to train."""
@@ -353,10 +354,13 @@ def check(args: list[str]) -> str:
     strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
     layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no parallelism"
     start = f", resumes from step {resumed}" if resumed is not None else ""
+    fsdp = degrees["dp_shard"] > 1 or degrees["cp"] > 1
+    precision = Precision.of(job.training).describe(fsdp=fsdp)
     return (
         f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
         f"{job.boost.tp_strategy} -> {strategy}) on {world} process{'es' if world > 1 else ''} ({layout}), "
-        f"seq_len {job.training.seq_len}, {job.training.steps} steps{start}, outputs in {job.job.dump_folder}"
+        f"{precision}, seq_len {job.training.seq_len}, {job.training.steps} steps{start}, "
+        f"outputs in {job.job.dump_folder}"
     )
 
 

@@ -73,6 +73,9 @@ _DP = "--parallelism.data_parallel_shard_degree"
 LAYOUTS = {
     "tp1": Layout(1, 1, (_TP, "1")),
     "tp2": Layout(2, 1, (_TP, "2")),
+    "tp2-bf16": Layout(2, 1, (_TP, "2", "--training.mixed_precision_param", "bfloat16")),
+    "tp2-float8": Layout(2, 1, (_TP, "2", "--training.mixed_precision_param", "bfloat16",
+                                "--model.converters", "quantize.linear.float8")),
     "tp4": Layout(4, 1, (_TP, "4")),
     "vanilla-tp2": Layout(2, 1, (_TP, "2", "--boost.tp_strategy", "vanilla")),
     "dp2": Layout(2, 2, (_TP, "1", _DP, "2")),

@@ -11,9 +11,11 @@ Modules: `plans` (layouts, plan builders, apply), `styles` (single-module styles
 `groups` (a pre-norm and the consumers it feeds, as one unit), `usage` (first-forward
 check of how the model uses a group's output), `verify`, `describe`, `norms` (sharded
 RMSNorms, online and sync), `comm` (autograd-aware collectives), `lowrank_ac` (low-rank
-activation checkpointing).
+activation checkpointing), `compile_cache` (compile cache keys that name the rank),
+`float8` (which per-rank GEMMs of an applied plan run in float8: `apply_float8`).
 """
 
+from .compile_cache import key_compile_caches_by_rank
 from .describe import plan_table
 from .groups import (
     BottleneckGroupNorm,
@@ -57,6 +59,7 @@ __all__ = [
     "ShardedRMSNorm",
     "apply_plan",
     "btp_plan",
+    "key_compile_caches_by_rank",
     "megatron_plan",
     "plan_table",
     "resolve_plan",

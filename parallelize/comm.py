@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed._functional_collectives as funcol
-import torch.nn.functional as F
+from boost_titan.kernels import float8
+from boost_titan.kernels.float8 import Float8
 from torch.distributed import ProcessGroup
 
 
@@ -68,19 +69,20 @@ class _RowLinear(torch.autograd.Function):
     """F.linear of a sharded input, all-reduced in row blocks (see `row_linear`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, group, chunks):
+    def forward(ctx, x, weight, group, chunks, f8):
         ctx.save_for_backward(x, weight)
+        ctx.f8 = f8
         rows = x.flatten(0, -2)
-        (y,) = all_reduce_in_row_blocks(lambda a, b: [F.linear(rows[a:b], weight)], rows.shape[0], chunks,
-                                        group)
+        (y,) = all_reduce_in_row_blocks(lambda a, b: [float8.forward(rows[a:b], weight, f8)],
+                                        rows.shape[0], chunks, group)
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
-        grad_w = _weight_grad(grad, x) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_w, None, None
+        grad_x = float8.input_grad(grad, weight, ctx.f8) if ctx.needs_input_grad[0] else None
+        grad_w = float8.weight_grad(grad, x, ctx.f8) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None, None, None
 
 
 class _SumPartials(torch.autograd.Function):
@@ -98,10 +100,12 @@ class _ColumnLinears(torch.autograd.Function):
     overlapped with the weight-grad GEMMs (Megatron's asynchronous grad all-reduce)."""
 
     @staticmethod
-    def forward(ctx, x, group, split_input, chunks, *weights):
+    def forward(ctx, x, group, split_input, chunks, f8s, *weights):
         ctx.group, ctx.split_input, ctx.chunks = group, split_input, chunks
+        ctx.f8s = f8s = f8s or (None,) * len(weights)
         ctx.save_for_backward(x, *weights)
-        return tuple(F.linear(x_p, w) for x_p, w in zip(_inputs(x, weights, split_input), weights))
+        return tuple(float8.forward(x_p, w, f8)
+                     for x_p, w, f8 in zip(_inputs(x, weights, split_input), weights, f8s))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -111,7 +115,8 @@ class _ColumnLinears(torch.autograd.Function):
             rows = [g.flatten(0, -2) for g in grads]
 
             def grad_x_of(start: int, end: int) -> torch.Tensor:
-                grads_x = [g[start:end] @ w for g, w in zip(rows, weights)]
+                grads_x = [float8.input_grad(g[start:end], w, f8)
+                           for g, w, f8 in zip(rows, weights, ctx.f8s)]
                 if ctx.split_input:
                     return torch.cat(grads_x, dim=-1)
                 return functools.reduce(torch.add, grads_x)
@@ -121,16 +126,16 @@ class _ColumnLinears(torch.autograd.Function):
             reduced = [funcol.all_reduce(grad_x_of(a, b).contiguous(), "sum", ctx.group)
                        for a, b in row_blocks(rows[0].shape[0], ctx.chunks)]
         grads_w = [
-            g.flatten(0, -2).t() @ x_p.flatten(0, -2) if needed else None
-            for g, x_p, needed in zip(
-                grads, _inputs(x, weights, ctx.split_input), ctx.needs_input_grad[4:]
+            float8.weight_grad(g, x_p, f8) if needed else None
+            for g, x_p, f8, needed in zip(
+                grads, _inputs(x, weights, ctx.split_input), ctx.f8s, ctx.needs_input_grad[5:]
             )
         ]
         grad_x = None
         if reduced is not None:
             blocks = [funcol.wait_tensor(block) for block in reduced]
             grad_x = (torch.cat(blocks) if len(blocks) > 1 else blocks[0]).view_as(x)
-        return grad_x, None, None, None, *grads_w
+        return grad_x, None, None, None, None, *grads_w
 
 
 def _inputs(x: torch.Tensor, weights: Sequence[torch.Tensor], split: bool) -> list[torch.Tensor]:
@@ -151,11 +156,11 @@ class _SumBoth(torch.autograd.Function):
 
 
 class WeightGradStash:
-    """The (output grad, input) pairs of linears whose weight-grad GEMMs wait for the
-    backward of a `reduce_grad`, by key; one per forward call."""
+    """The (output grad, input, float8 recipe) of linears whose weight-grad GEMMs wait for
+    the backward of a `reduce_grad`, by key; one per forward call."""
 
     def __init__(self) -> None:
-        self.entries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.entries: dict[int, tuple[torch.Tensor, torch.Tensor, Float8 | None]] = {}
 
 
 class _ReduceGrad(torch.autograd.Function):
@@ -171,12 +176,8 @@ class _ReduceGrad(torch.autograd.Function):
         grads_w = []
         for key, needed in zip(ctx.keys, ctx.needs_input_grad[4:]):
             entry = ctx.stash.entries.pop(key, None)
-            grads_w.append(_weight_grad(*entry) if needed and entry is not None else None)
+            grads_w.append(float8.weight_grad(*entry) if needed and entry is not None else None)
         return funcol.wait_tensor(reduced), None, None, None, *grads_w
-
-
-def _weight_grad(grad_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return grad_out.flatten(0, -2).t() @ x.flatten(0, -2)
 
 
 class _StashedWeightLinear(torch.autograd.Function):
@@ -184,18 +185,18 @@ class _StashedWeightLinear(torch.autograd.Function):
     `reduce_grad` that owns `stash`."""
 
     @staticmethod
-    def forward(ctx, x, weight, stash, index):
+    def forward(ctx, x, weight, stash, index, f8):
         ctx.save_for_backward(x, weight)
-        ctx.stash, ctx.index = stash, index
-        return F.linear(x, weight)
+        ctx.stash, ctx.index, ctx.f8 = stash, index, f8
+        return float8.forward(x, weight, f8)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         if ctx.needs_input_grad[1]:
-            ctx.stash.entries[ctx.index] = (grad, x)
-        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
-        return grad_x, None, None, None
+            ctx.stash.entries[ctx.index] = (grad, x, ctx.f8)
+        grad_x = float8.input_grad(grad, weight, ctx.f8) if ctx.needs_input_grad[0] else None
+        return grad_x, None, None, None, None
 
 
 class _GatherReplicatedGrad(torch.autograd.Function):
@@ -236,13 +237,21 @@ def sum_partials(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return _SumPartials.apply(x, group)
 
 
-def row_linear(x: torch.Tensor, weight: torch.Tensor, group: ProcessGroup, chunks: int = 1) -> torch.Tensor:
+def row_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    group: ProcessGroup,
+    chunks: int = 1,
+    f8: Float8 | None = None,
+) -> torch.Tensor:
     """Row-parallel ``F.linear(x, W)`` of a sharded input, all-reduced to a replicated
     output. Forward: one all-reduce per block of `chunks` row blocks, each launched before
-    the next block's GEMM (overlap). Backward: no collective."""
+    the next block's GEMM (overlap). Backward: no collective. `f8`: its three GEMMs in
+    float8 (`kernels.float8`; with row blocks, each block's forward GEMM is scaled on its
+    own)."""
     if chunks == 1:
-        return sum_partials(F.linear(x, weight), group)
-    return _RowLinear.apply(x, weight, group, chunks)
+        return sum_partials(float8.linear(x, weight, f8), group)
+    return _RowLinear.apply(x, weight, group, chunks, f8)
 
 
 def column_linears(
@@ -252,6 +261,7 @@ def column_linears(
     *,
     split_input: bool = False,
     chunks: int = 1,
+    f8s: Sequence[Float8 | None] = (),
 ) -> tuple[torch.Tensor, ...]:
     """Column-parallel linears ``F.linear(x_p, W_p)`` on a replicated input, one per local
     weight shard W_p: every W_p sees all of x, or with `split_input` x's last dim is cut
@@ -259,8 +269,8 @@ def column_linears(
     latents). Forward: no collective. Backward: the input grad (summed over p, or
     concatenated) is a partial sum; ONE all-reduce per row block (`chunks` of them) makes
     it whole, launched as soon as that block's input grad is computed and waited for after
-    the weight-grad GEMMs."""
-    return _ColumnLinears.apply(x, group, split_input, chunks, *weights)
+    the weight-grad GEMMs. `f8s`: one float8 recipe or None per weight (empty: none)."""
+    return _ColumnLinears.apply(x, group, split_input, chunks, tuple(f8s), *weights)
 
 
 def reduce_grad(
@@ -279,11 +289,15 @@ def reduce_grad(
 
 
 def stashed_linear(
-    x: torch.Tensor, weight: torch.Tensor, stash: WeightGradStash, key: int
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stash: WeightGradStash,
+    key: int,
+    f8: Float8 | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight)`` whose weight grad is computed by the `reduce_grad` that
-    holds `stash` and `weight` under `key`."""
-    return _StashedWeightLinear.apply(x, weight, stash, key)
+    holds `stash` and `weight` under `key` (its GEMMs in float8 with `f8`)."""
+    return _StashedWeightLinear.apply(x, weight, stash, key, f8)
 
 
 def sum_both(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:

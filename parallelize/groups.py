@@ -44,11 +44,14 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 
+from boost_titan.kernels.float8 import Float8
+
 from . import comm, usage
 from .norms import online_rmsnorm_down, sync_rmsnorm
 from .styles import (
     Collective,
     ColumnParallel,
+    Gemm,
     PlanError,
     Role,
     TPStyle,
@@ -59,6 +62,7 @@ from .styles import (
     local,
     norm_dim,
     norm_eps,
+    own_gemm,
 )
 
 RMSNORM_MODES = ("online", "sync")
@@ -187,6 +191,17 @@ class GroupInstance:
             firsts, seconds, contained,
         )
 
+    def first_fqn(self, index: int) -> str:
+        """FQN of consumer `index`'s first linear."""
+        fqn = self.consumer_fqns[index]
+        return f"{fqn}.down" if self.spec.low_rank else fqn
+
+    def stack_gemm(self, members: Sequence[int]) -> Gemm:
+        """The one GEMM of these consumers' first linears (their local weights stacked)."""
+        shapes = [local(self.firsts[i].weight).shape for i in members]
+        return Gemm(tuple(self.first_fqn(i) for i in members), sum(s[0] for s in shapes),
+                    shapes[0][1])
+
     @property
     def width(self) -> int:
         return self.spans[-1][0] + self.spans[-1][1]
@@ -242,12 +257,14 @@ class GroupInstance:
         the group's all-reduce (none without a stash)."""
         return {} if self.stash is None else {i: local(linears[i].weight) for i in members}
 
-    def deferred_linear(self, x: torch.Tensor, module: nn.Linear, index: int) -> torch.Tensor:
+    def deferred_linear(
+        self, x: torch.Tensor, module: nn.Linear, index: int, f8: Float8 | None
+    ) -> torch.Tensor:
         """A consumer linear whose input grad the group reduces: its weight grad waits
-        for the group's all-reduce (with a stash)."""
+        for the group's all-reduce (with a stash). `f8`: its GEMMs in float8."""
         if self.stash is None:
-            return linear(x, module)
-        y = comm.stashed_linear(x, local(module.weight), self.stash, index)
+            return linear(x, module, f8)
+        y = comm.stashed_linear(x, local(module.weight), self.stash, index, f8)
         return y + local(module.bias) if module.bias is not None else y
 
     def record_output(self, out: torch.Tensor) -> None:
@@ -366,6 +383,9 @@ class BottleneckGroupNorm(_GroupNorm):
         firsts = self._instance().firsts
         return [list(firsts)] if self.grouped else [[f] for f in firsts]
 
+    def gemms(self, module: nn.Module) -> list[Gemm]:
+        return _first_gemms(self._instance(), self.grouped)
+
     def role(self, module: nn.Module, tp: int) -> Role:
         instance = self._instance()
         widths = [sum(f.out_features for f in stack) for stack in self._stacks()]
@@ -396,10 +416,12 @@ class BottleneckGroupNorm(_GroupNorm):
         downs = [torch.cat([local(f.weight) for f in s]) if len(s) > 1 else local(s[0].weight)
                  for s in stacks]
         if self.rmsnorm == "online":
-            zs = list(online_rmsnorm_down(x, weight, downs, dim, eps, group, self.overlap_chunks))
+            zs = list(online_rmsnorm_down(x, weight, downs, dim, eps, group, self.overlap_chunks,
+                                          self.f8s))
         else:
             normed = sync_rmsnorm(x, weight, dim, eps, group)
-            zs = [comm.row_linear(normed, w, group, self.overlap_chunks) for w in downs]
+            zs = [comm.row_linear(normed, w, group, self.overlap_chunks, self.f8(i))
+                  for i, w in enumerate(downs)]
         for i, stack in enumerate(stacks):
             bias = _stacked_bias(stack, [f.out_features for f in stack])
             if bias is not None:
@@ -453,6 +475,10 @@ class ReplicatedGroupNorm(_GroupNorm):
         return Role(style, describe_placements(module, self.placements), "replicated", output,
                     forward, (("all_reduce", norm_dim(module)),))
 
+    def gemms(self, module: nn.Module) -> list[Gemm]:
+        instance = self._instance()
+        return _first_gemms(instance, self.grouped) if instance.computes_firsts else []
+
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         instance = self._instance()
         tp = device_mesh.size()
@@ -477,11 +503,13 @@ class ReplicatedGroupNorm(_GroupNorm):
         widths = [w.shape[0] for w in weights]
         bias = _stacked_bias(firsts, widths)
         if self.grouped:
-            (y,) = comm.column_linears(normed, [torch.cat(weights)], group, chunks=self.overlap_chunks)
+            (y,) = comm.column_linears(normed, [torch.cat(weights)], group,
+                                       chunks=self.overlap_chunks, f8s=self.f8s)
             y = y + bias if bias is not None else y
             ys = list(y.split(widths, dim=-1)) if self.gather_latents else [y]
         else:
-            ys = list(comm.column_linears(normed, weights, group, chunks=self.overlap_chunks))
+            ys = list(comm.column_linears(normed, weights, group, chunks=self.overlap_chunks,
+                                          f8s=self.f8s))
             if bias is not None:
                 ys = [y + b for y, b in zip(ys, bias.split(widths))]
         if self.gather_latents:
@@ -490,6 +518,14 @@ class ReplicatedGroupNorm(_GroupNorm):
         instance.hand_out(out)
         instance.record_output(out)
         return out
+
+
+def _first_gemms(instance: GroupInstance, grouped: bool) -> list[Gemm]:
+    """The GEMMs of a group's first linears: one on their stacked weights, or one each."""
+    members = range(len(instance.firsts))
+    if grouped:
+        return [instance.stack_gemm(members)]
+    return [instance.stack_gemm([i]) for i in members]
 
 
 def _spans(widths: Sequence[int]) -> list[tuple[int, int]]:
@@ -539,6 +575,9 @@ class GroupMember(_Bound, TPStyle):
         return Role(f"GroupMember({self.sharding})", describe_placements(module, self.placements),
                     inputs, output)
 
+    def gemms(self, module: nn.Module) -> list[Gemm]:
+        return [] if self._instance().computes_firsts else own_gemm(self, module)
+
     def _local_forward(self, module, group, x):
         instance = self._instance()
         if instance.computes_firsts:
@@ -550,7 +589,7 @@ class GroupMember(_Bound, TPStyle):
                 )
             y = instance.take(self.index, x)
         else:
-            y = instance.deferred_linear(local(x), module, self.index)
+            y = instance.deferred_linear(local(x), module, self.index, self.f8())
         instance.record_first(self.index, x, y)
         return y
 
@@ -580,9 +619,10 @@ class GroupUp(_Bound, ColumnParallel):
         instance = self._instance()
         h = local(h)
         if instance.deferred:
-            y = instance.deferred_linear(h, module, self.index)
+            y = instance.deferred_linear(h, module, self.index, self.f8())
         else:
-            (y,) = comm.column_linears(h, [local(module.weight)], group, chunks=self.overlap_chunks)
+            (y,) = comm.column_linears(h, [local(module.weight)], group,
+                                       chunks=self.overlap_chunks, f8s=self.f8s)
             y = y + local(module.bias) if module.bias is not None else y
         instance.record_up(self.index, h, y)
         return y

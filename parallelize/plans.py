@@ -49,6 +49,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
+from .compile_cache import key_compile_caches_by_rank
 from .groups import (
     BottleneckGroupNorm,
     GroupMember,
@@ -300,6 +301,10 @@ def apply_plan(
     (row-parallel outputs, online-RMSNorm downs) and of each column-parallel input-grad
     all-reduce into that many row blocks, each launched before the next block's GEMM, so
     that communication runs behind computation (1: one all-reduce each).
+
+    It also makes the keys of torch.compile's caches name this rank and its TP group
+    (`compile_cache.key_compile_caches_by_rank`): compiled graphs of sharded models are
+    rank-specific, and a warm cache shared by the ranks would otherwise mix them.
     """
     if overlap_chunks < 1:
         raise PlanError(f"overlap_chunks must be >= 1, got {overlap_chunks}")
@@ -308,6 +313,7 @@ def apply_plan(
     for r in resolved:
         r.style.overlap_chunks = overlap_chunks
         parallelize_module(r.module, mesh, r.style, src_data_rank=src_data_rank)
+    key_compile_caches_by_rank(mesh)
     if reference is not None:
         from .verify import verify_plan
 

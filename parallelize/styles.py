@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import types
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,9 @@ from torch.distributed.tensor import (
     distribute_tensor,
 )
 from torch.distributed.tensor.parallel import ParallelStyle
+
+from boost_titan.kernels import float8
+from boost_titan.kernels.float8 import Float8
 
 from . import comm
 from .norms import sync_rmsnorm
@@ -64,6 +68,16 @@ class Role:
     output: str
     forward: tuple[Collective, ...] = ()
     backward: tuple[Collective, ...] = ()
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One weight GEMM a style runs on each rank: the modules it computes (several for a
+    group's concatenated weight) and the local weight shape [out_features, in_features]."""
+
+    fqns: tuple[str, ...]
+    out_features: int
+    in_features: int
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -120,6 +134,9 @@ class TPStyle(ParallelStyle):
     """The module this copy of the style is for (set by `bind`), named in errors."""
     overlap_chunks: int = 1
     """Row blocks of the collectives this style overlaps with its GEMMs (`apply_plan` sets it)."""
+    f8s: tuple[Float8 | None, ...] = ()
+    """A float8 recipe or None per GEMM of `gemms` (`parallelize.float8.apply_float8` sets
+    it after the plan is applied); empty: all in high precision."""
 
     def bind(self, root: nn.Module, fqn: str) -> TPStyle:
         """This style for module `fqn` of `root` (`resolve_plan` binds every match)."""
@@ -152,6 +169,14 @@ class TPStyle(ParallelStyle):
     def role(self, module: nn.Module, tp: int) -> Role:
         raise NotImplementedError
 
+    def gemms(self, module: nn.Module) -> list[Gemm]:
+        """The weight GEMMs this style runs for `module` on this rank (after `_apply`)."""
+        return []
+
+    def f8(self, index: int = 0) -> Float8 | None:
+        """The float8 recipe of GEMM `index` of `gemms`, or None."""
+        return self.f8s[index] if self.f8s else None
+
     def check_input(self, x: torch.Tensor, features: int) -> None:
         """Raise PlanError unless x holds `features` per rank: the model feeds this module
         another tensor than the layout says (e.g. a norm output it does not list)."""
@@ -183,13 +208,30 @@ class TPStyle(ParallelStyle):
             return style._local_forward(mod, group, *args, **kwargs)
 
         module.forward = types.MethodType(forward, module)
+        _APPLIED[module] = self
         return module
 
 
-def linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
-    """F.linear with the module's local weight and bias shards."""
-    bias = local(module.bias) if module.bias is not None else None
-    return F.linear(x, local(module.weight), bias)
+_APPLIED: weakref.WeakKeyDictionary[nn.Module, TPStyle] = weakref.WeakKeyDictionary()
+
+
+def applied_style(module: nn.Module) -> TPStyle | None:
+    """The style that `apply_plan` applied to `module`, if any."""
+    return _APPLIED.get(module)
+
+
+def own_gemm(style: TPStyle, module: nn.Module) -> list[Gemm]:
+    """The one GEMM of a style that runs `module`'s own (local) weight."""
+    return [Gemm((style.fqn,), *local(module.weight).shape)]
+
+
+def linear(x: torch.Tensor, module: nn.Linear, f8: Float8 | None = None) -> torch.Tensor:
+    """F.linear with the module's local weight and bias shards (in float8 with `f8`)."""
+    if f8 is None:
+        bias = local(module.bias) if module.bias is not None else None
+        return F.linear(x, local(module.weight), bias)
+    y = float8.linear(x, local(module.weight), f8)
+    return y + local(module.bias) if module.bias is not None else y
 
 
 class ColumnParallel(TPStyle):
@@ -240,14 +282,18 @@ class ColumnParallel(TPStyle):
         self.mesh = device_mesh
         return super()._apply(module, device_mesh)
 
+    def gemms(self, module: nn.Module) -> list[Gemm]:
+        return own_gemm(self, module)
+
     def _local_forward(self, module, group, x):
         x = local(x)
         self.check_input(x, module.in_features)
         if self.reduce_input_grad:
-            (y,) = comm.column_linears(x, [local(module.weight)], group, chunks=self.overlap_chunks)
+            (y,) = comm.column_linears(x, [local(module.weight)], group,
+                                       chunks=self.overlap_chunks, f8s=self.f8s)
             y = y + local(module.bias) if module.bias is not None else y
         else:
-            y = linear(x, module)
+            y = linear(x, module, self.f8())
         if self.gather_output:
             return comm.gather_last(y, group)
         if self.output_dtensor:
@@ -282,13 +328,16 @@ class RowParallel(TPStyle):
         return Role("RowParallel", describe_placements(module, self.placements), inputs,
                     "replicated", (("all_reduce", n_out),), backward)
 
+    def gemms(self, module: nn.Module) -> list[Gemm]:
+        return own_gemm(self, module)
+
     def _local_forward(self, module, group, x):
         x = local(x)
         features = module.in_features if self.split_input else local(module.weight).shape[1]
         self.check_input(x, features)
         if self.split_input:
             x = comm.split_last(x, group)
-        y = comm.row_linear(x, local(module.weight), group, self.overlap_chunks)
+        y = comm.row_linear(x, local(module.weight), group, self.overlap_chunks, self.f8())
         return y + local(module.bias) if module.bias is not None else y
 
 
@@ -318,10 +367,13 @@ class Replicated(TPStyle):
         return Role("Replicated", describe_placements(module, self.placements), inputs,
                     "replicated")
 
+    def gemms(self, module: nn.Module) -> list[Gemm]:
+        return own_gemm(self, module) if isinstance(module, nn.Linear) else []
+
     def _local_forward(self, module, group, x, *args):
         x = local(x)
         if isinstance(module, nn.Linear):
-            return linear(x, module)
+            return linear(x, module, self.f8())
         if isinstance(module, nn.Embedding):
             return F.embedding(x, local(module.weight))
         if isinstance(module, nn.LayerNorm):

@@ -45,6 +45,8 @@ TRACE_COMMAND = (
     "--strategy megatron,vanilla,btp --tp 2,4,8 --compare"
 )
 AC_FLAVOR, AC_SEQ, AC_TPS = "1B", 2048, (1, 4)
+DEFAULT_CONFIGS = ",".join(f"train_configs/{size}.toml"
+                           for size in ("1B", "3B", "7B", "13B", "30B"))
 
 
 @dataclass(frozen=True)
@@ -73,15 +75,18 @@ def params_table() -> str:
     return _stdout(main)
 
 
-def bench_output(*argv: str) -> Callable[[], str]:
+def bench_output(*argv: str, fenced: bool = True) -> Callable[[], str]:
+    """What `python -m boost_titan.bench ARGV` prints, in a code block unless it is a
+    markdown table (`fenced=False`)."""
     def generate() -> str:
         from boost_titan.bench.__main__ import main
 
         code: list[int] = []
-        text = _stdout(lambda: code.append(main(list(argv))))
+        with contextlib.chdir(ROOT):  # the argv's paths are the repository's
+            text = _stdout(lambda: code.append(main(list(argv))))
         if code != [0]:
             raise RuntimeError(f"bench {' '.join(argv)} exited {code}")
-        return _fenced(text)
+        return _fenced(text) if fenced else text
 
     return generate
 
@@ -171,6 +176,10 @@ TABLES: dict[str, Table] = {
         "python -m boost_titan.bench model --flavor 7B --tp 4 --gpu a100-hgx4 --breakdown",
         bench_output("model", "--flavor", "7B", "--tp", "4", "--gpu", "a100-hgx4", "--breakdown")),
     "validate": Table("python -m boost_titan.bench validate", bench_output("validate")),
+    "precision": Table("python -m boost_titan.bench precision",
+                       bench_output("precision", fenced=False)),
+    "default-configs": Table(f"python -m boost_titan.bench precision --config {DEFAULT_CONFIGS}",
+                             bench_output("precision", "--config", DEFAULT_CONFIGS, fenced=False)),
 }
 
 

@@ -33,6 +33,13 @@ CASES = {
     "seq_len beyond max": (["--training.seq_len", "100000"], ["seq_len 100000", "2048"]),
     "two AC modes": (["--boost.lowrank_ac", "--activation_checkpoint.mode", "full"],
                      ["lowrank_ac", "keep one"]),
+    "unknown float8 recipe": (["--model.converters", "quantize.linear.float8",
+                               "--quantize.linear.float8.recipe_name", "fast"],
+                              ["'fast'", "tensorwise", "rowwise_with_gw_hp"]),
+    "float8 auto filter without thresholds": (
+        ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name",
+         "rowwise_with_gw_hp", "--quantize.linear.float8.filter_fqns", "auto_filter_small_kn"],
+        ["no thresholds", "drop auto_filter_small_kn"]),
 }  # fmt: skip
 
 

@@ -7,22 +7,38 @@ import json
 import pytest
 
 from boost_titan.bench.__main__ import main
-from boost_titan.bench.compiled import CompileRow, cells_of, format_rows
+from boost_titan.bench.compiled import (
+    CompileRow,
+    PassResult,
+    cells_of,
+    collectives_verdict,
+    format_rows,
+)
+from boost_titan.bench.perfmodel import AC_MODES, STRATEGIES
 
 
 @pytest.mark.slow
-def test_compiled_lowrank_ac_at_tp2_equals_eager(tmp_path, capsys):
-    """One cell end to end: no graph break, eager's loss and gradients, eager's collectives."""
+def test_every_cell_at_tp2_equals_eager_on_a_cold_and_a_warm_cache(tmp_path, capsys):
+    """Every strategy x AC mode at TP 2 with Inductor, each cell in a cold pass (the cells
+    before it filled the cache folder) and a warm pass (new processes, same folder): no
+    graph break, eager's loss and gradients, eager's collectives or fewer, and the warm pass
+    read the cache (the compiled loss, which ranks used to take from each other)."""
     out = tmp_path / "rows.json"
-    assert main(["compile", "--tp", "2", "--strategy", "btp", "--ac", "lowrank", "--repeats", "1",
-                 "--json", str(out)]) == 0
-    (row,) = json.loads(out.read_text())
-    assert (row["strategy"], row["ac"], row["tp"], row["error"]) == ("btp", "lowrank", 2, None)
-    assert row["graph_breaks"] == 0 and row["max_rel_error"] <= 1e-5
-    assert row["compiled_collectives"] == row["eager_collectives"]
-    assert row["eager_collectives"]["all_reduce"] > 0
+    assert main(["compile", "--tp", "2", "--repeats", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["strategy"], r["ac"]) for r in rows] == cells_of(list(STRATEGIES), list(AC_MODES))
+    for row in rows:
+        for name in ("cold", "warm"):
+            result = row[name]
+            assert result["error"] is None and result["graph_breaks"] == 0, (row, name)
+            assert result["max_rel_error"] <= 1e-5, (row, name)
+            assert collectives_verdict(result["eager_collectives"], result["compiled_collectives"]) != "DIFFER"
+        assert row["warm"]["cache_hits"] >= 1, row
+    btp_lowrank = rows[-1]
+    assert (btp_lowrank["strategy"], btp_lowrank["ac"]) == ("btp", "lowrank")
+    assert btp_lowrank["cold"]["compiled_collectives"] == {"all_gather": 1, "all_reduce": 21,
+                                                           "reduce_scatter": 1}
     assert "every cell compiles" in capsys.readouterr().out
-    assert row["compiled_collectives"] == {"all_gather": 1, "all_reduce": 21, "reduce_scatter": 1}
 
 
 def test_cells_skip_lowrank_ac_on_the_fullrank_model():
@@ -31,16 +47,24 @@ def test_cells_skip_lowrank_ac_on_the_fullrank_model():
 
 
 def test_rows_show_differences_and_errors():
-    base = dict(arch="cola", strategy="btp", ac="full", tp=2, backend="aot_eager", graph_breaks=0,
-                max_rel_error=0.0, compile_s=1.0, step_ratio=1.0)
-    rows = [CompileRow(**base, eager_collectives={"all_reduce": 8}, compiled_collectives={"all_reduce": 12}),
-            CompileRow(**base, eager_collectives={"all_reduce": 8}, compiled_collectives={"all_reduce": 6}),
-            CompileRow(**{**base, "graph_breaks": None}, eager_collectives={}, compiled_collectives={},
-                       error="Unsupported: graph break")]
-    text = format_rows(rows)
+    base = dict(arch="cola", strategy="btp", ac="full", tp=2, backend="inductor")
+    result = dict(graph_breaks=0, max_rel_error=0.0, cache_hits=1, compile_s=1.0, step_ratio=1.0)
+
+    def row(compiled: dict[str, int], warm_error: float = 0.0, **fields) -> CompileRow:
+        cold = PassResult(**result, eager_collectives={"all_reduce": 8}, compiled_collectives=compiled)
+        warm = PassResult(**{**result, "max_rel_error": warm_error, **fields},
+                          eager_collectives={"all_reduce": 8}, compiled_collectives=compiled)
+        return CompileRow(**base, cold=cold, warm=warm)
+
+    more, fewer, wrong = row({"all_reduce": 12}), row({"all_reduce": 6}), row({"all_reduce": 8}, 2.0)
+    broken = CompileRow(**base, cold=PassResult(error="Unsupported: graph break"), warm=PassResult())
+    text = format_rows([more, fewer, wrong, broken])
     assert "DIFFER: all_reduce x8 / all_reduce x12" in text
     assert "fewer: all_reduce x8 / all_reduce x6" in text
+    assert "| 0.0e+00 / 2.0e+00 | 1 |" in text
     assert "| btp | full | 2 | Unsupported: graph break |" in text
+    assert [r.ok() for r in (more, fewer, wrong, broken)] == [False, True, False, False]
+    assert not row({"all_reduce": 8}, cache_hits=0).ok()  # an Inductor warm pass must read the cache
 
 
 @pytest.mark.parametrize("args, message", [

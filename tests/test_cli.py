@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from boost_titan.config.cli import condense_tyro_message, with_boost_section
-from boost_titan.runtime.run_log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBUG_TOML = ROOT / "train_configs" / "debug.toml"
@@ -174,28 +173,12 @@ LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.]+)")
 
 
 @pytest.mark.slow
-def test_two_process_training_learns(tmp_path):
+def test_two_process_training_learns(two_process_run):
     """debug.toml (CoLA, BTP TP=2) on 2 CPU processes: the logged loss goes down."""
-    env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    torchrun = [sys.executable, "-m", "torch.distributed.run"]
-    result = subprocess.run(
-        [
-            *torchrun, "--nproc_per_node=2", "--rdzv_backend", "c10d",
-            "--rdzv_endpoint=localhost:0", "--local-ranks-filter", "0", "--role", "rank",
-            "--tee", "3", "-m", "boost_titan.train", "--job.config_file", str(DEBUG_TOML),
-            "--job.dump_folder", str(tmp_path / "out"), "--training.steps", "30",
-            "--metrics.log_freq", "5", "--metrics.disable_color_printing",
-            "--lr_scheduler.warmup_steps", "5", "--checkpoint.interval", "15",
-        ],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    output = two_process_run.output
     losses = [(int(s), float(v)) for s, v in LOSS.findall(output)]
     assert [s for s, _ in losses][:2] == [1, 5] and losses[-1][0] == 30, output[-4000:]
     assert losses[-1][1] < losses[0][1] - 0.5, losses
     assert "Summary: ran 30 steps (1-30)" in output
-    assert (tmp_path / "out" / "checkpoint" / "step-30" / ".metadata").is_file()
-    logged, _ = read_log(str(tmp_path / "out" / "losses.jsonl"))
-    assert len(logged) == 30
+    assert (two_process_run.folder / "checkpoint" / "step-30" / ".metadata").is_file()
+    assert len(two_process_run.rows) == 30

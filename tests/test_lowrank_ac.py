@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, lowrank_checkpoint
 from distributed import randomize, run_on_ranks
 from torch import nn
-from torchtitan.config.job_config import ActivationCheckpoint, Compile
+from torchtitan.config.job_config import ActivationCheckpoint, Compile, Training
 
 from boost_titan.activation_memory import main, measure_layer
 from boost_titan.boost_llama import BoostTransformer, flavor_args
@@ -186,7 +186,7 @@ def test_parallelize_boost_applies_lowrank_ac():
     job = types.SimpleNamespace(
         boost=Boost(arch="cola", lowrank_ac=True),
         activation_checkpoint=ActivationCheckpoint(mode="none"),
-        compile=Compile(),
+        compile=Compile(), training=Training(mixed_precision_param="float32"),
     )
     dims = types.SimpleNamespace(tp_enabled=False, fsdp_enabled=False,
                                  dp_replicate_enabled=False, tp=1)
@@ -310,6 +310,7 @@ def _parallelize_compiled(model, mesh, ac: str) -> None:
         parallelism=types.SimpleNamespace(disable_loss_parallel=False),
         activation_checkpoint=ActivationCheckpoint(mode=mode, selective_ac_option=option),
         compile=Compile(enable=True, backend="aot_eager"), job=types.SimpleNamespace(dump_folder=""),
+        training=Training(mixed_precision_param="float32"),
     )
     dims = types.SimpleNamespace(tp_enabled=True, tp=mesh.size(), world_size=mesh.size(),
                                  get_mesh=lambda name: mesh,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from boost_titan.bench import costs, streams, validation
+from boost_titan.bench import float8 as float8_model
 from boost_titan.bench import perfmodel as pm
 from boost_titan.bench.__main__ import main
 from boost_titan.bench.gpus import GPUS, NCCL, GpuProfile
@@ -27,6 +29,7 @@ from boost_titan.config.errors import ConfigError
 TINY = ModelShape(dim=8, n_layers=2, n_heads=2, ffn_dim=16, rank=2, vocab_size=10, arch="cola")
 TINY_FULL = dataclasses.replace(TINY, arch="fullrank")
 BYTES_PER_ELEMENT = 3 * 2  # tokens * bf16
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def plan(strategy: str, **kw) -> pm.Plan:
@@ -598,3 +601,247 @@ def test_overlap_chunks_pipeline_hand_computed():
     args = pm.model_args("7B", "cola", "btp")
     steps = [pm.block_time(args, dataclasses.replace(one, overlap_chunks=k), gpu)["comm"] for k in (1, 2)]
     assert steps[1] < steps[0]
+
+
+# ---- precision: float8, and what a job's TOML trains in ------------------------------------
+H100 = GPUS["h100"]
+
+
+def _fp8_delta(g: Gemm, gemms: int) -> float:
+    """Seconds float8 saves on the first `gemms` of g's forward, input-grad, weight-grad GEMMs."""
+    trio = (g, *g.backward())[:gemms]
+    return sum(costs.gemm_time(x, "fp8", 2, H100) - costs.gemm_time(x, "bf16", 2, H100)
+               for x in trio)
+
+
+@pytest.mark.parametrize("recipe, gemms", [("tensorwise", 3), ("rowwise_with_gw_hp", 2)])
+def test_float8_reprices_only_the_selected_gemms(recipe, gemms):
+    """Selecting one GEMM moves the block's GEMM time by exactly that GEMM's float8 saving
+    (its weight grad stays bf16 under rowwise_with_gw_hp) and its memory-bound time by its
+    casts; nothing else changes."""
+    args = pm.model_args("7B", "cola", "btp")
+    plan = pm.Plan(strategy="btp", tp=4, float8=recipe)
+    base = pm.block_time(args, plan, H100)
+    assert base == pm.block_time(args, dataclasses.replace(plan, float8=None), H100)
+    g = {g.name: g for g in pm.layer_gemms(args, plan)}["gate_up.A"]
+    one = pm.block_time(args, plan, H100, frozenset({g.name}))
+    assert one["gemm"] - base["gemm"] == pytest.approx(_fp8_delta(g, gemms))
+    assert one["gemm"] < base["gemm"]
+    fwd, bwd = float8_model.cast_streams(g, recipe, "eager", 2)
+    assert one["memory"] - base["memory"] == pytest.approx(costs.stream_time(fwd + bwd, H100))
+    # forward x and W, input grad dY and W (+ weight grad dY and x), 33 bytes per element each
+    x, w, dy = g.m * g.k, g.n * g.k, g.m * g.n
+    casts = (x, w, dy, w) + (dy, x) * (gemms == 3)
+    assert sum(s.bytes for s in fwd + bwd) == 33 * sum(casts)
+    assert {k: one[k] for k in ("attention", "comm", "comm_hidden")} == \
+        {k: base[k] for k in ("attention", "comm", "comm_hidden")}
+
+
+def test_float8_selection_is_the_runtimes():
+    """Each per-rank GEMM is judged by `parallelize.float8` on the module FQNs of the real
+    model; at TP1 (one GEMM per module) every GEMM's [N, K] is its module's weight shape."""
+    from boost_titan.boost_llama import BoostTransformer
+    from boost_titan.parallelize.float8 import gemm_skip_reason, group_skip_reason
+
+    args = pm.model_args("1B", "cola", "btp")
+    with torch.device("meta"):
+        model = BoostTransformer(args)
+    modules = dict(model.named_modules())
+    tp1 = pm.Plan(strategy="btp", tp=1, float8="tensorwise")
+    for g in pm.layer_gemms(args, tp1):
+        base, _, factor = g.name.partition(".")
+        (fqn,) = float8_model.module_fqns(3, (base,), factor)
+        assert tuple(modules[fqn].weight.shape) == (g.n, g.k), g.name
+    for filters in (("auto_filter_small_kn",), ("layers.1.",)):
+        plan = dataclasses.replace(tp1, tp=4, float8_filter=filters)
+        for layer in (0, 1):
+            reasons = pm.float8_selection(args, plan, layer)
+            assert set(reasons) == {g.name for g in pm.layer_gemms(args, plan)}
+            for g in pm.layer_gemms(args, plan):
+                base, _, factor = g.name.partition(".")
+                fqns = float8_model.module_fqns(layer, pm._MEMBERS.get(base, (base,)), factor)
+                judge = (group_skip_reason(g.n, g.k, fqns, "tensorwise", list(filters))
+                         if len(fqns) > 1
+                         else gemm_skip_reason(g.n, g.k, fqns[0], "tensorwise", list(filters)))
+                assert reasons[g.name] == judge, (filters, layer, g.name)
+    assert all(pm.float8_selection(args, plan, 1).values())  # layers.1. is filtered whole
+    first = pm.float8_selection(args, plan, 0)  # d_ff / 4 = 1368 is no multiple of 16
+    assert {name for name, why in first.items() if why} == {"gate.B", "up.B", "down.A"}
+    record = pm.evaluate("1B", args, plan, ["h100"])
+    assert record.float8_gemms == {"float8": 23 * (len(first) - 3), "total": 24 * len(first)}
+
+
+def test_float8_cast_traffic_measured_on_the_product():
+    """`kernels/float8.py`'s three GEMMs in each recipe and dtype: two casts per float8
+    GEMM, each `streams.FLOAT8_CAST` bytes per element and launches (+ the power-of-two
+    rounding of the rowwise recipes), counted from their aten ops (scales left out)."""
+    from boost_titan.kernels import float8 as k8
+
+    m, k, n = 96, 64, 48
+    for dtype in (torch.bfloat16, torch.float32):
+        b = torch.tensor([], dtype=dtype).element_size()
+        x, w, dy = (torch.randn(*shape, dtype=dtype) for shape in ((m, k), (n, k), (m, n)))
+        for recipe in k8.RECIPES:
+            f8 = k8.float8_recipe(recipe)
+            gemms, pow2 = float8_model.recipe_shape(recipe)
+            launches = streams.FLOAT8_CAST.launches(b) + streams.FLOAT8_POW2_KERNELS * pow2
+            gemm_runs = ((lambda: k8.forward(x, w, f8), m * k + n * k),
+                         (lambda: k8.input_grad(dy, w, f8), m * n + n * k),
+                         (lambda: k8.weight_grad(dy, x, f8), m * n + m * k))
+            for i, (run, operands) in enumerate(gemm_runs):
+                with _KernelLog() as log:
+                    run()
+                casts = [kernel for kernel in log.kernels if kernel[0] != "mm"]
+                in_float8 = i < gemms
+                cast_bytes = sum(nb for _, tensors in casts for numel, nb in tensors
+                                 if numel >= 1024)
+                expected = in_float8 * operands * streams.FLOAT8_CAST.bytes(b)
+                assert cast_bytes == expected, (dtype, recipe, i)
+                assert len(casts) == in_float8 * 2 * launches, (dtype, recipe, i)
+
+
+def test_fp32_bf16_float8_ordering():
+    """GEMM rates: fp32 < bf16 < float8 (with 1-byte operands on the roofline); steps:
+    fp32 > bf16 everywhere; float8 beats bf16 where GEMMs dominate (full-rank 13B, micro-batch
+    4) and loses on the low-rank 7B TP4, whose GEMMs are a quarter of the step."""
+    g = Gemm("g", 8192, 8192, 8192)
+    fp32, bf16, fp8 = (costs.gemm_time(g, d, b, H100)
+                       for d, b in (("fp32", 4), ("bf16", 2), ("fp8", 2)))
+    assert fp32 > bf16 > fp8 and bf16 / fp8 == pytest.approx(2, rel=0.02)
+    slow = dataclasses.replace(TOY, name="toy, slow HBM", hbm_bw=1e9,
+                               peak_flops={**TOY.peak_flops, "fp8": 2e12})
+    tiny = Gemm("tiny", 16, 16, 16)
+    assert costs.gemm_time(tiny, "fp8", 2, slow) == pytest.approx(tiny.bytes(2, 1) / 0.5e9 + 1e-6)
+
+    def step(flavor: str, strategy: str, **kw) -> float:
+        plan = pm.Plan(strategy=strategy, tp=4, **kw)
+        args = pm.model_args(flavor, "cola", strategy)
+        return pm.evaluate(flavor, args, plan, ["h100"]).predicted_step_s["h100"]
+
+    fused = {"float8": "tensorwise", "float8_casts": "fused"}
+    full = [step("13B", "megatron", micro_batch=4, **kw) for kw in ({"dtype": "fp32"}, {}, fused)]
+    assert full[0] > full[1] > full[2]
+    low = [step("7B", "btp", **kw)
+           for kw in ({"dtype": "fp32"}, {}, fused, {"float8": "tensorwise"})]
+    assert low[0] > low[3] > low[2] > low[1]
+
+
+def _job(tmp_path, text: str, base: str = "7B") -> str:
+    """train_configs/<base>.toml with `text` appended to its sections (TOML allows a
+    section's keys only once, so each override replaces the line it names)."""
+    lines = (ROOT / "train_configs" / f"{base}.toml").read_text().splitlines()
+    for override in text.strip().splitlines():
+        section, _, assignment = override.partition(" ")
+        key = assignment.split("=")[0].strip()
+        start = lines.index(f"[{section}]") if f"[{section}]" in lines else None
+        if start is None:
+            lines += [f"[{section}]", assignment]
+            continue
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")),
+                   len(lines))
+        kept = [line for line in lines[start + 1:end] if line.split("=")[0].strip() != key]
+        lines[start + 1:end] = [assignment, *kept]
+    path = tmp_path / "job.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_job_toml_is_priced_in_the_runs_precision(tmp_path, capsys):
+    """A job's TOML gives the plan the trainer runs: its layout and batch, fp32 when
+    mixed_precision_param is float32, bf16 weights without master copy with training.dtype
+    bfloat16, float8 from model.converters (casts fused when the model is compiled)."""
+    from boost_titan.bench.job import job_plan
+
+    default = job_plan(str(ROOT / "train_configs" / "7B.toml"), 4).plan
+    assert default == pm.Plan(strategy="btp", tp=4, seq_len=4096, micro_batch=1, microbatches=4)
+    fp32 = job_plan(_job(tmp_path, 'training mixed_precision_param = "float32"'), 4).plan
+    assert fp32 == dataclasses.replace(default, dtype="fp32")
+    assert main(["model", "--config", _job(tmp_path, 'training mixed_precision_param = "float32"'),
+                 "--nproc", "4", "--gpu", "a100-hgx4", "--json", "-"]) == 0
+    step = json.loads(capsys.readouterr().out)[0]["predicted_step_s"]["a100-hgx4"]
+    assert step == pytest.approx(5.933, abs=5e-4)
+    pure = job_plan(_job(tmp_path, 'training dtype = "bfloat16"'), 4).plan
+    assert pure == dataclasses.replace(default, master_weights=False)
+    f8 = job_plan(_job(tmp_path, 'model converters = ["quantize.linear.float8"]\n'
+                                 'quantize.linear.float8 filter_fqns = ["output"]\n'
+                                 'compile enable = true'), 4).plan
+    assert f8 == dataclasses.replace(default, float8="tensorwise", float8_filter=("output",),
+                                     float8_casts="fused")
+    pp = job_plan(str(ROOT / "train_configs" / "13B.toml")).plan
+    assert (pp.tp, pp.pp, pp.micro_batch, pp.microbatches) == (4, 2, 1, 4)
+    assert main(["model", "--config", str(ROOT / "train_configs" / "7B.toml"), "--nproc", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert "8 processes (dp_shard 2 x tp 4)" in out
+    assert err.startswith("notice:") and err.count("\n") == 1
+
+
+def test_job_precision_agrees_with_the_trainers():
+    """The model's (dtype, master weights) for every [training] combination is what
+    `runtime.precision.Precision` makes the trainer run (and says it runs)."""
+    from types import SimpleNamespace
+
+    from boost_titan.bench.job import _precision
+    from boost_titan.runtime.precision import Precision
+
+    for weights in ("float32", "bfloat16"):
+        for compute in ("float32", "bfloat16"):
+            training = SimpleNamespace(dtype=weights, mixed_precision_param=compute,
+                                       mixed_precision_reduce="float32")
+            precision = Precision.of(training)
+            dtype, master = _precision(SimpleNamespace(training=training), False, "job.toml")
+            state = pm.Plan(strategy="btp", dtype=dtype, master_weights=master).state
+            expected = "bf16" if precision.casts_for_compute else \
+                pm.BF16_WEIGHTS if precision.weights == "bfloat16" else "fp32"
+            said = precision.describe(fsdp=False)
+            assert state == expected and (dtype == "bf16") == ("bf16" in said), said
+
+
+def test_torchtitan_defaults_are_torchtitans():
+    from torchtitan.config import JobConfig
+
+    from boost_titan.bench.job import TITAN_DEFAULTS
+
+    titan = JobConfig()
+    for section, defaults in TITAN_DEFAULTS.items():
+        table = titan
+        for part in section.split("."):
+            table = getattr(table, part)
+        assert {key: getattr(table, key) for key in defaults} == defaults, section
+
+
+FLOAT8_ON = 'model converters = ["quantize.linear.float8"]'
+BAD_JOBS = {
+    'training mixed_precision_param = 16': "must be of type str",
+    'training mixed_precision_param = "float16"': "is not modelled",
+    'model converters = ["quantize.linear.mx"]': "is not modelled",
+    FLOAT8_ON + '\nquantize.linear.float8 emulate = true': "drop emulate",
+    FLOAT8_ON + '\nquantize.linear.float8 recipe_name = "blockwise"': "unknown float8 recipe",
+    FLOAT8_ON: "no float8 tensor cores",
+    'parallelism tensor_parallel_degree = 3': "not divisible by tp 3",
+    'parallelism context_parallel_degree = 2': "context parallelism",
+    'parallelism pipeline_parallel_degree = 2\n'
+    'parallelism pipeline_parallel_schedule = "GPipe"': "GPipe",
+    'activation_checkpoint mode = "selective"\nactivation_checkpoint selective_ac_option = "op"':
+        "selective_ac_option",
+    'training local_batch_size = 0': "local_batch_size 0 must be >= 1",
+    'model name = "llama3"': "model.name",
+}
+
+
+@pytest.mark.parametrize("override", BAD_JOBS)
+def test_job_bad_input_is_one_line(tmp_path, capsys, override):
+    gpu = "a100,h100" if "no float8 tensor cores" in BAD_JOBS[override] else "h100"
+    assert main(["model", "--config", _job(tmp_path, override), "--gpu", gpu]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and BAD_JOBS[override] in err, err
+
+
+def test_cli_bad_precision_options_are_one_line(capsys):
+    for argv, message in ((["--config", "no/such.toml"], "not found"),
+                          (["--config", "train_configs/7B.toml", "--tp", "2"],
+                           "--tp is set by --config"),
+                          (["--nproc", "4"], "--nproc needs --config"),
+                          (["--float8", "tensorwise", "--gpu", "a100"], "no float8 tensor cores")):
+        assert main(["model", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err

@@ -355,3 +355,68 @@ def test_eval_reports_the_validation_loss(runs, resharded_validation):
             diff = abs(result["loss"] - resharded_validation[layout])
             print(f"{name}: loss {result['loss']} vs {layout}'s validation: diff {diff:.2e}")
             assert diff <= SAME_WEIGHTS_TOLERANCE
+
+
+# ---- bf16 compute (mixed_precision_param bfloat16) -------------------------------------
+BF16_STEPS = 3
+BF16 = ("--training.mixed_precision_param", "bfloat16", "--training.steps", str(BF16_STEPS),
+        "--validation.no_enable")  # fmt: skip
+BF16_LAYOUTS = {  # bf16 layout -> (its fp32 run: same seed, data and layout, STEPS steps)
+    "tp1-bf16": ("tp1-cola", Layout(1, (*REFERENCE, *BF16))),
+    "tp2-bf16": ("tp2-btp", Layout(2, (*LAYOUTS["tp2-btp"].args, *BF16))),
+    "pp2-tp2-bf16": ("pp2-tp2", Layout(4, (*LAYOUTS["pp2-tp2"].args, *BF16))),
+    "dp2-tp2-bf16": ("dp2-tp2", Layout(4, (*LAYOUTS["dp2-tp2"].args, *BF16))),
+}
+BF16_ON = 10
+"""bf16 is on when a run differs from its fp32 twin by more than BF16_ON x the fp32 layouts'
+own tolerances (TOLERANCE, GRAD_NORM_TOLERANCE) at some step."""
+BF16_SPREAD = 4
+"""Tolerance of a bf16 layout against bf16 TP1, in units of D = TP1's largest bf16-vs-fp32
+difference over the steps (loss; relative grad norm). Derivation: a layout's bf16 result is
+the fp32 one (equal in every layout to 1e-5 / 1e-6) plus its rounding error e. At TP1 each
+GEMM output is rounded to bf16 once (unit roundoff u = 2^-8); under TP a partial sum is
+rounded, then the all-reduced sum again, so e_X's deviation is at most sqrt(3) x TP1's, s,
+and |e_X - e_TP1| deviates by at most sqrt(3 + 1) s = 2 s (less where both share an error,
+as the bf16 copy of the same weights). D, the largest of three |e_TP1|, is 1.33 s on
+average, so 4 D is 5.3 s, 2.6 deviations: a correct layout exceeds it with probability
+< 1%. Measured on CPU: D = 1.8e-3 (loss) and 1.2e-3
+(grad norm); the layouts' largest differences from bf16 TP1 are 5.1e-4 (0.3 D) and 1.6e-3
+(1.3 D), against 0.6e-3 to 2.3e-3 from fp32. A wrong factor or a dropped term in a layout's
+gradients moves its grad norm by far more than u."""
+
+
+def _bf16_run(runs: Runs, name: str) -> tuple[Run, Run]:
+    """(the bf16 run, its fp32 twin's run); both memoized."""
+    twin, layout = BF16_LAYOUTS[name]
+    fp32 = runs.reference("cola") if twin == "tp1-cola" else runs.layout(twin)
+    return runs._train(name, layout.nproc, layout.arch, *layout.args), fp32
+
+
+def _deviations(run: Run, other: Run) -> tuple[list[float], list[float]]:
+    """Per step: |loss difference| and relative grad-norm difference (exact fp64 norms)."""
+    steps = range(BF16_STEPS)
+    return ([abs(run.losses[s] - other.losses[s]) for s in steps],
+            [abs(run.grad_norms[s] - other.grad_norms[s]) / other.grad_norms[s] for s in steps])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(BF16_LAYOUTS))
+def test_bf16_differs_from_fp32_and_agrees_with_bf16_tp1(runs, layout):
+    """From one seed checkpoint, 3 bf16 steps at TP1, TP2, PP2 x TP2 and FSDP2 x TP2: each
+    differs from its fp32 twin (bf16 is on: a layout silently computing in fp32 would equal
+    it to 1e-5) and agrees with bf16 TP1 within BF16_SPREAD x TP1's own bf16 deviation."""
+    run, fp32 = _bf16_run(runs, layout)
+    tp1, tp1_fp32 = _bf16_run(runs, "tp1-bf16")
+    assert len(run.losses) == len(run.grad_norms) == BF16_STEPS
+    loss_off, grad_off = _deviations(run, fp32)
+    loss_d, grad_d = (max(d) for d in _deviations(tp1, tp1_fp32))
+    loss_to_tp1, grad_to_tp1 = _deviations(run, tp1)
+    print(f"{layout} ({run.seconds:.0f} s): bf16 vs fp32 loss {loss_off}, grad norm {grad_off}; "
+          f"vs bf16 tp1 loss {loss_to_tp1}, grad norm {grad_to_tp1}; tp1's bf16 deviation "
+          f"D = {loss_d:.2e} (loss), {grad_d:.2e} (grad norm)")
+    assert max(loss_off) > BF16_ON * TOLERANCE and max(grad_off) > BF16_ON * GRAD_NORM_TOLERANCE
+    assert "Precision: bf16 compute, fp32 master weights and gradient reductions" in run.output
+    assert "Precision: fp32\n" in fp32.output
+    for titan in ("Mixed precision training", "only supported when FSDP"):  # maybe_enable_amp's
+        assert titan not in run.output + fp32.output
+    assert max(loss_to_tp1) <= BF16_SPREAD * loss_d and max(grad_to_tp1) <= BF16_SPREAD * grad_d

@@ -95,8 +95,32 @@ def _emit_json(payload: list[dict], target: str | None) -> None:
 
 
 # ---- model -----------------------------------------------------------------------------
+CONFIG_OPTIONS = ("flavor", "arch", "strategy", "tp", "pp", "seq_len", "micro_batch",
+                  "microbatches", "dtype", "ac", "rmsnorm", "group_linears", "overlap_chunks",
+                  "master_weights", "float8", "float8_filter", "float8_casts")
+"""`model` options a `--config` job sets itself."""
+
+
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    from boost_titan.bench.float8 import CASTS
+
     add_plan_args(parser)
+    parser.add_argument("--master-weights", action=argparse.BooleanOptionalAction, default=True,
+                        help="bf16 keeps fp32 master weights (off: training.dtype bfloat16)")
+    parser.add_argument("--float8", metavar="RECIPE",
+                        help="run the selected GEMMs in float8 with this torchao recipe "
+                             "(tensorwise, rowwise, rowwise_with_gw_hp)")
+    parser.add_argument("--float8-filter", type=_csv, default=[], metavar="FQN,...",
+                        help="TorchTitan's filter_fqns (auto_filter_small_kn: torchao's size "
+                             "filter)")
+    parser.add_argument("--float8-casts", choices=CASTS, default="eager",
+                        help="float8 casts as torchao runs them eagerly, or fused by torch.compile")
+    parser.add_argument("--config", metavar="TOML",
+                        help="price a training job's TOML as `boost_titan.train` runs it (sets "
+                             "every model option but --gpu)")
+    parser.add_argument("--nproc", help="with --config: processes (default: $NGPU, else the fewest "
+                                        "the degrees allow)")
+    parser.set_defaults(plan_defaults={name: parser.get_default(name) for name in CONFIG_OPTIONS})
     parser.add_argument("--breakdown", action="store_true",
                         help="also split each predicted step into gemm / memory-bound / attention / "
                              "optimizer / exposed communication / pipeline bubble")
@@ -105,10 +129,39 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PATH.png", help="write the two-panel figure of this sweep")
 
 
+def _config_records(ns: argparse.Namespace) -> list:
+    """The record of the `--config` job (one-line notices on stderr)."""
+    import os
+
+    from boost_titan.bench.job import job_plan
+
+    clash = [name for name, default in ns.plan_defaults.items() if getattr(ns, name) != default]
+    if clash:
+        flag = "--" + clash[0].replace("_", "-")
+        raise ConfigError(f"{flag} is set by --config; edit the TOML instead")
+    nproc = ns.nproc if ns.nproc is not None else os.environ.get("NGPU")
+    if nproc is not None and (not str(nproc).isdigit() or int(nproc) < 1):
+        raise ConfigError(f"process count {nproc!r} is not a positive integer; pass --nproc N "
+                          "with N >= 1")
+    job = job_plan(ns.config, None if nproc is None else int(nproc))
+    for notice in job.notices:
+        print(notice, file=sys.stderr)
+    if ns.json != "-":
+        print(job.summary)
+    return [perfmodel.evaluate(job.flavor, job.args, job.plan, ns.gpu)]
+
+
 def _run_model(ns: argparse.Namespace) -> int:
     from boost_titan.bench.records import format_breakdown, format_memory_kernels
 
-    records = perfmodel.sweep(**plans_from_args(ns))
+    if ns.config:
+        records = _config_records(ns)
+    elif ns.nproc is not None:
+        raise ConfigError("--nproc needs --config TOML")
+    else:
+        records = perfmodel.sweep(**plans_from_args(ns), master_weights=ns.master_weights,
+                                  float8=ns.float8, float8_filter=tuple(ns.float8_filter),
+                                  float8_casts=ns.float8_casts)
     if ns.json != "-":
         print(format_records(records))
         if ns.breakdown:
@@ -119,6 +172,22 @@ def _run_model(ns: argparse.Namespace) -> int:
     _emit_json([r.to_json() for r in records], ns.json)
     if ns.plot:
         write_plot(records, ns.plot)
+    return 0
+
+
+# ---- precision -------------------------------------------------------------------------
+def _add_precision_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=_csv, metavar="TOML,...",
+                        help="instead: each training job's layout, precision and predicted step")
+
+
+def _run_precision(ns: argparse.Namespace) -> int:
+    from boost_titan.bench import precisions
+
+    if ns.config:
+        print(precisions.format_jobs(ns.config))
+    else:
+        print(precisions.format_precision_rows(precisions.precision_rows()))
     return 0
 
 
@@ -228,6 +297,8 @@ def _run_compile(ns: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "model": Subcommand("analytic comm/FLOPs/memory/step-time model", _add_model_args, _run_model),
+    "precision": Subcommand("predicted step of the paper's configurations in fp32, bf16 and float8",
+                            _add_precision_args, _run_precision),
     "validate": Subcommand("model vs the BOOST authors' published iteration times and ablations",
                            _add_validate_args, _run_validate),
     "plot": Subcommand("regenerate docs/perf_model.png: model vs published measurements",

@@ -18,13 +18,18 @@ quantisation) and partial tiles compute padding (tile quantisation); cuBLAS also
 afterwards). The model takes the fastest tile and split, as cuBLAS's heuristics aim to.
 `mainloop_efficiency` is whatever makes this curve reproduce the measured maximum
 achievable matmul rate at the shape it was measured.
+
+Float8 GEMMs (dtype "fp8", `gpus.FLOAT8`) read 1-byte operands and write the training
+dtype; they run the same schedule at the float8 peak with the same main-loop fraction as
+bf16 (an assumption: our sources hold no float8 maximum-achievable measurement taken as
+[MAMF]'s are), so the modelled float8 rate at [MAMF]'s shape is twice bf16's.
 """
 
 from __future__ import annotations
 
 import math
 
-from boost_titan.bench.gpus import GEMM_TILES, NCCL, GpuProfile
+from boost_titan.bench.gpus import FLOAT8, GEMM_TILES, NCCL, GpuProfile
 from boost_titan.bench.work import Gemm, Stream
 
 MAX_SPLIT_K = 16
@@ -32,6 +37,8 @@ MIN_SPLIT_K_CHUNK = 256
 """Split-K keeps at least this much of k per block (a few main-loop iterations)."""
 PARTIAL_BYTES = 4
 """Split-K partial tiles are reduced in fp32."""
+FLOAT8_BYTES = 1
+"""Bytes per element of a float8 GEMM operand (E4M3 / E5M2)."""
 FLASH_BACKWARD_FLOPS = 2.5
 """Flash attention's backward executes 2.5x its forward FLOPs (five matmuls to the
 forward's two: it recomputes QK^T)."""
@@ -93,9 +100,11 @@ def _solve_mainloop(gpu: GpuProfile) -> float:
 
 def gemm_time(g: Gemm, dtype: str, dtype_bytes: int, gpu: GpuProfile) -> float:
     """Roofline: the slower of the fastest schedule's compute and the operands' HBM
-    traffic, plus one launch."""
+    traffic, plus one launch. `dtype` is the GEMM's (the training dtype, or fp8 with
+    float8 inputs), `dtype_bytes` the output's."""
     compute = schedule_time(g, dtype, dtype_bytes, gpu, mainloop_efficiency(gpu))
-    return max(compute, hbm_time(g.bytes(dtype_bytes), gpu)) + gpu.launch_s
+    inputs = FLOAT8_BYTES if dtype == FLOAT8 else dtype_bytes
+    return max(compute, hbm_time(g.bytes(dtype_bytes, inputs), gpu)) + gpu.launch_s
 
 
 def gemm_utilisation(g: Gemm, dtype: str, dtype_bytes: int, gpu: GpuProfile) -> float:

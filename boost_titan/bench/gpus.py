@@ -6,7 +6,9 @@ them into kernel times.
 
 Sources (cited below by their tag):
 - [A100]  NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB) and architecture whitepaper.
-- [H100]  NVIDIA H100 Tensor Core GPU datasheet (SXM5) and architecture whitepaper.
+- [H100]  NVIDIA H100 Tensor Core GPU datasheet (SXM5) and architecture whitepaper. Its
+          table gives FP8 Tensor Core 3,958 and BF16 1,979 TFLOPS "with sparsity"; dense
+          rates are half: 1,979 FP8, 989 BF16.
 - [MAMF]  S. Bekman, "Machine Learning Engineering", compute/accelerator, "Maximum
           Achievable Matmul FLOPS comparison table" (brute-force search over matmul shapes).
 - [COPY]  Device-to-device copy measured at 1,355 GB/s on an A100-40GB (1,555 GB/s spec):
@@ -40,6 +42,9 @@ from dataclasses import dataclass
 
 from boost_titan.config.errors import ConfigError
 
+FLOAT8 = "fp8"
+"""`GpuProfile.peak_flops` key of the float8 tensor-core rate."""
+
 GEMM_TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
 """Output tile shapes cuBLAS chooses among for large bf16 GEMMs [GEMM]."""
 
@@ -67,7 +72,8 @@ class GpuProfile:
 
     name: str
     peak_flops: dict[str, float]
-    """Dense tensor-core FLOP/s by training dtype (fp32 = plain FP32, no TF32)."""
+    """Dense tensor-core FLOP/s by GEMM dtype (fp32 = plain FP32, no TF32; fp8 = FP8
+    E4M3/E5M2 inputs, present only where the GPU has float8 tensor cores)."""
     mamf_flops: float
     """Maximum achievable bf16 matmul FLOP/s, measured [MAMF]."""
     mamf_shape: tuple[int, int, int]
@@ -98,6 +104,10 @@ class GpuProfile:
     launch_s: float = 4e-6
     """Fixed cost of one kernel launch [GRAPH]."""
 
+    @property
+    def has_float8(self) -> bool:
+        return FLOAT8 in self.peak_flops
+
     def bus_bw(self, ranks: int) -> float:
         """NCCL bus bandwidth of a ring over `ranks` GPUs of one node: every link through
         a switch; without one, the links to the other ranks (rings in several orders)."""
@@ -122,7 +132,8 @@ _A100 = dict(
     nccl_bus_cap=235e9,
     net_bw=2 * 12.0e9,
 )
-"""[A100] 312 TFLOP/s BF16 dense, 19.5 TFLOP/s FP32, 108 SMs, 2,039 GB/s HBM2e, 12 NVLink3
+"""[A100] 312 TFLOP/s BF16 dense, 19.5 TFLOP/s FP32, no FP8 tensor cores (float8 GEMMs
+need SM89+), 108 SMs, 2,039 GB/s HBM2e, 12 NVLink3
 links (NCCL: 20.0 GB/s each, bus bandwidth capped at 235 GB/s). Inter-node: one HDR
 200 Gb/s NIC per GPU = 24 GB/s at NCCL's 12.0 GB/s per 100 Gb/s. [MAMF] 271.2 TFLOP/s at
 1024x10240x5120. [COPY] 1,355 / 1,555 = 0.87. [FA2] forward 0.65, backward 0.55 (causal,
@@ -137,13 +148,13 @@ GPUS: dict[str, GpuProfile] = {
                             nvswitch=False, **_A100),
 }
 GPUS["h100"] = GpuProfile(
-    # [H100] DGX H100, 8 per node behind NVSwitches: 989 TFLOP/s BF16 dense, 67 TFLOP/s
-    # FP32, 132 SMs, 3.35 TB/s HBM3, 18 NVLink4 links (NCCL: 20.6 GB/s each, bus bandwidth
-    # capped at 370 GB/s). NDR 400 Gb/s NIC per GPU = 48 GB/s. [MAMF] 794.5 TFLOP/s at
-    # 2048x2048x13312. HBM fraction as [COPY] (no H100 copy measurement among our
+    # [H100] DGX H100, 8 per node behind NVSwitches: 989 TFLOP/s BF16 dense, 1,979 FP8
+    # dense, 67 TFLOP/s FP32, 132 SMs, 3.35 TB/s HBM3, 18 NVLink4 links (NCCL: 20.6 GB/s
+    # each, bus bandwidth capped at 370 GB/s). NDR 400 Gb/s NIC per GPU = 48 GB/s. [MAMF]
+    # 794.5 TFLOP/s at 2048x2048x13312. HBM fraction as [COPY] (no H100 copy measurement among our
     # sources). [CUTL] epilogue overlapped. [FA3] 0.35.
     name="H100-SXM, 8 per node (NVSwitch)",
-    peak_flops={"bf16": 989e12, "fp32": 67e12},
+    peak_flops={"bf16": 989e12, "fp32": 67e12, FLOAT8: 1979e12},
     mamf_flops=794.5e12,
     mamf_shape=(2048, 2048, 13312),
     sm_count=132,

@@ -9,7 +9,11 @@ Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch
 - Activations (`saved_activations`): the storages autograd keeps, as `bench trace`
   measures them (with RMSNorm saving what its fused CUDA kernel saves).
 - Memory: bf16 training keeps bf16 params and grads plus an fp32 master copy and AdamW's two
-  fp32 moments (2+2+12 bytes per parameter); fp32 training 4+4+8.
+  fp32 moments (2+2+12 bytes per parameter); fp32 training 4+4+8; bf16 without master
+  weights (TorchTitan's `training.dtype = "bfloat16"`) 2+2+4.
+- Float8 (`Plan.float8`, a torchao recipe): the per-rank GEMMs the runtime selects
+  (`bench.float8`) run at the float8 rate, forward, input grad and (unless the recipe
+  keeps it in high precision) weight grad, each after casting both operands to float8.
 - Time (`step_time`): every kernel class priced by `costs` on a `gpus` profile: GEMMs on a
   roofline with a derived shape-dependent efficiency, memory-bound kernels (`streams`) by
   bytes over sustained HBM bandwidth, causal flash attention, one launch per kernel,
@@ -25,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boost_titan.bench import costs
-from boost_titan.bench.gpus import GpuProfile, gpu_profile
+from boost_titan.bench import costs, float8
+from boost_titan.bench.gpus import FLOAT8, GPUS, GpuProfile, gpu_profile
 from boost_titan.bench.records import PerfRecord
 from boost_titan.bench.streams import block_streams, embedding_streams, head_streams
 from boost_titan.bench.work import Collective, Gemm, Stream, Widths
@@ -48,11 +52,15 @@ AC_MODES = ("none", "full", "selective", "lowrank")
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32"}
 """TorchTitan's spellings (`training.mixed_precision_param`) of the DTYPE_BYTES names."""
-STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
-"""Bytes per parameter of (weights, grads, optimizer state incl. any fp32 master copy)."""
-ADAMW_BYTES_PER_PARAM = 28
+BF16_WEIGHTS = "bf16-weights"
+"""State of bf16 training without master weights (`training.dtype = "bfloat16"`)."""
+STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8), BF16_WEIGHTS: (2, 2, 4)}
+"""Bytes per parameter of (weights, grads, optimizer state incl. any fp32 master copy), by
+`Plan.state`."""
+ADAMW_BYTES_PER_PARAM = {"bf16": 28, "fp32": 28, BF16_WEIGHTS: 14}
 """HBM traffic of one fused AdamW update per parameter (read master, grad, m, v; write
-master, m, v, weight): 4+2+4+4+4+4+4+2 in bf16 training, 4+4+4+4+4+4+4 in fp32."""
+master, m, v, weight): 4+2+4+4+4+4+4+2 in bf16 training, 4+4+4+4+4+4+4 in fp32, and
+2+2+2+2+2+2+2 in bf16 without master weights (no separate weight copy)."""
 CLIP_GRAD_PASSES = 3
 """Gradient clipping reads every grad for the norm, then reads and writes it to scale."""
 OPTIMIZER_LAUNCHES = 4
@@ -82,6 +90,15 @@ class Plan:
     rmsnorm: str = "online"
     group_linears: bool = True
     overlap_chunks: int = 1
+    master_weights: bool = True
+    """bf16 keeps fp32 master weights (mixed precision); False: weights, grads and AdamW
+    state all in bf16 (TorchTitan's `training.dtype = "bfloat16"`)."""
+    float8: str | None = None
+    """torchao float8 recipe (`[quantize.linear.float8] recipe_name`); None: off."""
+    float8_filter: tuple[str, ...] = ()
+    """TorchTitan's `filter_fqns` (with `auto_filter_small_kn`: torchao's size filter)."""
+    float8_casts: str = "eager"
+    """How the float8 casts run (`bench.float8.CASTS`): eager, or fused by torch.compile."""
 
     @property
     def tokens(self) -> int:
@@ -90,6 +107,18 @@ class Plan:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def state(self) -> str:
+        """Key of STATE_BYTES: the dtype, or BF16_WEIGHTS for bf16 without master weights."""
+        return BF16_WEIGHTS if self.dtype == "bf16" and not self.master_weights else self.dtype
+
+    @property
+    def precision(self) -> str:
+        """A short description: GEMM and state dtypes, float8 recipe and casts."""
+        text = {"fp32": "fp32", "bf16": "bf16, fp32 master", BF16_WEIGHTS: "bf16, no master"}
+        suffix = f", float8 {self.float8} ({self.float8_casts} casts)" if self.float8 else ""
+        return text[self.state] + suffix
 
 
 def _all_reduce(name: str, elements: int, behind: tuple[str, ...] = ()) -> Collective:
@@ -110,7 +139,8 @@ def model_args(flavor: str, arch: str, strategy: str) -> ModelShape:
 def check(args: ModelShape, plan: Plan) -> None:
     """Raise ConfigError (one line, with the fix) for a plan the model cannot describe."""
     choices = {"strategy": (plan.strategy, STRATEGIES), "ac": (plan.ac, AC_MODES),
-               "dtype": (plan.dtype, tuple(DTYPE_BYTES)), "rmsnorm": (plan.rmsnorm, RMSNORM_MODES)}
+               "dtype": (plan.dtype, tuple(DTYPE_BYTES)), "rmsnorm": (plan.rmsnorm, RMSNORM_MODES),
+               "float8 casts": (plan.float8_casts, float8.CASTS)}
     for option, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"unknown {option} {value!r}; choose one of {', '.join(allowed)}")
@@ -441,7 +471,7 @@ def memory_per_rank(args: ModelShape, plan: Plan) -> dict[str, int]:
     """Bytes of weights, grads, optimizer state and activations on the busiest rank (1F1B
     keeps min(pp, microbatches) micro-batches of activations alive on the first stage)."""
     n = params_per_rank(args, plan)
-    weights, grads, optimizer = (n * b for b in STATE_BYTES[plan.dtype])
+    weights, grads, optimizer = (n * b for b in STATE_BYTES[plan.state])
     in_flight = min(plan.pp, plan.microbatches)
     activations = activation_bytes(args, plan) * _layers_per_stage(args, plan) * in_flight
     parts = {"params": weights, "grads": grads, "optimizer": optimizer, "activations": activations}
@@ -504,20 +534,61 @@ def weight_streams(args: ModelShape, plan: Plan) -> list[Stream]:
     return streams
 
 
-def block_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+def float8_selection(args: ModelShape, plan: Plan, layer: int) -> dict[str, str | None]:
+    """Each forward GEMM of block `layer` (`layer_gemms`' names) -> None when the runtime
+    runs it in float8, else why not; {} with float8 off."""
+    if not plan.float8:
+        return {}
+    reasons = {}
+    for g in layer_gemms(args, plan):
+        base, _, factor = g.name.partition(".")
+        fqns = float8.module_fqns(layer, _MEMBERS.get(base, (base,)), factor)
+        reasons[g.name] = float8.skip_reason(g.n, g.k, tuple(fqns), plan.float8, plan.float8_filter)
+    return reasons
+
+
+def _selected(args: ModelShape, plan: Plan, layer: int) -> frozenset[str]:
+    reasons = float8_selection(args, plan, layer)
+    return frozenset(name for name, why in reasons.items() if why is None)
+
+
+def float8_cast_streams(
+    args: ModelShape, plan: Plan, selected: frozenset[str]
+) -> dict[str, tuple[list[Stream], list[Stream]]]:
+    """The float8 casts of one block per micro-batch, (forward, backward) kernels for each
+    forward GEMM named in `selected`."""
+    return {g.name: float8.cast_streams(g, plan.float8, plan.float8_casts, plan.dtype_bytes)
+            for g in layer_gemms(args, plan) if g.name in selected}
+
+
+def block_time(
+    args: ModelShape, plan: Plan, gpu: GpuProfile, selected: frozenset[str] = frozenset()
+) -> dict[str, float]:
     """Seconds of one block per micro-batch on one rank, forward + backward (+ what `ac`
     recomputes), by class: gemm, memory, attention, comm (exposed) and comm_hidden (the
-    backward collectives' time spent behind weight-grad GEMMs)."""
+    backward collectives' time spent behind weight-grad GEMMs). The forward GEMMs named in
+    `selected` run in float8 (`float8_selection`), with their casts as memory-bound work."""
     gemms = layer_gemms(args, plan)
-    gemm_fwd = {g.name: _gemm_time(g, plan, gpu) for g in gemms}
-    input_grads = sum(_gemm_time(g.backward()[0], plan, gpu) for g in gemms)
-    weight_grads = {g.name: _gemm_time(g.backward()[1], plan, gpu) for g in gemms}
+    weight_grad_f8 = bool(selected) and float8.recipe_shape(plan.float8)[0] == 3
+
+    def seconds(g: Gemm, in_float8: bool) -> float:
+        if in_float8:
+            return costs.gemm_time(g, FLOAT8, plan.dtype_bytes, gpu)
+        return _gemm_time(g, plan, gpu)
+
+    gemm_fwd = {g.name: seconds(g, g.name in selected) for g in gemms}
+    input_grads = sum(seconds(g.backward()[0], g.name in selected) for g in gemms)
+    weight_grads = {g.name: seconds(g.backward()[1], weight_grad_f8 and g.name in selected)
+                    for g in gemms}
     attention = attention_flops(args, plan)
     attn_fwd = costs.attention_time(attention, plan.dtype, gpu)
     attn_bwd = costs.attention_time(attention, plan.dtype, gpu, backward=True)
     fwd_streams, bwd_streams = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
-    mem_fwd = costs.stream_time(fwd_streams, gpu, plan.tokens)
-    mem_bwd = costs.stream_time(bwd_streams, gpu, plan.tokens)
+    casts = float8_cast_streams(args, plan, selected)
+    cast_fwd = [s for fwd, _ in casts.values() for s in fwd]
+    cast_bwd = [s for _, bwd in casts.values() for s in bwd]
+    mem_fwd = costs.stream_time(fwd_streams, gpu, plan.tokens) + costs.stream_time(cast_fwd, gpu)
+    mem_bwd = costs.stream_time(bwd_streams, gpu, plan.tokens) + costs.stream_time(cast_bwd, gpu)
     mem_weights = costs.stream_time(weight_streams(args, plan), gpu)
     fwd_c, bwd_c = layer_collectives(args, plan)
     comm_fwd = sum(chunked_exposed(gemm_fwd[c.name], c, plan, gpu) if c.name in gemm_fwd
@@ -531,24 +602,28 @@ def block_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float
         "comm_hidden": hidden,
     }
     b_gemms = sum(t for name, t in gemm_fwd.items() if name.endswith(".B"))
-    replay = _recomputed(plan, sum(gemm_fwd.values()), b_gemms, attn_fwd, mem_fwd, comm_fwd)
+    a_casts = costs.stream_time([s for name, (fwd, _) in casts.items() if not name.endswith(".B")
+                                 for s in fwd], gpu)
+    replay = _recomputed(plan, sum(gemm_fwd.values()), b_gemms, attn_fwd, mem_fwd, comm_fwd,
+                         a_casts)
     return {k: v + replay.get(k, 0.0) for k, v in parts.items()}
 
 
 def _recomputed(
-    plan: Plan, gemm_fwd: float, b_gemms: float, attn_fwd: float, mem_fwd: float, comm_fwd: float
+    plan: Plan, gemm_fwd: float, b_gemms: float, attn_fwd: float, mem_fwd: float, comm_fwd: float,
+    a_casts: float,
 ) -> dict[str, float]:
     """Extra backward seconds per block by class: full replays the forward with its
-    collectives; selective half of that; lowrank the B GEMMs, attention and the
-    element-wise work (vanilla also replays its B all-reduces, which sit inside the
-    recomputed segments)."""
+    collectives; selective half of that; lowrank the B GEMMs (with their float8 casts),
+    attention and the element-wise work, not the A GEMMs' float8 casts `a_casts`
+    (vanilla also replays its B all-reduces, which sit inside the recomputed segments)."""
     if plan.ac == "none":
         return {}
     if plan.ac in ("full", "selective"):
         share = 0.5 if plan.ac == "selective" else 1.0
         return {"gemm": share * gemm_fwd, "attention": share * attn_fwd,
                 "memory": share * mem_fwd, "comm": share * comm_fwd}
-    return {"gemm": b_gemms, "attention": attn_fwd, "memory": mem_fwd,
+    return {"gemm": b_gemms, "attention": attn_fwd, "memory": mem_fwd - a_casts,
             "comm": comm_fwd if plan.strategy == "vanilla" else 0.0}
 
 
@@ -558,7 +633,8 @@ def ends_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> tuple[dict[str, 
     b, t, btp = plan.dtype_bytes, plan.tokens, plan.strategy == "btp"
     residual = args.dim // plan.tp if btp else args.dim
     emb_fwd, emb_bwd = embedding_streams(residual, b)
-    zero_grad = Stream("embedding.zero_grad", args.vocab_size * residual * STATE_BYTES[plan.dtype][1])
+    grad_bytes = STATE_BYTES[plan.state][1]
+    zero_grad = Stream("embedding.zero_grad", args.vocab_size * residual * grad_bytes)
     embedding = {"memory": costs.stream_time(emb_fwd + emb_bwd, gpu, t) + costs.stream_time([zero_grad], gpu)}
 
     head = Gemm("lm_head", t, args.vocab_size // plan.tp, args.dim)
@@ -578,15 +654,23 @@ def ends_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> tuple[dict[str, 
 
 def memory_kernels(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
     """Seconds per step of each memory-bound kernel of the blocks (forward and backward
-    under one name) on a rank holding the most blocks, largest first."""
+    under one name) on a rank holding the most blocks (the first stage), largest first."""
     fwd, bwd = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
     per_step = max(_stage_layers(args, plan)) * plan.microbatches
     seconds: dict[str, float] = {}
-    for stream in fwd + bwd:
+
+    def add(stream: Stream, s: float) -> None:
         name = stream.name.removesuffix(".bwd")
-        seconds[name] = seconds.get(name, 0.0) + per_step * costs.stream_time([stream], gpu, plan.tokens)
+        seconds[name] = seconds.get(name, 0.0) + s
+
+    for stream in fwd + bwd:
+        add(stream, per_step * costs.stream_time([stream], gpu, plan.tokens))
     for stream in weight_streams(args, plan):
-        seconds[stream.name] = per_step * costs.stream_time([stream], gpu)
+        add(stream, per_step * costs.stream_time([stream], gpu))
+    for selected, count in _selections(args, plan, _stage_blocks(args, plan)[0]).items():
+        for cast_fwd, cast_bwd in float8_cast_streams(args, plan, selected).values():
+            for stream in cast_fwd + cast_bwd:
+                add(stream, count * plan.microbatches * costs.stream_time([stream], gpu))
     return dict(sorted(seconds.items(), key=lambda item: -item[1]))
 
 
@@ -596,15 +680,34 @@ def _stage_layers(args: ModelShape, plan: Plan) -> list[int]:
     return [base + (s < extra) for s in range(plan.pp)]
 
 
+def _stage_blocks(args: ModelShape, plan: Plan) -> list[range]:
+    """Block indices of each pipeline stage."""
+    ends = [sum(_stage_layers(args, plan)[:s + 1]) for s in range(plan.pp)]
+    return [range(end - n, end) for end, n in zip(ends, _stage_layers(args, plan))]
+
+
+def _selections(args: ModelShape, plan: Plan, blocks: range) -> dict[frozenset[str], int]:
+    """How many of `blocks` run each set of float8 GEMMs (one empty set without float8)."""
+    counts: dict[frozenset[str], int] = {}
+    for layer in blocks:
+        selected = _selected(args, plan, layer)
+        counts[selected] = counts.get(selected, 0) + 1
+    return counts
+
+
 def stage_times(args: ModelShape, plan: Plan, gpu: GpuProfile) -> list[dict[str, float]]:
     """Seconds per micro-batch of each pipeline stage by class: its blocks, its ends and,
     across stages, receiving activations (forward) and grads (backward) over the network."""
-    block = block_time(args, plan, gpu)
+    blocks: dict[frozenset[str], dict[str, float]] = {}
     embedding, output = ends_time(args, plan, gpu)
     send = costs.send_time(plan.tokens * pipeline_send_elements(args, plan) * plan.dtype_bytes, gpu)
     stages = []
-    for s, layers in enumerate(_stage_layers(args, plan)):
-        parts = {k: layers * v for k, v in block.items()}
+    for s, layers in enumerate(_stage_blocks(args, plan)):
+        parts: dict[str, float] = {}
+        for selected, count in _selections(args, plan, layers).items():
+            if selected not in blocks:
+                blocks[selected] = block_time(args, plan, gpu, selected)
+            parts = {k: parts.get(k, 0.0) + count * v for k, v in blocks[selected].items()}
         for end in [embedding] * (s == 0) + [output] * (s == plan.pp - 1):
             parts = {k: parts[k] + end.get(k, 0.0) for k in parts}
         parts["comm"] += ((s > 0) + (s < plan.pp - 1)) * send
@@ -625,10 +728,10 @@ def step_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]
     slowest = stages[totals.index(max(totals))]
     parts = {k: plan.microbatches * slowest.get(k, 0.0) for k in TIME_PARTS}
     parts["bubble"] = sum(totals) - max(totals)
-    params, grad_bytes = params_per_rank(args, plan), STATE_BYTES[plan.dtype][1]
+    params, grad_bytes = params_per_rank(args, plan), STATE_BYTES[plan.state][1]
     accumulate = Stream("accumulate_grads", (plan.microbatches - 1) * 3 * params * grad_bytes)
     parts["memory"] += costs.stream_time([accumulate], gpu)
-    update = params * (ADAMW_BYTES_PER_PARAM + CLIP_GRAD_PASSES * grad_bytes)
+    update = params * (ADAMW_BYTES_PER_PARAM[plan.state] + CLIP_GRAD_PASSES * grad_bytes)
     parts["optimizer"] = costs.hbm_time(update, gpu) + OPTIMIZER_LAUNCHES * gpu.launch_s
     step = sum(parts.values())
     return parts | {"step": step, "comm_hidden": plan.microbatches * slowest["comm_hidden"]}
@@ -654,7 +757,12 @@ def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> Perf
         if plan.tp > profile.gpus_per_node:
             raise ConfigError(f"tp {plan.tp} exceeds the {profile.gpus_per_node} GPUs per node of profile "
                               f"{name}; tensor parallelism stays inside one node, lower --tp or pick another --gpu")
+        if plan.float8 and not profile.has_float8:
+            able = ", ".join(g for g, p in GPUS.items() if p.has_float8)
+            raise ConfigError(f"GPU profile {name} has no float8 tensor cores (float8 needs "
+                              f"SM89+); pick a --gpu among {able}")
     t, db = plan.tokens, plan.dtype_bytes
+    selections = _selections(args, plan, range(args.n_layers))
     fwd, bwd = layer_collectives(args, plan)
     step_fwd, step_bwd = step_collectives(args, plan)
     flops = layer_flops(args, plan)
@@ -684,13 +792,17 @@ def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> Perf
         hidden_comm_s={g: parts["comm_hidden"] for g, parts in times.items()},
         memory_kernels_s={g: memory_kernels(args, plan, profile) for g, profile in profiles.items()},
         speedup_gpu=gpus[0],
+        precision=plan.precision,
+        float8_gemms={"float8": sum(len(s) * n for s, n in selections.items()),
+                      "total": len(layer_gemms(args, plan)) * args.n_layers} if plan.float8 else {},
+        float8_skipped={k: v for k, v in float8_selection(args, plan, 0).items() if v},
     )
 
 
 def add_speedups(records: list[PerfRecord]) -> None:
     """Fill predicted_speedup between records that differ only in strategy (and arch)."""
     def key(r: PerfRecord) -> tuple:
-        return (r.flavor, r.tp, r.pp, r.seq_len, r.micro_batch, r.microbatches, r.dtype,
+        return (r.flavor, r.tp, r.pp, r.seq_len, r.micro_batch, r.microbatches, r.precision,
                 r.ac, r.rmsnorm, r.group_linears, r.speedup_gpu)
 
     for r in records:

@@ -29,6 +29,10 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
   {kernel: s}}, the blocks' memory-bound kernels per step, largest first.
 - predicted_speedup: {other strategy: other's step / this step} on `speedup_gpu`
   (> 1 means this strategy is faster), among records of the same configuration.
+- precision: GEMM and state dtypes and any float8 recipe, e.g. "bf16, fp32 master, float8
+  tensorwise (eager casts)"; float8_gemms: {float8, total} forward GEMMs per rank over all
+  blocks ({} with float8 off); float8_skipped: {GEMM of the first block: why it stays in
+  high precision}.
 """
 
 from __future__ import annotations
@@ -87,6 +91,9 @@ class PerfRecord(LayerRecord):
     hidden_comm_s: dict[str, float]
     memory_kernels_s: dict[str, dict[str, float]]
     speedup_gpu: str
+    precision: str
+    float8_gemms: dict[str, int]
+    float8_skipped: dict[str, str]
     predicted_speedup: dict[str, float] = field(default_factory=dict)
 
 

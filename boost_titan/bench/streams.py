@@ -55,6 +55,18 @@ SYNC_NORM_BACKWARD = Eager(fp32_bytes=52, passes=9, casts=3, kernels=14)
 """Weight product and its grad (3b + 2b + b), three casts, the fp32 chain of the scale
 and the statistic (12 + 8 + 4 + 8 + 8 + 12), and the sum of the two grads of x (3b)."""
 
+FLOAT8_CAST = Eager(fp32_bytes=21, passes=3, casts=1, kernels=10)
+"""One GEMM operand cast to float8 by torchao's dynamic scaling (`hp_tensor_to_float8_dynamic`,
+which `kernels/float8.py` calls for both operands of every float8 GEMM), eager, per element:
+amax as abs (2b) and max (b); five scalar kernels turn it into the scale; upcast; scale
+(8), clamp (8) and the float8 cast (4 + 1)."""
+FLOAT8_POW2_KERNELS = 3
+"""Scalar kernels (log2, floor, exp2) that round a scale to a power of two, in the recipes
+whose torchao config sets `round_scales_to_power_of_2` (the rowwise ones)."""
+FLOAT8_CAST_FUSED = Eager(fp32_bytes=1, passes=2, casts=0, kernels=2)
+"""The same cast as torch.compile fuses it: an amax reduction reads the operand, one
+kernel reads it again and writes float8 (1 byte)."""
+
 NORM_CONSUMERS = {"attention_norm": 3, "ffn_norm": 2}
 """Low-rank pairs (or full linears) reading each pre-norm's output: q, k, v; gate, up."""
 CE_FORWARD_BYTES = 16

@@ -155,8 +155,8 @@ def constant_rows(gpu: str = PAPER_GPU) -> list[ConstantRow]:
     e = costs.mainloop_efficiency(p)
     m, n, k = p.mamf_shape
     rows = [
-        ConstantRow("bf16 / fp32 peak", f"{p.peak_flops['bf16'] / 1e12:g} / {p.peak_flops['fp32'] / 1e12:g} TFLOP/s",
-                    "datasheet"),
+        ConstantRow(" / ".join(p.peak_flops) + " peak", " / ".join(
+            f"{flops / 1e12:g}" for flops in p.peak_flops.values()) + " TFLOP/s", "datasheet"),
         ConstantRow("max achievable bf16 matmul", f"{p.mamf_flops / 1e12:g} TFLOP/s at {m}x{n}x{k}", "[MAMF]"),
         ConstantRow("SMs", str(p.sm_count), "datasheet"),
         ConstantRow("GEMM tiles", ", ".join(f"{a}x{b}" for a, b in GEMM_TILES), "[GEMM]"),
@@ -177,8 +177,8 @@ def constant_rows(gpu: str = PAPER_GPU) -> list[ConstantRow]:
                     f"{NCCL.ll_base_s * 1e6:g} + {NCCL.ll_hop_s * 1e6:g} us per step, LL at "
                     f"{NCCL.ll_bandwidth_fraction:g} of the bandwidth", "[NCCL]"),
         ConstantRow("inter-node", f"{p.net_bw / 1e9:g} GB/s per GPU, + {NCCL.net_hop_s * 1e6:g} us", "[NCCL]"),
-        ConstantRow("AdamW + clipping", f"{pm.ADAMW_BYTES_PER_PARAM} + {pm.CLIP_GRAD_PASSES} x grad bytes per parameter",
-                    "counted"),
+        ConstantRow("AdamW + clipping", f"{pm.ADAMW_BYTES_PER_PARAM['bf16']} + "
+                    f"{pm.CLIP_GRAD_PASSES} x grad bytes per parameter", "counted"),
     ]
     return rows
 

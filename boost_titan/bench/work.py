@@ -21,8 +21,11 @@ class Gemm:
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k
 
-    def bytes(self, dtype_bytes: int) -> int:
-        return (self.m * self.k + self.k * self.n + self.m * self.n) * dtype_bytes
+    def bytes(self, dtype_bytes: int, input_bytes: int | None = None) -> int:
+        """Operand traffic: both inputs (at `input_bytes`, default `dtype_bytes`) and the
+        output."""
+        inputs = dtype_bytes if input_bytes is None else input_bytes
+        return (self.m * self.k + self.k * self.n) * inputs + self.m * self.n * dtype_bytes
 
     def intensity(self, dtype_bytes: int) -> float:
         return self.flops / self.bytes(dtype_bytes)

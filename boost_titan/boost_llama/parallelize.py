@@ -4,27 +4,22 @@ FSDP2 / DDP, in TorchTitan's order, configured from the job's TOML (as TorchTita
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.llama3.infra.parallelize import (
     _op_sac_save_list,
     apply_compile,
-    apply_ddp,
-    apply_fsdp,
 )
 from torchtitan.tools.logging import logger
 
-from boost_titan.parallelize import apply_plan
+from boost_titan.parallelize import apply_plan, key_compile_caches_by_rank
 from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, compilable_full_ac
-from boost_titan.runtime.device import force_sum_reductions
 
+from .data_parallel import apply_data_parallel
+from .float8 import apply_job_float8
 from .strategies import build_plan, resolve_strategy
 
 # selective AC keeps collectives' outputs, so recomputation never replays a collective
@@ -33,16 +28,6 @@ _SAC_SAVE = _op_sac_save_list | {
     torch.ops._c10d_functional.all_gather_into_tensor.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
 }
-
-
-def _rank_own_compile_cache() -> None:
-    """Give this rank its own Inductor cache folder. In torch 2.13 the compiled graphs of
-    different TP groups get the same cache key although their collectives name different
-    process groups (pytorch/pytorch#176532), so a rank could load another group's graph and
-    fail with "Could not resolve the process group registered under the name N"."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir(), f"rank{dist.get_rank()}")
 
 
 def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
@@ -62,6 +47,7 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         details += f", grouping {boost.group_linears}"
         details += f", all-reduces in {boost.overlap_chunks} overlapped blocks" * (boost.overlap_chunks > 1)
         logger.info(f"Applied {strategy} tensor parallelism (TP={parallel_dims.tp}{details})")
+    apply_job_float8(model, job_config)  # on the plan's per-rank GEMMs, before AC and compile
 
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
     ac = job_config.activation_checkpoint
@@ -81,25 +67,11 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
     elif boost.lowrank_ac:
         apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=parallel_dims.tp)
         logger.info("Applied low-rank activation checkpointing to the model")
+    if job_config.compile.enable:  # TorchTitan compiles the loss too (`compile.components`)
+        key_compile_caches_by_rank(*parallel_dims.get_all_one_dimensional_meshes().values())
     if compile_model:
-        if parallel_dims.tp_enabled and parallel_dims.world_size > parallel_dims.tp:
-            _rank_own_compile_cache()
         apply_compile(model, job_config.compile)
 
-    if parallel_dims.fsdp_enabled:
-        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
-        training = job_config.training
-        apply_fsdp(
-            model,
-            parallel_dims.get_mesh(names),
-            param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
-            reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
-            pp_enabled=parallel_dims.pp_enabled,
-            cpu_offload=training.enable_cpu_offload,
-            reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
-        )
-        force_sum_reductions(model)  # gloo (CPU) has no PREMUL_SUM
-    elif parallel_dims.dp_replicate_enabled:
-        apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
+    apply_data_parallel(model, parallel_dims, job_config, compile_model)
     return model
 

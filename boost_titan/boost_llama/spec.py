@@ -21,6 +21,7 @@ from boost_titan.data.validation import validation_data
 from boost_titan.runtime.validator import BoostValidator
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
+from .float8 import install_converter, validate_float8
 from .model import BoostTransformer
 from .parallelize import parallelize_boost
 from .state_dict_adapter import BoostStateDictAdapter
@@ -115,6 +116,7 @@ def validate_job(job_config, world_size: int) -> None:
             f"unknown [boost] data_order {job_config.boost.data_order!r}; "
             f"choose one of {', '.join(DATA_ORDERS)}"
         )
+    validate_float8(job_config)
     if job_config.boost.lowrank_ac and job_config.activation_checkpoint.mode != "none":
         raise ConfigError(
             "[boost] lowrank_ac and [activation_checkpoint] mode = "
@@ -144,5 +146,6 @@ def build_spec() -> TrainSpec:
 
 
 register_train_spec(SPEC_NAME, build_spec())
+install_converter(SPEC_NAME)  # `quantize.linear.float8` applied by parallelize_boost (float8.py)
 
 __all__ = ["SPEC_NAME", "model_args_for", "validate_job"]

@@ -3,4 +3,5 @@
 `checkpoint_files` (step folders, DCP metadata and files, also read by `check` and
 `export`), `dump_lock` (one job per dump folder), `resume` (every rank loads rank 0's
 checkpoint), `restarts` (crash recovery), `saved_activations` (the activation bytes the
-trainer logs), `rss` (process memory)."""
+trainer logs), `rss` (process memory), `precision` (the run's precision, one phrase for the
+log and `check`)."""

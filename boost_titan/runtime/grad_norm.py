@@ -4,10 +4,10 @@ TorchTitan sums the gradients' squares in their own dtype (`torch._foreach_norm`
 an fp32 sum of a large tensor under-counts by ~1e-4 relative, and by a different amount
 for each shard size, so the logged `grad_norm` and the clipping factor differ between TP1
 and TP2 although the gradients agree. Here each rank sums the squares of its local
-gradient shards in fp64; the sums of gradients sharded the same way (same mesh, same
-sharded mesh dims) are added up and all-reduced over those dims once, then over the
-pipeline stages. Layouts then agree to fp64 rounding. The cost is one extra read of the
-gradients in fp64 and one tiny all-reduce per sharding kind and mesh dim.
+gradient shards in fp64; the sums of gradients spread over the same process groups are
+added up and all-reduced over those groups once, then over the pipeline stages. Layouts
+then agree to fp64 rounding. The cost is one extra read of the gradients in fp64 and one
+tiny all-reduce per sharding kind and group.
 """
 
 from __future__ import annotations
@@ -20,31 +20,37 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 
-def _sharding(grad: torch.Tensor) -> tuple[DeviceMesh | None, tuple[int, ...]]:
-    """The grad's mesh and the mesh dims its elements are spread over (none: replicated)."""
+def _groups(grad: torch.Tensor) -> tuple[dist.ProcessGroup, ...]:
+    """The process groups the grad's elements are spread over (none: replicated). A mesh
+    dim of one rank spreads nothing (mixed precision's FSDP2 mesh, `boost_llama.data_parallel`)."""
     if not isinstance(grad, DTensor):
-        return None, ()
+        return ()
     if any(p.is_partial() for p in grad.placements):
         raise ValueError("a gradient with Partial placement; reduce it before the norm")
-    return grad.device_mesh, tuple(i for i, p in enumerate(grad.placements) if not p.is_replicate())
+    mesh = grad.device_mesh
+    return tuple(
+        mesh.get_group(i)
+        for i, p in enumerate(grad.placements)
+        if not p.is_replicate() and mesh.size(i) > 1
+    )
 
 
 def total_norm(grads: Iterable[torch.Tensor], pp_mesh: DeviceMesh | None = None) -> torch.Tensor:
     """sqrt(sum of squares of every gradient element), in fp64, the same on every rank."""
-    sums: dict[tuple[int, tuple[int, ...]], tuple[DeviceMesh | None, torch.Tensor]] = {}
+    sums: dict[tuple[str, ...], tuple[tuple[dist.ProcessGroup, ...], torch.Tensor]] = {}
     device = None
     for grad in grads:
-        mesh, dims = _sharding(grad)
+        groups = _groups(grad)
         local = grad.to_local() if isinstance(grad, DTensor) else grad
         device = local.device
         square = torch.linalg.vector_norm(local, dtype=torch.float64).square()
-        key = (id(mesh), dims)
-        previous = sums.get(key, (mesh, torch.zeros((), dtype=torch.float64, device=device)))[1]
-        sums[key] = (mesh, previous + square)
+        key = tuple(group.group_name for group in groups)
+        previous = sums.get(key, (groups, torch.zeros((), dtype=torch.float64, device=device)))[1]
+        sums[key] = (groups, previous + square)
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for (_, dims), (mesh, square) in sums.items():
-        for dim in dims:
-            dist.all_reduce(square, group=mesh.get_group(dim))
+    for groups, square in sums.values():
+        for group in groups:
+            dist.all_reduce(square, group=group)
         total = total + square
     if pp_mesh is not None:
         dist.all_reduce(total, group=pp_mesh.get_group())

@@ -19,6 +19,11 @@
   layout; `losses.jsonl` rows carry it as `grad_norm`. TorchTitan's `train_step` finds
   its clipping function through `torchtitan.distributed.utils`, which this trainer points
   at its own `clip_grad_norm_` (`[boost] exact_grad_norm = false`: TorchTitan's norm).
+- Precision (`runtime.precision`): one of the first log lines states it ("Precision: bf16
+  compute, fp32 master weights and gradient reductions" or "Precision: fp32"). TorchTitan's
+  `maybe_enable_amp` (autocast on one device and under DDP; fp32 and a warning for TP or PP
+  without FSDP) is replaced by `no_autocast` before `Trainer.__init__` calls it: FSDP2's
+  mixed-precision policy does every cast, on every layout (`boost_llama.data_parallel`).
 - On CPU the NCCL-only settings stay quiet: the flight recorder is off (it would only leave
   an empty `comm_traces/`), and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is dropped
   (TorchTitan warns that it overrides it).
@@ -40,6 +45,7 @@ from torchtitan.train import Trainer
 from boost_titan.runtime.checkpoint_files import latest_checkpoint
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
+from boost_titan.runtime.precision import Precision, no_autocast
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
 from boost_titan.runtime.resume import agree_on_checkpoint
 from boost_titan.runtime.run_log import RunLog
@@ -72,6 +78,7 @@ class BoostTrainer(Trainer):
     """TorchTitan's Trainer plus the fixes and reporting described in the module docstring."""
 
     def __init__(self, job_config):
+        titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
         super().__init__(job_config)
         dims = self.parallel_dims
         self.pp_loss: TokenScaledLoss | None = None
@@ -100,7 +107,10 @@ class BoostTrainer(Trainer):
         if on_cpu():  # both are NCCL's (see the module docstring)
             self.job_config.comm.trace_buf_size = 0
             os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
-        return super().init_distributed()
+        dims = super().init_distributed()
+        precision = Precision.of(self.job_config.training).describe(fsdp=dims.fsdp_enabled)
+        logger.info(f"Precision: {precision}")
+        return dims
 
     def forward_backward_step(
         self,

@@ -1,0 +1,76 @@
+"""Data parallelism and mixed precision, the last step of `parallelize_boost`.
+
+- dp_shard or cp > 1: FSDP2 (HSDP with dp_replicate > 1), as TorchTitan does.
+- Otherwise, for bf16 compute from fp32 weights (`Precision.casts_for_compute`): FSDP2 on a
+  mesh whose shard dim has 1 rank, so its `MixedPrecisionPolicy` gives every layout what FSDP
+  runs get (bf16 parameters in compute, fp32 master weights, gradients accumulated and reduced
+  in fp32), as TorchTitan's main branch does (pytorch/torchtitan#2900, issue #2886).
+  TorchTitan 0.2.2 builds that "fsdp" dim with the fake backend; FSDP2 runs no collective over
+  a 1-rank dim (torch 2.13 `FSDPParamGroup.unshard` casts the weights into the unsharded
+  copy, `foreach_reduce` copies the gradients). TP-only, PP-only (each stage; TorchTitan's PP
+  policy keeps the bf16 copy from forward to backward), TP x PP and one device use the 1-D
+  "fsdp" mesh; elsewhere each block's bf16 copy is freed after its forward and cast again
+  in backward. dp_replicate > 1 uses HSDP over (dp_replicate, fsdp = 1), as FSDP2's
+  maintainers suggest for replicated mixed precision (pytorch/torchtitan#1469): its fp32
+  gradient all-reduce over dp_replicate moves DDP's bytes, while DDP under `torch.autocast`
+  would compute differently from every other layout (and autocast does not fit BTP's
+  backward functions).
+- Otherwise (fp32, or bf16 weights via `training.dtype`): DDP with dp_replicate > 1.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.distributed import ParallelDims
+from torchtitan.models.llama3.infra.parallelize import apply_ddp, apply_fsdp
+from torchtitan.tools.logging import logger
+
+from boost_titan.runtime.device import force_sum_reductions
+from boost_titan.runtime.precision import Precision
+
+
+def _one_rank_shard_mesh(parallel_dims: ParallelDims, names: list[str]) -> DeviceMesh:
+    """The mesh `names` whose "fsdp" dim has 1 rank: `get_mesh` refuses size-1 dims, so it is
+    read from the meshes ParallelDims built (building them first in one process, where
+    nothing asked for a mesh before)."""
+    if not parallel_dims._meshes:
+        parallel_dims.build_mesh()
+    if len(names) > 1:
+        return parallel_dims._global_meshes["dense"][tuple(names)]
+    return parallel_dims._meshes["fsdp"]
+
+
+def apply_data_parallel(
+    model: nn.Module, parallel_dims: ParallelDims, job_config, compile_model: bool
+) -> None:
+    """FSDP2 / HSDP, the 1-rank FSDP2 of mixed precision, or DDP (module docstring)."""
+    training = job_config.training
+    replicate = parallel_dims.dp_replicate_enabled
+    names = ["dp_replicate", "fsdp"] if replicate else ["fsdp"]
+    if parallel_dims.fsdp_enabled:
+        mesh = parallel_dims.get_mesh(names)
+    elif Precision.of(training).casts_for_compute:
+        mesh = _one_rank_shard_mesh(parallel_dims, names)
+    else:
+        if replicate:
+            apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
+        return
+    apply_fsdp(
+        model,
+        mesh,
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+        pp_enabled=parallel_dims.pp_enabled,
+        cpu_offload=training.enable_cpu_offload,
+        reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
+    )
+    force_sum_reductions(model)  # gloo (CPU) has no PREMUL_SUM
+    if parallel_dims.fsdp_enabled:
+        return
+    if replicate:
+        logger.info("Applied HSDP with a 1-rank shard dim for mixed precision (gradients "
+                    f"all-reduced in {training.mixed_precision_reduce} over dp_replicate)")
+    else:
+        logger.info("Applied FSDP2 on a 1-rank mesh for mixed precision (no collective)")

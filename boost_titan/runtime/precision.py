@@ -1,0 +1,64 @@
+"""The run's numeric precision, decided once from `[training]` and the same on every layout.
+
+TorchTitan 0.2.2 casts for bf16 compute only where FSDP runs (dp_shard or cp > 1); it keeps
+TP-only, PP-only and TP x PP layouts in fp32 and wraps one device and DDP in
+`torch.autocast`, which BTP's hand-written backward functions do not fit. Here every layout
+gets FSDP2's `MixedPrecisionPolicy` (`boost_llama.data_parallel`): bf16 parameters in compute,
+fp32 master weights and optimizer state, gradients accumulated and reduced in fp32; where no
+data is sharded, FSDP2 runs on a 1-rank mesh (no collective: a cast-copy instead of the
+all-gather, a copy instead of the reduce-scatter). No autocast wraps a forward
+(`no_autocast` replaces TorchTitan's `maybe_enable_amp`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+"""Short names of TorchTitan's dtype spellings (`TORCH_DTYPE_MAP`'s keys)."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """`training.dtype` (weights, gradients, optimizer state), `mixed_precision_param`
+    (what the GEMMs see) and `mixed_precision_reduce` (gradient accumulation and reduction),
+    each a TorchTitan dtype spelling."""
+
+    weights: str
+    compute: str
+    reduce: str
+
+    @classmethod
+    def of(cls, training) -> Precision:
+        return cls(training.dtype, training.mixed_precision_param, training.mixed_precision_reduce)
+
+    @property
+    def casts_for_compute(self) -> bool:
+        """fp32 weights computed in a narrower dtype: FSDP2's policy does the cast, on a
+        1-rank mesh where no data is sharded."""
+        return self.weights == "float32" and self.compute != "float32"
+
+    def describe(self, fsdp: bool) -> str:
+        """One phrase for the logs and `check`; `fsdp`: data is sharded (dp_shard or cp > 1),
+        so FSDP2 casts even bf16 weights to `mixed_precision_param`."""
+        if self.weights == "float32":
+            if not self.casts_for_compute:
+                return "fp32"
+            if self.reduce == "float32":
+                return f"{NAMES[self.compute]} compute, fp32 master weights and gradient reductions"
+            return (f"{NAMES[self.compute]} compute, fp32 master weights, "
+                    f"{NAMES[self.reduce]} gradient reductions")
+        upcast = fsdp and self.compute != self.weights
+        compute = f", {NAMES[self.compute]} compute" if upcast else ""
+        return (f"{NAMES[self.weights]} weights, gradients and optimizer state "
+                f"(training.dtype, no fp32 master copy){compute}")
+
+
+def no_autocast(*_args, **_kwargs) -> contextlib.AbstractContextManager[None]:
+    """Stands in for TorchTitan's `maybe_enable_amp`: no autocast and no log line (the
+    trainer logs `Precision.describe`); FSDP2's policy does every cast."""
+    return contextlib.nullcontext()
+
+
+__all__ = ["NAMES", "Precision", "no_autocast"]
