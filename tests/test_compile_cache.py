@@ -86,21 +86,19 @@ def _compiled_run(folder: Path, cache: Path, schedule: tuple[str, ...],
 @pytest.mark.slow
 def test_compiled_training_rerun_on_a_warm_cache_equals_eager(two_process_run, tmp_path):
     """Through run_train.sh, debug.toml at TP 2, torch.compile with Inductor (model and loss,
-    TorchTitan's default): low-rank AC compiled into a fresh cache folder, then selective AC
-    into the folder that run filled, then selective AC again: the warm rerun users get.
-    Each run's 2 steps equal the eager run's first 2 (the
-    2-process training run: same seed, data and warmup): loss and exact fp64 grad norm."""
+    TorchTitan's default): selective AC compiled into a fresh cache folder, then low-rank AC
+    in a second job on the folder the first one filled. The compiled loss graph is the same
+    in both jobs: the second job loads it from the cache, which is how every rerun of a
+    compiled job went wrong (its blocks bypass the AOTAutograd cache: custom autograd
+    functions). Each job's 2 steps equal the eager run's first 2 (the 2-process training
+    run: same seed, data and LR warmup): loss and exact fp64 grad norm."""
     eager = [(r["loss"], r["grad_norm"]) for r in two_process_run.rows[:2]]
     cache = tmp_path / "inductor-cache"
-    runs = [("--boost.lowrank_ac",), ("--activation_checkpoint.mode", "selective"),
-            ("--activation_checkpoint.mode", "selective")]
     entries = []
-    for i, flags in enumerate(runs):
+    for i, flags in enumerate([("--activation_checkpoint.mode", "selective"), ("--boost.lowrank_ac",)]):
         steps = _compiled_run(tmp_path / f"run{i}", cache, two_process_run.schedule, flags)
         for (loss, norm), (want_loss, want_norm) in zip(steps, eager, strict=True):
             assert loss == pytest.approx(want_loss, rel=2e-6, abs=0), (flags, steps, eager)
             assert norm == pytest.approx(want_norm, rel=2e-6, abs=0), (flags, steps, eager)
         entries.append(_aot_entries(cache))
-    # The loss graph (the one ranks used to mix up) is cached by the first run and loaded by
-    # the others; the blocks bypass the AOTAutograd cache (custom autograd functions).
-    assert entries[0] and entries[0] == entries[1] == entries[2]
+    assert entries[0] and entries[1] == entries[0]  # the second job loaded the loss graph

@@ -314,6 +314,7 @@ def _parallelize_compiled(model, mesh, ac: str) -> None:
     )
     dims = types.SimpleNamespace(tp_enabled=True, tp=mesh.size(), world_size=mesh.size(),
                                  get_mesh=lambda name: mesh,
+                                 get_all_one_dimensional_meshes=lambda: {"tp": mesh},
                                  fsdp_enabled=False, dp_replicate_enabled=False)
     parallelize_boost(model, dims, job)
 

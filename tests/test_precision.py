@@ -58,6 +58,7 @@ def test_precision_phrases():
         ("debug", 2, (), "(tp 2), fp32, seq_len"),
         ("7B", 4, (), "(tp 4), bf16 compute, fp32 master weights and gradient reductions,"),
     ],
+    ids=["debug-bf16", "debug-fp32", "7B"],
 )
 def test_check_states_the_precision(config, nproc, args, phrase, tmp_path):
     from boost_titan.check import check
