@@ -139,8 +139,12 @@ def check_layer_args(args: BoostModelArgs, *, tp: int, seq_len: int, strategy: s
         )
     if not 0 < seq_len <= args.max_seq_len:
         raise ConfigError(f"--seq-len must be in 1..{args.max_seq_len} for this flavor")
-    divisors = {"n_heads": args.n_heads, "n_kv_heads": args.kv_heads, "dim": args.dim,
-                "ffn_dim": args.ffn_dim}
+    divisors = {
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.kv_heads,
+        "dim": args.dim,
+        "ffn_dim": args.ffn_dim,
+    }
     if strategy == "vanilla":
         divisors["rank"] = args.effective_rank
     for name, value in divisors.items():
@@ -214,18 +218,22 @@ def _rows(results: list[LayerMeasurement]) -> list[dict[str, Any]]:
     rows = []
     for r in results:
         recompute = r.backward_flops - plain.backward_flops if plain else None
-        rows.append({
-            **dataclasses.asdict(r),
-            "bytes_per_token": r.bytes_per_token,
-            "saved_vs_none": r.saved_bytes / plain.saved_bytes if plain else None,
-            "recompute_flops": recompute,
-        })
+        rows.append(
+            {
+                **dataclasses.asdict(r),
+                "bytes_per_token": r.bytes_per_token,
+                "saved_vs_none": r.saved_bytes / plain.saved_bytes if plain else None,
+                "recompute_flops": recompute,
+            }
+        )
     return rows
 
 
 def _table(rows: list[dict[str, Any]], title: str) -> str:
-    header = f"{'mode':10s} {'MiB/layer':>10s} {'B/token':>9s} {'vs none':>8s} " \
-             f"{'fwd GFLOP':>10s} {'recompute GFLOP':>16s}  bwd collectives"
+    header = (
+        f"{'mode':10s} {'MiB/layer':>10s} {'B/token':>9s} {'vs none':>8s} "
+        f"{'fwd GFLOP':>10s} {'recompute GFLOP':>16s}  bwd collectives"
+    )
     lines = [title, header]
     for r in rows:
         share = r["saved_vs_none"]
@@ -260,16 +268,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_layer_args(args, tp=ns.tp, seq_len=ns.seq_len, strategy=ns.strategy)
         results = [
-            measure_layer(args, mode, seq_len=ns.seq_len, batch=ns.batch, tp=ns.tp,
-                          strategy=ns.strategy, dtype=DTYPES[ns.dtype])
+            measure_layer(
+                args,
+                mode,
+                seq_len=ns.seq_len,
+                batch=ns.batch,
+                tp=ns.tp,
+                strategy=ns.strategy,
+                dtype=DTYPES[ns.dtype],
+            )
             for mode in ns.modes
         ]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = _rows(results)
-    setup = {"flavor": ns.flavor, "arch": ns.arch, "strategy": ns.strategy, "tp": ns.tp,
-             "seq_len": ns.seq_len, "batch": ns.batch, "dtype": ns.dtype}
+    setup = {
+        "flavor": ns.flavor,
+        "arch": ns.arch,
+        "strategy": ns.strategy,
+        "tp": ns.tp,
+        "seq_len": ns.seq_len,
+        "batch": ns.batch,
+        "dtype": ns.dtype,
+    }
     if ns.json:
         print(json.dumps({**setup, "layers": rows}, indent=2))
     else:

@@ -64,7 +64,9 @@ def pop_nproc(args: list[str]) -> tuple[int | None, list[str]]:
     if value is None:
         return None, rest
     if not value.isdigit() or int(value) < 1:
-        raise ConfigError(f"process count {value!r} is not a positive integer; pass --nproc N with N >= 1")
+        raise ConfigError(
+            f"process count {value!r} is not a positive integer; pass --nproc N with N >= 1"
+        )
     return int(value), rest
 
 
@@ -300,7 +302,8 @@ def check_initial_readable(job) -> None:
 
     training_state = {DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE}
     stored = {
-        key: tuple(meta.size) for key, meta in metadata.state_dict_metadata.items()
+        key: tuple(meta.size)
+        for key, meta in metadata.state_dict_metadata.items()
         if key.split(".")[0] not in training_state and isinstance(meta, TensorStorageMetadata)
     }
     expected = model_shapes(model_args_for(job))

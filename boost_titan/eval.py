@@ -58,22 +58,48 @@ def parser() -> OneLineParser:
         ),
     )
     add_model_options(p)
-    p.add_argument("--dataset-path", metavar="PATH",
-                   help="a .jsonl/.json/.parquet/.txt file or folder (as --training.dataset_path); "
-                        "default: the default corpus's held-out split")
-    p.add_argument("--seq-len", type=int, default=256, metavar="N",
-                   help="tokens per sequence (default 256, debug.toml's; use the run's "
-                        "validation.seq_len to reproduce its validation)")
-    p.add_argument("--batch-size", type=int, default=8, metavar="N",
-                   help="sequences per data-parallel rank and batch (default 8)")
-    p.add_argument("--steps", type=int, default=-1, metavar="N",
-                   help="evaluate the first N global batches (default -1: every sequence)")
-    p.add_argument("--tp", type=int, metavar="N",
-                   help="tensor-parallel degree under torchrun (default: the world size)")
-    p.add_argument("--tp-strategy", default="auto", choices=strategy_names(auto=True),
-                   help="TP plan (default auto: btp for low-rank archs, megatron for fullrank)")
+    p.add_argument(
+        "--dataset-path",
+        metavar="PATH",
+        help="a .jsonl/.json/.parquet/.txt file or folder (as --training.dataset_path); "
+        "default: the default corpus's held-out split",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=256,
+        metavar="N",
+        help="tokens per sequence (default 256, debug.toml's; use the run's "
+        "validation.seq_len to reproduce its validation)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        metavar="N",
+        help="sequences per data-parallel rank and batch (default 8)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="evaluate the first N global batches (default -1: every sequence)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        metavar="N",
+        help="tensor-parallel degree under torchrun (default: the world size)",
+    )
+    p.add_argument(
+        "--tp-strategy",
+        default="auto",
+        choices=strategy_names(auto=True),
+        help="TP plan (default auto: btp for low-rank archs, megatron for fullrank)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the result to FILE")
-    return p  # fmt: skip
+    return p
 
 
 def _check_sizes(ns, world: int) -> int:
@@ -132,11 +158,19 @@ def run(ns) -> dict[str, Any]:
     owner = tp_mesh is None or tp_mesh.get_local_rank() == 0
     result: HeldOutLoss = evaluate(progress, batch_loss, owner, device)
     return {
-        "checkpoint": source.path, "kind": source.kind, "data": data.describe(),
-        "loss": result.loss, "perplexity": result.perplexity, "tokens": result.tokens,
-        "seq_len": ns.seq_len, "batch_size": ns.batch_size, "steps": ns.steps,
-        "tp": tp, "world_size": world, "seconds": round(time.perf_counter() - start, 3),
-    }  # fmt: skip
+        "checkpoint": source.path,
+        "kind": source.kind,
+        "data": data.describe(),
+        "loss": result.loss,
+        "perplexity": result.perplexity,
+        "tokens": result.tokens,
+        "seq_len": ns.seq_len,
+        "batch_size": ns.batch_size,
+        "steps": ns.steps,
+        "tp": tp,
+        "world_size": world,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -153,7 +153,9 @@ def infer_args(
                     f"{value}; pass the flavor it was trained with, or --n-heads without --flavor"
                 )
     else:
-        matches = [f for f, a in FLAVORS.items() if all(getattr(a, n) == v for n, v in sizes.items())]
+        matches = [
+            f for f, a in FLAVORS.items() if all(getattr(a, n) == v for n, v in sizes.items())
+        ]
         base = FLAVORS[matches[0]] if len(matches) == 1 else None
         if base is None and n_heads is None:
             described = ", ".join(f"{n} {v}" for n, v in sizes.items())
@@ -170,13 +172,19 @@ def infer_args(
             "pass the head count it was trained with"
         )
     args = ModelShape(
-        dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=kv_dim // (dim // n_heads),
-        ffn_dim=ffn_dim, vocab_size=vocab_size, rank=rank, arch=arch,
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=kv_dim // (dim // n_heads),
+        ffn_dim=ffn_dim,
+        vocab_size=vocab_size,
+        rank=rank,
+        arch=arch,
         lax_base=lax_base or "cola",
         norm_eps=defaults.norm_eps if norm_eps is None else norm_eps,
         rope_theta=defaults.rope_theta if rope_theta is None else rope_theta,
         max_seq_len=max_seq_len or defaults.max_seq_len,
-    )  # fmt: skip
+    )
     args.validate()
     expected = model_shapes(args)
     for key in sorted(expected.keys() | shapes.keys()):
@@ -198,9 +206,7 @@ def load_model_state(checkpoint: str) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.api import CheckpointException
 
     metadata = model_metadata(checkpoint)
-    state = {
-        key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in metadata.items()
-    }
+    state = {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in metadata.items()}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)
@@ -241,7 +247,9 @@ def export(checkpoint: str, out: str, **flags: Any) -> ModelShape:
     except OSError as e:
         in_file = isinstance(e, (FileExistsError, NotADirectoryError))
         reason = "a parent is a file" if in_file else e.strerror or type(e).__name__
-        raise ConfigError(f"--out {out} is not writable ({reason}); choose a writable folder") from None
+        raise ConfigError(
+            f"--out {out} is not writable ({reason}); choose a writable folder"
+        ) from None
     try:
         state = load_model_state(checkpoint)
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
@@ -273,29 +281,55 @@ def parser() -> argparse.ArgumentParser:
             "the export with --checkpoint.initial_load_path OUT --checkpoint.initial_load_in_hf."
         ),
     )
-    p.add_argument("--checkpoint", required=True, metavar="DIR",
-                   help="a step-N DCP checkpoint folder (full or model-only, any parallelism)")
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help="new (or empty) folder to write; written under a temporary name, "
-                        "then renamed")
-    p.add_argument("--arch", choices=ARCHS,
-                   help="[boost] arch of the run; needed for low-rank checkpoints (svd and cola "
-                        "have the same shapes), inferred for fullrank")
-    p.add_argument("--lax-base", choices=LAX_BASES,
-                   help="[boost] lax_base of a LaX run (required for lax)")
-    p.add_argument("--flavor", choices=list(FLAVORS),
-                   help="model.flavor of the run; default: the flavor whose dim, n_layers and "
-                        "ffn_dim match the checkpoint. Gives the values below")
-    p.add_argument("--n-heads", type=int, metavar="N",
-                   help="attention heads (needed when no flavor matches; n_kv_heads follows "
-                        "from the shapes)")
-    p.add_argument("--norm-eps", type=float, metavar="X",
-                   help="RMSNorm eps (default: the flavor's, else 1e-5)")
-    p.add_argument("--rope-theta", type=float, metavar="X",
-                   help="RoPE theta (default: the flavor's, else 10000)")
-    p.add_argument("--max-seq-len", type=int, metavar="N",
-                   help="maximum sequence length (default: the flavor's, else 4096)")
-    return p  # fmt: skip
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="a step-N DCP checkpoint folder (full or model-only, any parallelism)",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="new (or empty) folder to write; written under a temporary name, then renamed",
+    )
+    p.add_argument(
+        "--arch",
+        choices=ARCHS,
+        help="[boost] arch of the run; needed for low-rank checkpoints (svd and cola "
+        "have the same shapes), inferred for fullrank",
+    )
+    p.add_argument(
+        "--lax-base", choices=LAX_BASES, help="[boost] lax_base of a LaX run (required for lax)"
+    )
+    p.add_argument(
+        "--flavor",
+        choices=list(FLAVORS),
+        help="model.flavor of the run; default: the flavor whose dim, n_layers and "
+        "ffn_dim match the checkpoint. Gives the values below",
+    )
+    p.add_argument(
+        "--n-heads",
+        type=int,
+        metavar="N",
+        help="attention heads (needed when no flavor matches; n_kv_heads follows from the shapes)",
+    )
+    p.add_argument(
+        "--norm-eps", type=float, metavar="X", help="RMSNorm eps (default: the flavor's, else 1e-5)"
+    )
+    p.add_argument(
+        "--rope-theta",
+        type=float,
+        metavar="X",
+        help="RoPE theta (default: the flavor's, else 10000)",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        metavar="N",
+        help="maximum sequence length (default: the flavor's, else 4096)",
+    )
+    return p
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -305,10 +339,16 @@ def main(argv: list[str] | None = None) -> None:
         if ns.n_heads is not None and ns.n_heads < 1:
             raise ConfigError(f"--n-heads {ns.n_heads} must be >= 1")
         args = export(
-            ns.checkpoint, ns.out, arch=ns.arch, lax_base=ns.lax_base, flavor=ns.flavor,
-            n_heads=ns.n_heads, norm_eps=ns.norm_eps, rope_theta=ns.rope_theta,
+            ns.checkpoint,
+            ns.out,
+            arch=ns.arch,
+            lax_base=ns.lax_base,
+            flavor=ns.flavor,
+            n_heads=ns.n_heads,
+            norm_eps=ns.norm_eps,
+            rope_theta=ns.rope_theta,
             max_seq_len=ns.max_seq_len,
-        )  # fmt: skip
+        )
     except ConfigError as e:
         fail(str(e))
     size = os.path.getsize(os.path.join(ns.out, WEIGHTS))

@@ -36,14 +36,29 @@ def parser() -> OneLineParser:
     )
     add_model_options(p)
     p.add_argument("--prompt", required=True, help="the text to continue (not empty)")
-    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
-                   help="tokens to generate at most (default 64)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0 (default): greedy; above 0: sample from softmax(logits / T)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K",
-                   help="sample among the K most likely tokens only (default 0: all)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=64,
+        metavar="N",
+        help="tokens to generate at most (default 64)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 (default): greedy; above 0: sample from softmax(logits / T)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="sample among the K most likely tokens only (default 0: all)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
-    return p  # fmt: skip
+    return p
 
 
 def next_token(
@@ -107,9 +122,14 @@ def run(ns) -> str:
     model = build(source, device)
     prompt_ids = tokenizer.encode(ns.prompt, add_bos=True, add_eos=False)
     new = generate(
-        model, prompt_ids, max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
-        top_k=ns.top_k, seed=ns.seed, stop_id=tokenizer.eos_id,
-    )  # fmt: skip
+        model,
+        prompt_ids,
+        max_new_tokens=ns.max_new_tokens,
+        temperature=ns.temperature,
+        top_k=ns.top_k,
+        seed=ns.seed,
+        stop_id=tokenizer.eos_id,
+    )
     return ns.prompt + tokenizer.decode(new)
 
 

@@ -62,10 +62,13 @@ class Layout:
 
 def _pp(schedule: str = "1F1B", microbatch: int = 2) -> tuple[str, ...]:
     return (
-        "--parallelism.pipeline_parallel_degree", "2",
-        "--parallelism.pipeline_parallel_schedule", schedule,
-        "--parallelism.pipeline_parallel_microbatch_size", str(microbatch),
-    )  # fmt: skip
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--parallelism.pipeline_parallel_schedule",
+        schedule,
+        "--parallelism.pipeline_parallel_microbatch_size",
+        str(microbatch),
+    )
 
 
 _TP = "--parallelism.tensor_parallel_degree"
@@ -74,8 +77,18 @@ LAYOUTS = {
     "tp1": Layout(1, 1, (_TP, "1")),
     "tp2": Layout(2, 1, (_TP, "2")),
     "tp2-bf16": Layout(2, 1, (_TP, "2", "--training.mixed_precision_param", "bfloat16")),
-    "tp2-float8": Layout(2, 1, (_TP, "2", "--training.mixed_precision_param", "bfloat16",
-                                "--model.converters", "quantize.linear.float8")),
+    "tp2-float8": Layout(
+        2,
+        1,
+        (
+            _TP,
+            "2",
+            "--training.mixed_precision_param",
+            "bfloat16",
+            "--model.converters",
+            "quantize.linear.float8",
+        ),
+    ),
     "tp4": Layout(4, 1, (_TP, "4")),
     "vanilla-tp2": Layout(2, 1, (_TP, "2", "--boost.tp_strategy", "vanilla")),
     "dp2": Layout(2, 2, (_TP, "1", _DP, "2")),
@@ -89,14 +102,29 @@ LAYOUTS = {
 
 
 # ---- running ------------------------------------------------------------------------------
-def torchrun_train(nproc: int, dump: Path, args: list[str], config: str, timeout: float = 3600) -> str:
+def torchrun_train(
+    nproc: int, dump: Path, args: list[str], config: str, timeout: float = 3600
+) -> str:
     """`torchrun -m boost_titan.train` with `nproc` processes into `dump`; its output (rank 0)."""
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter", "0",
-        "--tee", "3", "-m", "boost_titan.train", "--job.config_file", config,
-        "--job.dump_folder", str(dump), *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=localhost:0",
+        "--local-ranks-filter",
+        "0",
+        "--tee",
+        "3",
+        "-m",
+        "boost_titan.train",
+        "--job.config_file",
+        config,
+        "--job.dump_folder",
+        str(dump),
+        *args,
+    ]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode:
@@ -146,17 +174,23 @@ class Comparison:
 
     def loss_diff(self, name: str) -> list[float]:
         ref = self.losses[self.reference]
-        return [abs(a - b) for a, b in zip(self.losses[name], ref)]
+        return [abs(a - b) for a, b in zip(self.losses[name], ref, strict=True)]
 
     def grad_norm_diff(self, name: str) -> list[float]:
         ref = self.grad_norms[self.reference]
-        return [abs(a - b) / abs(b) if b else abs(a) for a, b in zip(self.grad_norms[name], ref)]
+        return [
+            abs(a - b) / abs(b) if b else abs(a)
+            for a, b in zip(self.grad_norms[name], ref, strict=True)
+        ]
 
     def smoothed_gap(self, name: str) -> float:
         """Largest |smoothed loss difference| from the reference after `exact_steps`."""
         a = smooth(self.losses[name], self.smooth)
         b = smooth(self.losses[self.reference], self.smooth)
-        return max((abs(x - y) for x, y in zip(a[self.exact_steps:], b[self.exact_steps:])), default=0.0)
+        return max(
+            (abs(x - y) for x, y in zip(a[self.exact_steps :], b[self.exact_steps :], strict=True)),
+            default=0.0,
+        )
 
     def exact(self) -> tuple[float, float]:
         """(largest |loss difference|, largest relative grad-norm difference) of the
@@ -174,13 +208,21 @@ class Comparison:
         if not seeds or self.exact_steps >= len(self.steps):
             return []
         seed_gap = min(self.smoothed_gap(s) for s in seeds)
-        failures = [n for n in self.layouts[1:]
-                    if self.kind(n) == "same" and self.smoothed_gap(n) >= seed_gap]
+        failures = [
+            n
+            for n in self.layouts[1:]
+            if self.kind(n) == "same" and self.smoothed_gap(n) >= seed_gap
+        ]
         if self.validation:
             ref = self.validation[self.reference]
             seed_val = min(abs(self.validation[s] - ref) for s in seeds)
-            failures += [n for n in self.layouts[1:] if self.kind(n) == "same"
-                         and abs(self.validation[n] - ref) >= seed_val and n not in failures]
+            failures += [
+                n
+                for n in self.layouts[1:]
+                if self.kind(n) == "same"
+                and abs(self.validation[n] - ref) >= seed_val
+                and n not in failures
+            ]
         return failures
 
 
@@ -197,11 +239,14 @@ def compare(
             raise ConfigError(f"layout {name} logged no grad_norm; run it with this version")
     final = {n: v[-1]["validation_loss"] for n, v in validations.items() if v}
     return Comparison(
-        names, steps,
+        names,
+        steps,
         {n: [r["loss"] for r in rows[n]] for n in names},
         {n: [r["grad_norm"] for r in rows[n]] for n in names},
-        final if len(final) == len(names) else {}, min(exact_steps, len(steps)), window,
-    )  # fmt: skip
+        final if len(final) == len(names) else {},
+        min(exact_steps, len(steps)),
+        window,
+    )
 
 
 # ---- reporting ----------------------------------------------------------------------------
@@ -216,7 +261,11 @@ def table(c: Comparison, every: int = 1) -> str:
     for start in range(0, len(c.steps), every):
         end = min(start + every, len(c.steps))
         steps = f"{c.steps[start]}" if end - start == 1 else f"{c.steps[start]}-{c.steps[end - 1]}"
-        cells = [steps, f"{c.losses[c.reference][end - 1]:.6f}", f"{c.grad_norms[c.reference][end - 1]:.6f}"]
+        cells = [
+            steps,
+            f"{c.losses[c.reference][end - 1]:.6f}",
+            f"{c.grad_norms[c.reference][end - 1]:.6f}",
+        ]
         for n in c.layouts[1:]:
             if c.kind(n) == "other":
                 cells.append(f"{c.losses[n][end - 1]:.6f}")
@@ -230,13 +279,20 @@ def table(c: Comparison, every: int = 1) -> str:
 def drift_table(c: Comparison) -> str:
     """After the exact steps: each layout's largest smoothed loss gap from the reference
     and its final validation-loss difference."""
-    lines = [f"| layout | max abs smoothed dloss after step {c.exact_steps} ({c.smooth}-step mean) "
-             "| final validation loss | difference |", "|---|---|---|---|"]
+    lines = [
+        f"| layout | max abs smoothed dloss after step {c.exact_steps} ({c.smooth}-step mean) "
+        "| final validation loss | difference |",
+        "|---|---|---|---|",
+    ]
     for n in c.layouts:
         val = c.validation.get(n)
         ref = c.validation.get(c.reference)
         gap = "-" if n == c.reference else f"{c.smoothed_gap(n):.2e}"
-        vals = ("-", "-") if val is None else (f"{val:.5f}", "-" if n == c.reference else f"{val - ref:+.2e}")
+        vals = (
+            ("-", "-")
+            if val is None
+            else (f"{val:.5f}", "-" if n == c.reference else f"{val - ref:+.2e}")
+        )
         lines.append(f"| {n} | {gap} | {vals[0]} | {vals[1]} |")
     return "\n".join(lines)
 
@@ -259,8 +315,9 @@ def plot(c: Comparison, path: Path) -> None:
     for name in c.layouts[1:]:
         if c.kind(name) != "other":
             for ax, diff in ((loss_diffs, c.loss_diff(name)), (norm_diffs, c.grad_norm_diff(name))):
-                ax.semilogy(c.steps, [max(d, 1e-12) for d in diff], label=name, lw=0.6,
-                            color=colour[name])
+                ax.semilogy(
+                    c.steps, [max(d, 1e-12) for d in diff], label=name, lw=0.6, color=colour[name]
+                )
     loss_diffs.set(xlabel="step", ylabel=f"|loss - {c.reference} loss|", title="loss differences")
     norm_diffs.set(xlabel="step", ylabel="relative difference", title="grad-norm differences")
     for ax in (losses, loss_diffs, norm_diffs):
@@ -277,8 +334,15 @@ def _seed_checkpoint(out: Path, common: list[str], arch: str, seed: int, config:
     folder = out / ("seed" if (arch, seed) == (None, 0) else f"seed-{arch or 'ref'}-{seed}")
     if not (folder / "checkpoint" / "step-0").exists():
         print(f"seed checkpoint -> {folder}", flush=True)
-        args = [*common, _TP, "1", "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
-                "--debug.seed", str(seed)]  # fmt: skip
+        args = [
+            *common,
+            _TP,
+            "1",
+            "--checkpoint.enable",
+            "--checkpoint.create_seed_checkpoint",
+            "--debug.seed",
+            str(seed),
+        ]
         if arch:
             args += ["--boost.arch", arch]
         torchrun_train(1, folder, args, config)
@@ -296,13 +360,27 @@ def run(ns: argparse.Namespace, extra: list[str]) -> Comparison:
     if LAYOUTS[names[0]].seed or LAYOUTS[names[0]].arch:
         raise ConfigError(f"the reference layout {names[0]} must be one of the reference model's")
     for name in names:
-        for option, batch in (("--global-batch", ns.global_batch), ("--validation-batch", ns.validation_batch)):
+        for option, batch in (
+            ("--global-batch", ns.global_batch),
+            ("--validation-batch", ns.validation_batch),
+        ):
             if batch % LAYOUTS[name].dp:
-                raise ConfigError(f"{option} {batch} does not divide over {name}'s data parallelism")
+                raise ConfigError(
+                    f"{option} {batch} does not divide over {name}'s data parallelism"
+                )
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    common = ["--training.steps", str(ns.steps), "--metrics.log_freq", str(ns.log_freq),
-              "--boost.arch", ns.arch, "--boost.data_order", "global", *extra]  # fmt: skip
+    common = [
+        "--training.steps",
+        str(ns.steps),
+        "--metrics.log_freq",
+        str(ns.log_freq),
+        "--boost.arch",
+        ns.arch,
+        "--boost.data_order",
+        "global",
+        *extra,
+    ]
     if ns.validate:
         common += ["--validation.enable", "--validation.freq", str(ns.steps)]
     else:
@@ -312,13 +390,24 @@ def run(ns: argparse.Namespace, extra: list[str]) -> Comparison:
         layout, dump = LAYOUTS[name], out / name
         if not (dump / "losses.jsonl").exists():
             seed = _seed_checkpoint(out, common, layout.arch, layout.seed, ns.config)
-            load = ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed),
-                    "--checkpoint.interval", str(10**9)]  # fmt: skip
+            load = [
+                "--checkpoint.enable",
+                "--checkpoint.initial_load_path",
+                str(seed),
+                "--checkpoint.interval",
+                str(10**9),
+            ]
             arch = ["--boost.arch", layout.arch] if layout.arch else []
-            batch = ["--training.local_batch_size", str(ns.global_batch // layout.dp),
-                     "--validation.local_batch_size", str(ns.validation_batch // layout.dp)]
+            batch = [
+                "--training.local_batch_size",
+                str(ns.global_batch // layout.dp),
+                "--validation.local_batch_size",
+                str(ns.validation_batch // layout.dp),
+            ]
             print(f"{name}: {layout.nproc} processes -> {dump}", flush=True)
-            output = torchrun_train(layout.nproc, dump, [*common, *load, *layout.args, *arch, *batch], ns.config)
+            output = torchrun_train(
+                layout.nproc, dump, [*common, *load, *layout.args, *arch, *batch], ns.config
+            )
             (dump / "train.log").write_text(output)
         rows[name], validations[name] = read_log_rows(dump)
     return compare(rows, validations, ns.exact_steps or ns.steps, ns.smooth)
@@ -326,30 +415,52 @@ def run(ns: argparse.Namespace, extra: list[str]) -> Comparison:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    parser = OneLineParser(prog="python -m boost_titan.loss_compare",
-                                     description=__doc__.split("\n\n")[0],
-                                     epilog="Arguments after -- go to every training run.")
-    parser.add_argument("--layouts", default="tp1,tp2,dp2-tp2,pp2-tp2",
-                        help=f"comma-separated, the first is the reference; from {', '.join(LAYOUTS)}")
+    parser = OneLineParser(
+        prog="python -m boost_titan.loss_compare",
+        description=__doc__.split("\n\n")[0],
+        epilog="Arguments after -- go to every training run.",
+    )
+    parser.add_argument(
+        "--layouts",
+        default="tp1,tp2,dp2-tp2,pp2-tp2",
+        help=f"comma-separated, the first is the reference; from {', '.join(LAYOUTS)}",
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--arch", default="cola")
     parser.add_argument("--global-batch", type=int, default=4)
-    parser.add_argument("--validation-batch", type=int, default=8,
-                        help="held-out windows per validation step, over all data-parallel ranks")
+    parser.add_argument(
+        "--validation-batch",
+        type=int,
+        default=8,
+        help="held-out windows per validation step, over all data-parallel ranks",
+    )
     parser.add_argument("--config", default=str(ROOT / "train_configs" / "debug.toml"))
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |loss difference|")
-    parser.add_argument("--grad-norm-tolerance", type=float, default=1e-6,
-                        help="largest relative grad-norm difference")
-    parser.add_argument("--exact-steps", type=int, default=0,
-                        help="steps over which the tolerances hold (default: all)")
-    parser.add_argument("--smooth", type=int, default=50, help="moving-average window after the exact steps")
+    parser.add_argument(
+        "--grad-norm-tolerance",
+        type=float,
+        default=1e-6,
+        help="largest relative grad-norm difference",
+    )
+    parser.add_argument(
+        "--exact-steps",
+        type=int,
+        default=0,
+        help="steps over which the tolerances hold (default: all)",
+    )
+    parser.add_argument(
+        "--smooth", type=int, default=50, help="moving-average window after the exact steps"
+    )
     parser.add_argument("--validate", action="store_true", help="held-out loss after the last step")
     parser.add_argument("--every", type=int, default=1, help="one table row per N steps")
     parser.add_argument("--log-freq", type=int, default=1, help="console log frequency of the runs")
-    parser.add_argument("--out", default="outputs/loss_compare",
-                        help="folder for the runs and the report; finished runs in it are reused")
+    parser.add_argument(
+        "--out",
+        default="outputs/loss_compare",
+        help="folder for the runs and the report; finished runs in it are reused",
+    )
     ns = parser.parse_args(argv)
     if ns.steps < 1 or ns.every < 1 or ns.smooth < 1 or ns.exact_steps < 0:
         fail("--steps, --every and --smooth must be >= 1 and --exact-steps >= 0")
@@ -363,16 +474,24 @@ def main(argv: list[str] | None = None) -> int:
     if c.exact_steps < len(c.steps):
         print("\n" + drift_table(c))
     ok = loss <= ns.tolerance and grad <= ns.grad_norm_tolerance and not drift
-    report = {"comparison": asdict(c), "max_loss_diff": loss, "max_grad_norm_rel_diff": grad,
-              "tolerance": ns.tolerance, "grad_norm_tolerance": ns.grad_norm_tolerance,
-              "drift_beyond_seed": drift, "ok": ok}
+    report = {
+        "comparison": asdict(c),
+        "max_loss_diff": loss,
+        "max_grad_norm_rel_diff": grad,
+        "tolerance": ns.tolerance,
+        "grad_norm_tolerance": ns.grad_norm_tolerance,
+        "drift_beyond_seed": drift,
+        "ok": ok,
+    }
     Path(ns.out, "compare.json").write_text(json.dumps(report, indent=1))
     plot(c, Path(ns.out, "compare.png"))
-    print(f"\nlayouts {'agree' if ok else 'DIFFER'}: over steps 1-{c.exact_steps} max |dloss| "
-          f"{loss:.2e} (tolerance {ns.tolerance:.0e}), max relative grad-norm difference {grad:.2e} "
-          f"(tolerance {ns.grad_norm_tolerance:.0e})"
-          + (f"; further from the reference than the seed run: {', '.join(drift)}" if drift else "")
-          + f"; report in {ns.out}")
+    print(
+        f"\nlayouts {'agree' if ok else 'DIFFER'}: over steps 1-{c.exact_steps} max |dloss| "
+        f"{loss:.2e} (tolerance {ns.tolerance:.0e}), max relative grad-norm difference {grad:.2e} "
+        f"(tolerance {ns.grad_norm_tolerance:.0e})"
+        + (f"; further from the reference than the seed run: {', '.join(drift)}" if drift else "")
+        + f"; report in {ns.out}"
+    )
     return 0 if ok else 1
 
 

@@ -61,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strategy", default="btp", choices=("megatron", "vanilla", "btp"))
     parser.add_argument("--tp", type=int, default=2, help="TP degree (default 2)")
     parser.add_argument("--flavor", default="debug", help="boost_llama flavor (default debug)")
-    parser.add_argument("--arch", default=None, help="boost_llama arch (default: cola, fullrank for megatron)")
+    parser.add_argument(
+        "--arch", default=None, help="boost_llama arch (default: cola, fullrank for megatron)"
+    )
     parser.add_argument("--rmsnorm", default="online", choices=("online", "sync"))
     parser.add_argument("--no-group-linears", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")

@@ -20,7 +20,8 @@ import re
 import signal
 import subprocess
 import sys
-from typing import Iterable, TextIO
+from collections.abc import Iterable
+from typing import TextIO
 
 WORKER_LINE = re.compile(r"^\[[a-z_]+\d+\]:")
 """torchrun's `--tee` prefix of worker output (`--role rank`: `[rank0]:`)."""
@@ -30,8 +31,8 @@ ROOT_CAUSE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 def worker_error(line: str) -> str | None:
     """The `error: ...` line a worker printed, without torchrun's rank prefix."""
     match = WORKER_LINE.match(line)
-    if match and line[match.end():].startswith("error: "):
-        return line[match.end():].rstrip("\n")
+    if match and line[match.end() :].startswith("error: "):
+        return line[match.end() :].rstrip("\n")
     return None
 
 

@@ -69,7 +69,10 @@ def _export_args(path: str, arch: str | None, lax_base: str | None) -> BoostMode
         reason = type(e).__name__
         raise ConfigError(f"{option}: {CONFIG} is unreadable ({reason}); export again") from None
     args = args_of(config if isinstance(config, dict) else {}, source=f"{option}: {CONFIG}")
-    for flag, given, stored in (("--arch", arch, args.arch), ("--lax-base", lax_base, args.lax_base)):
+    for flag, given, stored in (
+        ("--arch", arch, args.arch),
+        ("--lax-base", lax_base, args.lax_base),
+    ):
         if given is not None and given != stored:
             raise ConfigError(
                 f"{flag} {given} does not match the export {path}, whose {CONFIG} says "
@@ -162,25 +165,37 @@ def load_tokenizer_for(assets: str, args: BoostModelArgs) -> BaseTokenizer:
 # ---- command line ----------------------------------------------------------------------
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """--checkpoint, --tokenizer and the DCP-only model flags (as `boost_titan.export`'s)."""
-    parser.add_argument("--checkpoint", required=True, metavar="DIR",
-                        help="a step-N DCP checkpoint folder (any parallelism) or a folder "
-                             "written by python -m boost_titan.export")
-    parser.add_argument("--tokenizer", default="default", metavar="PATH",
-                        help="the run's model.hf_assets_path (default: the project's tokenizer)")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="a step-N DCP checkpoint folder (any parallelism) or a folder "
+        "written by python -m boost_titan.export",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="default",
+        metavar="PATH",
+        help="the run's model.hf_assets_path (default: the project's tokenizer)",
+    )
     dcp_only = parser.add_argument_group(
         "model flags for DCP folders (shapes cannot tell these; an export records them)"
     )
-    dcp_only.add_argument("--arch", choices=ARCHS,
-                          help="[boost] arch of the run; needed for svd/cola (same shapes)")
+    dcp_only.add_argument(
+        "--arch", choices=ARCHS, help="[boost] arch of the run; needed for svd/cola (same shapes)"
+    )
     dcp_only.add_argument("--lax-base", choices=LAX_BASES, help="[boost] lax_base of a LaX run")
-    dcp_only.add_argument("--flavor", choices=list(FLAVORS),
-                          help="model.flavor of the run (default: the one whose sizes match)")
-    dcp_only.add_argument("--n-heads", type=int, metavar="N",
-                          help="attention heads, when no flavor matches")
+    dcp_only.add_argument(
+        "--flavor",
+        choices=list(FLAVORS),
+        help="model.flavor of the run (default: the one whose sizes match)",
+    )
+    dcp_only.add_argument(
+        "--n-heads", type=int, metavar="N", help="attention heads, when no flavor matches"
+    )
     dcp_only.add_argument("--norm-eps", type=float, metavar="X", help="RMSNorm eps")
     dcp_only.add_argument("--rope-theta", type=float, metavar="X", help="RoPE theta")
-    dcp_only.add_argument("--max-seq-len", type=int, metavar="N",
-                          help="maximum sequence length")  # fmt: skip
+    dcp_only.add_argument("--max-seq-len", type=int, metavar="N", help="maximum sequence length")
 
 
 def locate_from(ns: argparse.Namespace) -> Source:
@@ -188,9 +203,15 @@ def locate_from(ns: argparse.Namespace) -> Source:
     if ns.n_heads is not None and ns.n_heads < 1:
         raise ConfigError(f"--n-heads {ns.n_heads} must be >= 1")
     return locate(
-        ns.checkpoint, arch=ns.arch, lax_base=ns.lax_base, flavor=ns.flavor, n_heads=ns.n_heads,
-        norm_eps=ns.norm_eps, rope_theta=ns.rope_theta, max_seq_len=ns.max_seq_len,
-    )  # fmt: skip
+        ns.checkpoint,
+        arch=ns.arch,
+        lax_base=ns.lax_base,
+        flavor=ns.flavor,
+        n_heads=ns.n_heads,
+        norm_eps=ns.norm_eps,
+        rope_theta=ns.rope_theta,
+        max_seq_len=ns.max_seq_len,
+    )
 
 
 def fail_worker(message: str) -> NoReturn:

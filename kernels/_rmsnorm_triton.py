@@ -18,8 +18,14 @@ _ROWS_PER_GROUP = 256  # rows one backward program reduces: a multiple of every 
 
 @triton.jit
 def _stats_kernel(
-    x_ptr, w_ptr, scaled_ptr, sum_sq_ptr, n_rows, n_cols,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    scaled_ptr,
+    sum_sq_ptr,
+    n_rows,
+    n_cols,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
@@ -40,8 +46,17 @@ def _stats_kernel(
 
 @triton.jit
 def _backward_kernel(
-    x_ptr, w_ptr, gsx_ptr, coef_ptr, grad_x_ptr, partial_ptr, n_rows, n_cols,
-    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    gsx_ptr,
+    coef_ptr,
+    grad_x_ptr,
+    partial_ptr,
+    n_rows,
+    n_cols,
+    ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     group = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -76,8 +91,14 @@ def partial_stats(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, 
     block_m, block_d = _blocks(d)
     grid = (triton.cdiv(x2.shape[0], block_m),)
     _stats_kernel[grid](
-        x2, weight.contiguous(), scaled, sum_sq, x2.shape[0], d,
-        BLOCK_M=block_m, BLOCK_D=block_d,
+        x2,
+        weight.contiguous(),
+        scaled,
+        sum_sq,
+        x2.shape[0],
+        d,
+        BLOCK_M=block_m,
+        BLOCK_D=block_d,
     )
     return scaled.view(x.shape), sum_sq.view(*x.shape[:-1], 1)
 
@@ -97,7 +118,16 @@ def partial_backward(
     partials = torch.empty(groups, d, device=x.device, dtype=torch.float32)
     grid = (groups, triton.cdiv(d, block_d))
     _backward_kernel[grid](
-        x2, weight.contiguous(), gsx2, coef1, grad_x, partials, n_rows, d,
-        ROWS=_ROWS_PER_GROUP, BLOCK_M=block_m, BLOCK_D=block_d,
+        x2,
+        weight.contiguous(),
+        gsx2,
+        coef1,
+        grad_x,
+        partials,
+        n_rows,
+        d,
+        ROWS=_ROWS_PER_GROUP,
+        BLOCK_M=block_m,
+        BLOCK_D=block_d,
     )
     return grad_x.view(x.shape), partials.sum(0).to(weight.dtype)

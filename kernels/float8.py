@@ -62,7 +62,7 @@ def _torchao() -> Any:
     try:
         import torchao.float8 as float8
     finally:
-        for log, level in zip(quiet, levels):
+        for log, level in zip(quiet, levels, strict=True):
             log.setLevel(level)
     return float8
 
@@ -136,24 +136,33 @@ def float8_recipe(recipe: str, emulate: bool = False) -> Float8:
 
     def operand(cast: Any, role: Any, axis: int) -> Operand:
         kept = cast.scaling_type is ao.ScalingType.DISABLED
-        return Operand(None if kept else cast.target_dtype, cast.scaling_granularity, role,
-                       get_maybe_axiswise_dim(axis, cast.scaling_granularity))
+        return Operand(
+            None if kept else cast.target_dtype,
+            cast.scaling_granularity,
+            role,
+            get_maybe_axiswise_dim(axis, cast.scaling_granularity),
+        )
 
     gemms = (c.gemm_config_output, c.gemm_config_grad_input, c.gemm_config_grad_weight)
-    mm = ao.LinearMMConfig(*(ao.ScaledMMConfig(emulate, g.use_fast_accum, False, c.pad_inner_dim)
-                             for g in gemms))
+    mm = ao.LinearMMConfig(
+        *(ao.ScaledMMConfig(emulate, g.use_fast_accum, False, c.pad_inner_dim) for g in gemms)
+    )
     # the casts and scale axes of torchao's matmul_with_hp_or_float8_args, for W^T
     return Float8(
-        recipe, emulate,
+        recipe,
+        emulate,
         input=operand(c.cast_config_input, roles.INPUT, -1),
         weight=operand(c.cast_config_weight, roles.WEIGHT, 0),
         grad_output=operand(c.cast_config_grad_output, roles.GRAD_OUTPUT, -1),
         weight_for_grad_input=operand(c.cast_config_weight_for_grad_input, roles.WEIGHT, -1),
-        grad_output_for_grad_weight=operand(c.cast_config_grad_output_for_grad_weight,
-                                            roles.GRAD_OUTPUT, 0),
+        grad_output_for_grad_weight=operand(
+            c.cast_config_grad_output_for_grad_weight, roles.GRAD_OUTPUT, 0
+        ),
         input_for_grad_weight=operand(c.cast_config_input_for_grad_weight, roles.INPUT, 0),
         round_scales_to_power_of_2=c.round_scales_to_power_of_2,
-        mm_config=mm, config=c, to_float8=hp_tensor_to_float8_dynamic,
+        mm_config=mm,
+        config=c,
+        to_float8=hp_tensor_to_float8_dynamic,
         matmul=matmul_with_hp_or_float8_args,
     )
 
@@ -163,8 +172,13 @@ def _cast(t: torch.Tensor, f8: Float8, op: Operand) -> torch.Tensor:
     if op.dtype is None:
         return t
     return f8.to_float8(
-        t, op.dtype, f8.mm_config, gemm_input_role=op.role, scaling_granularity=op.granularity,
-        axiswise_dim=op.axis, round_scales_to_power_of_2=f8.round_scales_to_power_of_2,
+        t,
+        op.dtype,
+        f8.mm_config,
+        gemm_input_role=op.role,
+        scaling_granularity=op.granularity,
+        axiswise_dim=op.axis,
+        round_scales_to_power_of_2=f8.round_scales_to_power_of_2,
     )
 
 

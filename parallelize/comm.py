@@ -12,9 +12,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed._functional_collectives as funcol
+from torch.distributed import ProcessGroup
+
 from boost_titan.kernels import float8
 from boost_titan.kernels.float8 import Float8
-from torch.distributed import ProcessGroup
 
 
 def _all_reduce(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
@@ -27,9 +28,7 @@ def _all_gather_last(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
 
 
 def _reduce_scatter_last(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-    out = funcol.reduce_scatter_single(
-        x.contiguous(), "sum", scatter_dim=x.dim() - 1, group=group
-    )
+    out = funcol.reduce_scatter_single(x.contiguous(), "sum", scatter_dim=x.dim() - 1, group=group)
     return funcol.wait_tensor(out)
 
 
@@ -46,7 +45,7 @@ def row_blocks(rows: int, chunks: int) -> list[tuple[int, int]]:
     bounds = [0]
     for k in range(chunks):
         bounds.append(bounds[-1] + size + (k < extra))
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def all_reduce_in_row_blocks(
@@ -59,10 +58,12 @@ def all_reduce_in_row_blocks(
     all-reduced and concatenated over the blocks. Block k's all-reduces are launched before
     block k+1's partials are computed, so they run behind that work; all are waited for at
     the end (`overlap_chunks`: Domino-style overlap inside one collective site)."""
-    pending = [[funcol.all_reduce(p.contiguous(), "sum", group) for p in partials_of(start, end)]
-               for start, end in row_blocks(rows, chunks)]
+    pending = [
+        [funcol.all_reduce(p.contiguous(), "sum", group) for p in partials_of(start, end)]
+        for start, end in row_blocks(rows, chunks)
+    ]
     waited = [[funcol.wait_tensor(t) for t in block] for block in pending]
-    return [torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*waited)]
+    return [torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*waited, strict=True)]
 
 
 class _RowLinear(torch.autograd.Function):
@@ -73,8 +74,9 @@ class _RowLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.f8 = f8
         rows = x.flatten(0, -2)
-        (y,) = all_reduce_in_row_blocks(lambda a, b: [float8.forward(rows[a:b], weight, f8)],
-                                        rows.shape[0], chunks, group)
+        (y,) = all_reduce_in_row_blocks(
+            lambda a, b: [float8.forward(rows[a:b], weight, f8)], rows.shape[0], chunks, group
+        )
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -104,8 +106,10 @@ class _ColumnLinears(torch.autograd.Function):
         ctx.group, ctx.split_input, ctx.chunks = group, split_input, chunks
         ctx.f8s = f8s = f8s or (None,) * len(weights)
         ctx.save_for_backward(x, *weights)
-        return tuple(float8.forward(x_p, w, f8)
-                     for x_p, w, f8 in zip(_inputs(x, weights, split_input), weights, f8s))
+        return tuple(
+            float8.forward(x_p, w, f8)
+            for x_p, w, f8 in zip(_inputs(x, weights, split_input), weights, f8s, strict=True)
+        )
 
     @staticmethod
     def backward(ctx, *grads):
@@ -115,20 +119,28 @@ class _ColumnLinears(torch.autograd.Function):
             rows = [g.flatten(0, -2) for g in grads]
 
             def grad_x_of(start: int, end: int) -> torch.Tensor:
-                grads_x = [float8.input_grad(g[start:end], w, f8)
-                           for g, w, f8 in zip(rows, weights, ctx.f8s)]
+                grads_x = [
+                    float8.input_grad(g[start:end], w, f8)
+                    for g, w, f8 in zip(rows, weights, ctx.f8s, strict=True)
+                ]
                 if ctx.split_input:
                     return torch.cat(grads_x, dim=-1)
                 return functools.reduce(torch.add, grads_x)
 
             # each row block's all-reduce is launched at once and waited for after the
             # weight grads: it runs behind the next block's input grad and the weight grads
-            reduced = [funcol.all_reduce(grad_x_of(a, b).contiguous(), "sum", ctx.group)
-                       for a, b in row_blocks(rows[0].shape[0], ctx.chunks)]
+            reduced = [
+                funcol.all_reduce(grad_x_of(a, b).contiguous(), "sum", ctx.group)
+                for a, b in row_blocks(rows[0].shape[0], ctx.chunks)
+            ]
         grads_w = [
             float8.weight_grad(g, x_p, f8) if needed else None
             for g, x_p, f8, needed in zip(
-                grads, _inputs(x, weights, ctx.split_input), ctx.f8s, ctx.needs_input_grad[5:]
+                grads,
+                _inputs(x, weights, ctx.split_input),
+                ctx.f8s,
+                ctx.needs_input_grad[5:],
+                strict=True,
             )
         ]
         grad_x = None
@@ -174,7 +186,7 @@ class _ReduceGrad(torch.autograd.Function):
         # launched now, waited for after the stashed weight-grad GEMMs: it runs behind them
         reduced = funcol.all_reduce(grad.contiguous(), "sum", ctx.group)
         grads_w = []
-        for key, needed in zip(ctx.keys, ctx.needs_input_grad[4:]):
+        for key, needed in zip(ctx.keys, ctx.needs_input_grad[4:], strict=True):
             entry = ctx.stash.entries.pop(key, None)
             grads_w.append(float8.weight_grad(*entry) if needed and entry is not None else None)
         return funcol.wait_tensor(reduced), None, None, None, *grads_w

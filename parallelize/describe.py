@@ -13,7 +13,11 @@ from torch import nn
 from .plans import Plan, Resolved, resolve_plan
 from .styles import Collective, Role, TPStyle
 
-_NAMES = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
+_NAMES = {
+    "all_reduce": "all-reduce",
+    "all_gather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+}
 
 
 @dataclass(frozen=True)
@@ -67,14 +71,25 @@ def plan_table(model: nn.Module, plan: Plan, tp: int, *, markdown: bool = False)
         role = row.role
         key = f"`{row.key}`" if markdown else row.key
         key += f" (x{row.matches})" if row.matches > 1 else ""
-        lines.append((key, role.style, role.weights, role.inputs, role.output,
-                      format_collectives(role.forward), format_collectives(role.backward)))
+        lines.append(
+            (
+                key,
+                role.style,
+                role.weights,
+                role.inputs,
+                role.output,
+                format_collectives(role.forward),
+                format_collectives(role.backward),
+            )
+        )
     if markdown:
         rendered = ["| " + " | ".join(line) + " |" for line in lines]
         rendered.insert(1, "|" + "---|" * len(header))
         return "\n".join(rendered)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    rendered = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
-                for line in lines]
+    rendered = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    ]
     rendered.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(rendered)

@@ -110,14 +110,18 @@ class Float8Selection:
     def reasons(self) -> str:
         """Why the high-precision GEMMs are, with the number of modules each: "K 344 is
         not a multiple of 16 (4), in filter_fqns (1)"."""
-        return ", ".join(f"{reason} ({sum(len(g.fqns) for g in gemms)})"
-                         for reason, gemms in self.skipped.items())
+        return ", ".join(
+            f"{reason} ({sum(len(g.fqns) for g in gemms)})"
+            for reason, gemms in self.skipped.items()
+        )
 
     def summary(self) -> str:
         """One line: `float8: N of M projections ...` and why the others are not."""
         n, m = self.projections
-        line = (f"float8 ({self.f8.recipe}): {n} of {m} projections, as {len(self.chosen)} "
-                f"GEMM weights ({self.float8_gemms} float8 GEMMs per forward-backward)")
+        line = (
+            f"float8 ({self.f8.recipe}): {n} of {m} projections, as {len(self.chosen)} "
+            f"GEMM weights ({self.float8_gemms} float8 GEMMs per forward-backward)"
+        )
         if self.skipped:
             parts = [f"{reason}: {_pattern(gemms)}" for reason, gemms in self.skipped.items()]
             line += "; high precision: " + "; ".join(parts)
@@ -142,8 +146,9 @@ def apply_float8(model: nn.Module, f8: Float8, filter_fqns: Sequence[str]) -> Fl
     selection = Float8Selection(f8)
 
     def judge(gemm: Gemm) -> bool:
-        reason = group_skip_reason(gemm.out_features, gemm.in_features, gemm.fqns,
-                                   f8.recipe, filter_fqns)
+        reason = group_skip_reason(
+            gemm.out_features, gemm.in_features, gemm.fqns, f8.recipe, filter_fqns
+        )
         if reason is None:
             selection.chosen.append(gemm)
         else:

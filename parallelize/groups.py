@@ -109,9 +109,7 @@ def _submodule(block: nn.Module, path: str, prefix: str) -> nn.Module:
     try:
         return block.get_submodule(path)
     except AttributeError:
-        raise PlanError(
-            f"{prefix}{path} does not exist; fix the FQN in ModelLayout"
-        ) from None
+        raise PlanError(f"{prefix}{path} does not exist; fix the FQN in ModelLayout") from None
 
 
 def _pair(module: nn.Module, fqn: str) -> tuple[nn.Linear, nn.Linear]:
@@ -187,8 +185,14 @@ class GroupInstance:
                 firsts.append(module)
                 seconds.append(None)
         return cls(
-            spec, prefix + spec.norm, [prefix + c for c in spec.consumers], block, norm,
-            firsts, seconds, contained,
+            spec,
+            prefix + spec.norm,
+            [prefix + c for c in spec.consumers],
+            block,
+            norm,
+            firsts,
+            seconds,
+            contained,
         )
 
     def first_fqn(self, index: int) -> str:
@@ -199,8 +203,9 @@ class GroupInstance:
     def stack_gemm(self, members: Sequence[int]) -> Gemm:
         """The one GEMM of these consumers' first linears (their local weights stacked)."""
         shapes = [local(self.firsts[i].weight).shape for i in members]
-        return Gemm(tuple(self.first_fqn(i) for i in members), sum(s[0] for s in shapes),
-                    shapes[0][1])
+        return Gemm(
+            tuple(self.first_fqn(i) for i in members), sum(s[0] for s in shapes), shapes[0][1]
+        )
 
     @property
     def width(self) -> int:
@@ -219,7 +224,7 @@ class GroupInstance:
                 "(1-D weight, eps, no bias); only RMSNorm pre-norms are supported"
             )
         dim = norm_dim(self.norm)
-        for fqn, first in zip(self.consumer_fqns, self.firsts):
+        for fqn, first in zip(self.consumer_fqns, self.firsts, strict=True):
             if first.in_features != dim:
                 raise PlanError(
                     f"{fqn} takes {first.in_features} features but {self.norm_fqn} "
@@ -320,11 +325,14 @@ def _stacked_bias(firsts: Sequence[nn.Linear], widths: Sequence[int]) -> torch.T
     none has one."""
     if all(f.bias is None for f in firsts):
         return None
-    return torch.cat([
-        local(f.bias) if f.bias is not None
-        else torch.zeros(w, dtype=local(f.weight).dtype, device=local(f.weight).device)
-        for f, w in zip(firsts, widths)
-    ])
+    return torch.cat(
+        [
+            local(f.bias)
+            if f.bias is not None
+            else torch.zeros(w, dtype=local(f.weight).dtype, device=local(f.weight).device)
+            for f, w in zip(firsts, widths, strict=True)
+        ]
+    )
 
 
 class _GroupNorm(_Bound, TPStyle):
@@ -366,7 +374,11 @@ class BottleneckGroupNorm(_GroupNorm):
     placements = {"weight": Shard(0)}
 
     def __init__(
-        self, spec: NormGroup, *, rmsnorm: str = "online", grouped: bool = True,
+        self,
+        spec: NormGroup,
+        *,
+        rmsnorm: str = "online",
+        grouped: bool = True,
         defer: bool = True,
     ) -> None:
         super().__init__()
@@ -400,8 +412,11 @@ class BottleneckGroupNorm(_GroupNorm):
         return Role(
             f"BottleneckGroupNorm({self.rmsnorm}{', grouped' * self.grouped}"
             f"{', deferred' * instance.deferred})",
-            describe_placements(module, self.placements), "sharded",
-            f"replicated latents of {names} ({sum(widths)})", tuple(forward), tuple(backward),
+            describe_placements(module, self.placements),
+            "sharded",
+            f"replicated latents of {names} ({sum(widths)})",
+            tuple(forward),
+            tuple(backward),
         )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
@@ -413,15 +428,22 @@ class BottleneckGroupNorm(_GroupNorm):
         x = local(x)
         weight, eps, dim = local(module.weight), norm_eps(module, x), norm_dim(module)
         stacks = self._stacks()
-        downs = [torch.cat([local(f.weight) for f in s]) if len(s) > 1 else local(s[0].weight)
-                 for s in stacks]
+        downs = [
+            torch.cat([local(f.weight) for f in s]) if len(s) > 1 else local(s[0].weight)
+            for s in stacks
+        ]
         if self.rmsnorm == "online":
-            zs = list(online_rmsnorm_down(x, weight, downs, dim, eps, group, self.overlap_chunks,
-                                          self.f8s))
+            zs = list(
+                online_rmsnorm_down(
+                    x, weight, downs, dim, eps, group, self.overlap_chunks, self.f8s
+                )
+            )
         else:
             normed = sync_rmsnorm(x, weight, dim, eps, group)
-            zs = [comm.row_linear(normed, w, group, self.overlap_chunks, self.f8(i))
-                  for i, w in enumerate(downs)]
+            zs = [
+                comm.row_linear(normed, w, group, self.overlap_chunks, self.f8(i))
+                for i, w in enumerate(downs)
+            ]
         for i, stack in enumerate(stacks):
             bias = _stacked_bias(stack, [f.out_features for f in stack])
             if bias is not None:
@@ -429,8 +451,10 @@ class BottleneckGroupNorm(_GroupNorm):
         if instance.deferred:
             stash = instance.new_stash()
             members = [range(len(stacks[0]))] if self.grouped else [[i] for i in range(len(zs))]
-            zs = [comm.reduce_grad(z, group, stash, instance.stashed_weights(instance.seconds, m))
-                  for z, m in zip(zs, members)]
+            zs = [
+                comm.reduce_grad(z, group, stash, instance.stashed_weights(instance.seconds, m))
+                for z, m in zip(zs, members, strict=True)
+            ]
         out = zs[0] if len(zs) == 1 else torch.cat(zs, dim=-1)
         instance.hand_out(out)
         instance.record_output(out)
@@ -471,9 +495,16 @@ class ReplicatedGroupNorm(_GroupNorm):
         else:
             output = "replicated (read by " + names + ")"
         style = f"ReplicatedGroupNorm({'grouped' if self.grouped else 'ungrouped'}" + (
-            ", gather latents)" if self.gather_latents else ")")
-        return Role(style, describe_placements(module, self.placements), "replicated", output,
-                    forward, (("all_reduce", norm_dim(module)),))
+            ", gather latents)" if self.gather_latents else ")"
+        )
+        return Role(
+            style,
+            describe_placements(module, self.placements),
+            "replicated",
+            output,
+            forward,
+            (("all_reduce", norm_dim(module)),),
+        )
 
     def gemms(self, module: nn.Module) -> list[Gemm]:
         instance = self._instance()
@@ -503,15 +534,19 @@ class ReplicatedGroupNorm(_GroupNorm):
         widths = [w.shape[0] for w in weights]
         bias = _stacked_bias(firsts, widths)
         if self.grouped:
-            (y,) = comm.column_linears(normed, [torch.cat(weights)], group,
-                                       chunks=self.overlap_chunks, f8s=self.f8s)
+            (y,) = comm.column_linears(
+                normed, [torch.cat(weights)], group, chunks=self.overlap_chunks, f8s=self.f8s
+            )
             y = y + bias if bias is not None else y
             ys = list(y.split(widths, dim=-1)) if self.gather_latents else [y]
         else:
-            ys = list(comm.column_linears(normed, weights, group, chunks=self.overlap_chunks,
-                                          f8s=self.f8s))
+            ys = list(
+                comm.column_linears(
+                    normed, weights, group, chunks=self.overlap_chunks, f8s=self.f8s
+                )
+            )
             if bias is not None:
-                ys = [y + b for y, b in zip(ys, bias.split(widths))]
+                ys = [y + b for y, b in zip(ys, bias.split(widths), strict=True)]
         if self.gather_latents:
             ys = [comm.gather_last(y, group) for y in ys]
         out = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
@@ -530,7 +565,7 @@ def _first_gemms(instance: GroupInstance, grouped: bool) -> list[Gemm]:
 
 def _spans(widths: Sequence[int]) -> list[tuple[int, int]]:
     starts = [sum(widths[:i]) for i in range(len(widths))]
-    return list(zip(starts, widths))
+    return list(zip(starts, widths, strict=True))
 
 
 class GroupMember(_Bound, TPStyle):
@@ -552,7 +587,8 @@ class GroupMember(_Bound, TPStyle):
             raise ValueError(f"sharding must be row or column, not {sharding!r}")
         self.spec, self.index, self.sharding, self.head_dim = spec, index, sharding, head_dim
         self.placements = (
-            {"weight": Shard(1), "bias": Replicate()} if sharding == "row"
+            {"weight": Shard(1), "bias": Replicate()}
+            if sharding == "row"
             else {"weight": Shard(0), "bias": Shard(0)}
         )
 
@@ -572,8 +608,12 @@ class GroupMember(_Bound, TPStyle):
         else:
             output = "sharded"
         inputs = f"{norm} output" + (" (own columns)" if instance.computes_firsts else "")
-        return Role(f"GroupMember({self.sharding})", describe_placements(module, self.placements),
-                    inputs, output)
+        return Role(
+            f"GroupMember({self.sharding})",
+            describe_placements(module, self.placements),
+            inputs,
+            output,
+        )
 
     def gemms(self, module: nn.Module) -> list[Gemm]:
         return [] if self._instance().computes_firsts else own_gemm(self, module)
@@ -612,8 +652,9 @@ class GroupUp(_Bound, ColumnParallel):
         deferred = self._instance().deferred
         backward = () if deferred else (("all_reduce", module.in_features),)
         inputs = "replicated latent" + (" (grad reduced by norm)" if deferred else "")
-        return Role("GroupUp", describe_placements(module, self.placements), inputs,
-                    "sharded", (), backward)
+        return Role(
+            "GroupUp", describe_placements(module, self.placements), inputs, "sharded", (), backward
+        )
 
     def _local_forward(self, module, group, h):
         instance = self._instance()
@@ -621,8 +662,9 @@ class GroupUp(_Bound, ColumnParallel):
         if instance.deferred:
             y = instance.deferred_linear(h, module, self.index, self.f8())
         else:
-            (y,) = comm.column_linears(h, [local(module.weight)], group,
-                                       chunks=self.overlap_chunks, f8s=self.f8s)
+            (y,) = comm.column_linears(
+                h, [local(module.weight)], group, chunks=self.overlap_chunks, f8s=self.f8s
+            )
             y = y + local(module.bias) if module.bias is not None else y
         instance.record_up(self.index, h, y)
         return y

@@ -95,7 +95,12 @@ def draws_random_numbers(func: Any) -> bool:
 
 
 def compiled_lowrank_policy(
-    widths: frozenset[int], save_random: bool, ctx: SelectiveCheckpointContext, func, *args, **kwargs
+    widths: frozenset[int],
+    save_random: bool,
+    ctx: SelectiveCheckpointContext,
+    func,
+    *args,
+    **kwargs,
 ) -> CheckpointPolicy:
     """`lowrank_policy` for compiled blocks; with `save_random` (under TP) ops that draw
     random numbers are saved too (see the module doc)."""
@@ -105,7 +110,11 @@ def compiled_lowrank_policy(
 
 
 def _save_random_ops(ctx: SelectiveCheckpointContext, func, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if draws_random_numbers(func) else CheckpointPolicy.PREFER_RECOMPUTE
+    return (
+        CheckpointPolicy.MUST_SAVE
+        if draws_random_numbers(func)
+        else CheckpointPolicy.PREFER_RECOMPUTE
+    )
 
 
 def compilable_full_ac(wrapper: nn.Module) -> None:
@@ -201,8 +210,15 @@ class _DataFlow:
         out = ctx.op_output
         candidate = func in _SKIPPABLE and isinstance(out, torch.Tensor)
         sink = func in _SINKS and isinstance(out, torch.Tensor)
-        me = (len(self.candidates) if candidate else _sink_id(len(self.sinks)) if sink
-              else _COLLECTIVE if _is_collective(func) else _OTHER)
+        me = (
+            len(self.candidates)
+            if candidate
+            else _sink_id(len(self.sinks))
+            if sink
+            else _COLLECTIVE
+            if _is_collective(func)
+            else _OTHER
+        )
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         for key in map(_storage_key, tensors):
             if key in self.producer:
@@ -232,16 +248,23 @@ class _DataFlow:
         collectives or dead-end sinks (directly or through skipped pass-through ops) by
         placeholders."""
         escaped = {_storage_key(t) for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)}
-        dead_ends = {_sink_id(k) for k, sink in enumerate(self.sinks)
-                     if not sink.read and sink.storages and sink.storages <= escaped}
+        dead_ends = {
+            _sink_id(k)
+            for k, sink in enumerate(self.sinks)
+            if not sink.read and sink.storages and sink.storages <= escaped
+        }
         skipped: set[int] = set()
         for i in reversed(range(len(self.candidates))):
             op = self.candidates[i]
-            if op.consumers and not op.storages & escaped and all(
-                c == _COLLECTIVE
-                or c in dead_ends
-                or (c in skipped and self.candidates[c].func in _PASS_THROUGH)
-                for c in op.consumers
+            if (
+                op.consumers
+                and not op.storages & escaped
+                and all(
+                    c == _COLLECTIVE
+                    or c in dead_ends
+                    or (c in skipped and self.candidates[c].func in _PASS_THROUGH)
+                    for c in op.consumers
+                )
             ):
                 skipped.add(i)
                 self.mode.storage[op.func][op.index] = op.placeholder
@@ -252,7 +275,9 @@ class _DataFlow:
         self.seen.clear()
 
 
-def lowrank_checkpoint(module: nn.Module, *args, widths: frozenset[int], tp_degree: int = 1, **kwargs):
+def lowrank_checkpoint(
+    module: nn.Module, *args, widths: frozenset[int], tp_degree: int = 1, **kwargs
+):
     """Run `module` under low-rank selective checkpointing (tensors in nested arguments,
     such as LaX latents, are passed to checkpoint as top-level inputs)."""
     flat, spec = tree_flatten((args, kwargs))
@@ -280,6 +305,7 @@ def apply_lowrank_ac(
     layers = model.get_submodule(blocks)
     widths = down_widths(rank, tp_degree)
     for layer_id, block in layers.named_children():
-        wrapped = checkpoint_wrapper(block, checkpoint_fn=lowrank_checkpoint, widths=widths,
-                                     tp_degree=tp_degree)
+        wrapped = checkpoint_wrapper(
+            block, checkpoint_fn=lowrank_checkpoint, widths=widths, tp_degree=tp_degree
+        )
         layers.register_module(layer_id, wrapped)

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.distributed import ProcessGroup
+
 from boost_titan.kernels import float8, rmsnorm_partial_backward, rmsnorm_partial_stats
 from boost_titan.kernels.float8 import Float8
-from torch.distributed import ProcessGroup
 
 from .comm import _all_reduce, all_reduce_in_row_blocks, sum_both
 
@@ -50,7 +51,9 @@ class _OnlineRMSNormDown(torch.autograd.Function):
         f8s = ctx.f8s = f8s or (None,) * len(downs)
         scaled, sum_sq = rmsnorm_partial_stats(x, weight)  # one fused pass over x on GPU
         if chunks == 1:
-            partials = [float8.forward(scaled, down, f8) for down, f8 in zip(downs, f8s)]
+            partials = [
+                float8.forward(scaled, down, f8) for down, f8 in zip(downs, f8s, strict=True)
+            ]
             sum_sq = sum_sq.to(partials[0].dtype)
             first = _all_reduce(torch.cat([partials[0], sum_sq], dim=-1), group)
             ys = [first[..., :-1]] + [_all_reduce(p, group) for p in partials[1:]]
@@ -58,8 +61,10 @@ class _OnlineRMSNormDown(torch.autograd.Function):
             rows, stats = scaled.flatten(0, -2), sum_sq.flatten(0, -2).to(scaled.dtype)
 
             def partials_of(start: int, end: int) -> list[torch.Tensor]:
-                block = [float8.forward(rows[start:end], down, f8)
-                         for down, f8 in zip(downs, f8s)]
+                block = [
+                    float8.forward(rows[start:end], down, f8)
+                    for down, f8 in zip(downs, f8s, strict=True)
+                ]
                 return [torch.cat([block[0], stats[start:end]], dim=-1), *block[1:]]
 
             reduced = all_reduce_in_row_blocks(partials_of, rows.shape[0], chunks, group)
@@ -76,14 +81,20 @@ class _OnlineRMSNormDown(torch.autograd.Function):
         x, weight, inv_rms, *rest = ctx.saved_tensors
         downs, outs = rest[: len(grads)], rest[len(grads) :]
         grad_ys = [grad * inv_rms for grad in grads]  # grads w.r.t. the partial sums
-        grad_scaled = sum(float8.input_grad(g, down, f8)  # w.r.t. x_i * g_i
-                          for g, down, f8 in zip(grad_ys, downs, ctx.f8s))
-        grad_dot_out = sum((g * out).sum(-1, keepdim=True) for g, out in zip(grads, outs))
+        grad_scaled = sum(
+            float8.input_grad(g, down, f8)  # w.r.t. x_i * g_i
+            for g, down, f8 in zip(grad_ys, downs, ctx.f8s, strict=True)
+        )
+        grad_dot_out = sum(
+            (g * out).sum(-1, keepdim=True) for g, out in zip(grads, outs, strict=True)
+        )
         coef = (inv_rms.pow(2) / ctx.dim) * grad_dot_out
         grad_x, grad_weight = rmsnorm_partial_backward(x, weight, grad_scaled, coef)
         tokens = x.flatten(0, -2)  # A_p's grad, G_p^T (x * g), without materialising x * g
-        grad_downs = [float8.weight_grad(g, tokens, f8) * weight
-                      for g, f8 in zip(grad_ys, ctx.f8s)]
+        grad_downs = [
+            float8.weight_grad(g, tokens, f8) * weight
+            for g, f8 in zip(grad_ys, ctx.f8s, strict=True)
+        ]
         return grad_x, grad_weight, None, None, None, None, None, *grad_downs
 
 

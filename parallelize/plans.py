@@ -222,7 +222,9 @@ def btp_plan(
                 group, i, head_dim=layout.head_dim_of(p, output=True)
             )
     for p in layout.own_inputs:
-        plan[f"{layout.blocks}.{p}.down"] = RowParallel(head_dim=layout.head_dim_of(p, output=False))
+        plan[f"{layout.blocks}.{p}.down"] = RowParallel(
+            head_dim=layout.head_dim_of(p, output=False)
+        )
         plan[f"{layout.blocks}.{p}.up"] = ColumnParallel()
     plan.update(_crossing(layout))
     return plan
@@ -263,7 +265,9 @@ def resolve_plan(model: nn.Module, plan: Plan, tp: int) -> list[Resolved]:
     seen: dict[str, str] = {}
     for r in resolved:
         if r.fqn in seen:
-            raise PlanError(f"{r.fqn} is matched by plan keys {seen[r.fqn]!r} and {r.key!r}; keep one")
+            raise PlanError(
+                f"{r.fqn} is matched by plan keys {seen[r.fqn]!r} and {r.key!r}; keep one"
+            )
         seen[r.fqn] = r.key
     _check_untied(model)
     for r in resolved:

@@ -275,8 +275,14 @@ class ColumnParallel(TPStyle):
             output = "DTensor Shard(-1)"
         backward = (("all_reduce", n_in),) if self.reduce_input_grad else ()
         inputs = "replicated" if self.reduce_input_grad else "replicated (grad reduced by producer)"
-        return Role("ColumnParallel", describe_placements(module, self.placements), inputs,
-                    output, forward, backward)
+        return Role(
+            "ColumnParallel",
+            describe_placements(module, self.placements),
+            inputs,
+            output,
+            forward,
+            backward,
+        )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         self.mesh = device_mesh
@@ -289,8 +295,9 @@ class ColumnParallel(TPStyle):
         x = local(x)
         self.check_input(x, module.in_features)
         if self.reduce_input_grad:
-            (y,) = comm.column_linears(x, [local(module.weight)], group,
-                                       chunks=self.overlap_chunks, f8s=self.f8s)
+            (y,) = comm.column_linears(
+                x, [local(module.weight)], group, chunks=self.overlap_chunks, f8s=self.f8s
+            )
             y = y + local(module.bias) if module.bias is not None else y
         else:
             y = linear(x, module, self.f8())
@@ -325,8 +332,14 @@ class RowParallel(TPStyle):
         n_in, n_out = module.in_features, module.out_features
         inputs = "replicated (own slice taken)" if self.split_input else "sharded"
         backward = (("all_gather", n_in // tp),) if self.split_input else ()
-        return Role("RowParallel", describe_placements(module, self.placements), inputs,
-                    "replicated", (("all_reduce", n_out),), backward)
+        return Role(
+            "RowParallel",
+            describe_placements(module, self.placements),
+            inputs,
+            "replicated",
+            (("all_reduce", n_out),),
+            backward,
+        )
 
     def gemms(self, module: nn.Module) -> list[Gemm]:
         return own_gemm(self, module)
@@ -364,8 +377,9 @@ class Replicated(TPStyle):
 
     def role(self, module: nn.Module, tp: int) -> Role:
         inputs = "tokens" if isinstance(module, nn.Embedding) else "replicated"
-        return Role("Replicated", describe_placements(module, self.placements), inputs,
-                    "replicated")
+        return Role(
+            "Replicated", describe_placements(module, self.placements), inputs, "replicated"
+        )
 
     def gemms(self, module: nn.Module) -> list[Gemm]:
         return own_gemm(self, module) if isinstance(module, nn.Linear) else []
@@ -394,8 +408,9 @@ class ShardedEmbedding(TPStyle):
     module_kinds = (nn.Embedding,)
 
     def role(self, module: nn.Module, tp: int) -> Role:
-        return Role("ShardedEmbedding", describe_placements(module, self.placements),
-                    "tokens", "sharded")
+        return Role(
+            "ShardedEmbedding", describe_placements(module, self.placements), "tokens", "sharded"
+        )
 
     def _local_forward(self, module, group, tokens):
         return F.embedding(local(tokens), local(module.weight))
@@ -430,8 +445,14 @@ class ShardedRMSNorm(TPStyle):
             output = "replicated"
             forward += (("all_gather", d // tp),)
             backward += (("reduce_scatter", d),)
-        return Role("ShardedRMSNorm", describe_placements(module, self.placements), "sharded",
-                    output, forward, backward)
+        return Role(
+            "ShardedRMSNorm",
+            describe_placements(module, self.placements),
+            "sharded",
+            output,
+            forward,
+            backward,
+        )
 
     def _local_forward(self, module, group, x):
         x = local(x)

@@ -56,7 +56,9 @@ def same_data(a: torch.Tensor, b: torch.Tensor) -> bool:
     """a and b are the same tensor, or aliases of the same memory and layout (module hooks
     may hand a module an identity-wrapped copy of its input)."""
     return a is b or (
-        a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+        a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
         and a.storage_offset() == b.storage_offset()
         and a.untyped_storage()._cdata == b.untyped_storage()._cdata
     )

@@ -45,8 +45,9 @@ TRACE_COMMAND = (
     "--strategy megatron,vanilla,btp --tp 2,4,8 --compare"
 )
 AC_FLAVOR, AC_SEQ, AC_TPS = "1B", 2048, (1, 4)
-DEFAULT_CONFIGS = ",".join(f"train_configs/{size}.toml"
-                           for size in ("1B", "3B", "7B", "13B", "30B"))
+DEFAULT_CONFIGS = ",".join(
+    f"train_configs/{size}.toml" for size in ("1B", "3B", "7B", "13B", "30B")
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ def params_table() -> str:
 def bench_output(*argv: str, fenced: bool = True) -> Callable[[], str]:
     """What `python -m boost_titan.bench ARGV` prints, in a code block unless it is a
     markdown table (`fenced=False`)."""
+
     def generate() -> str:
         from boost_titan.bench.__main__ import main
 
@@ -97,8 +99,12 @@ def trace_rows(configs: list[tuple[str, str, int]]) -> list[str]:
     from boost_titan.bench import perfmodel, trace
 
     records = [
-        trace.trace_compared(flavor, perfmodel.model_args(flavor, "cola", strategy),
-                             perfmodel.Plan(strategy=strategy, tp=tp), "a100")
+        trace.trace_compared(
+            flavor,
+            perfmodel.model_args(flavor, "cola", strategy),
+            perfmodel.Plan(strategy=strategy, tp=tp),
+            "a100",
+        )
         for flavor, strategy, tp in configs
     ]
     return trace.format_traces(records, timing=False).splitlines()
@@ -125,8 +131,12 @@ def lowrank_ac_table() -> str:
 
     args = flavor_args(AC_FLAVOR, arch="cola")
     runs = {tp: {m: measure_layer(args, m, seq_len=AC_SEQ, tp=tp) for m in MODES} for tp in AC_TPS}
-    names = {"none": "none", "full": "TorchTitan `full`", "selective": "TorchTitan `selective` (op)",
-             "lowrank": "**`lowrank_ac`**"}
+    names = {
+        "none": "none",
+        "full": "TorchTitan `full`",
+        "selective": "TorchTitan `selective` (op)",
+        "lowrank": "**`lowrank_ac`**",
+    }
     header = ["mode"]
     for tp in AC_TPS:
         label = "TP1" if tp == 1 else f"TP{tp} btp"
@@ -138,8 +148,11 @@ def lowrank_ac_table() -> str:
         for tp in AC_TPS:
             m, none = runs[tp][mode], runs[tp]["none"]
             recompute = (m.backward_flops - none.backward_flops) / 1e9
-            cells += [f"{m.saved_bytes / 2**20:.1f}", f"{100 * m.saved_bytes / none.saved_bytes:.1f}%",
-                      f"{recompute:.1f}" if mode != "none" else "0"]
+            cells += [
+                f"{m.saved_bytes / 2**20:.1f}",
+                f"{100 * m.saved_bytes / none.saved_bytes:.1f}%",
+                f"{recompute:.1f}" if mode != "none" else "0",
+            ]
         comm = runs[max(AC_TPS)][mode].backward_collectives.get("all_reduce", 0)
         replay = {"none": "all-reduces", "full": "(forward replayed)"}.get(mode, "(none replayed)")
         cells.append(f"{comm} {replay}" if mode != "none" else f"{comm} all-reduces")
@@ -157,29 +170,39 @@ def lowrank_ac_table() -> str:
         ups = {g.name: g.flops for g in perfmodel.layer_gemms(shape, plan) if g.name.endswith(".B")}
         attention = perfmodel.attention_flops(shape, plan)
         without_down = sum(ups.values()) - ups["down.B"] + attention
-        verdict = {without_down: "every up-projection but B_down",
-                   without_down + ups["down.B"]: f"every up-projection including B_down "
-                                                 f"({ups['down.B'] / 1e9:.1f} GFLOP)"}.get(low, "other work")
+        verdict = {
+            without_down: "every up-projection but B_down",
+            without_down + ups["down.B"]: f"every up-projection including B_down "
+            f"({ups['down.B'] / 1e9:.1f} GFLOP)",
+        }.get(low, "other work")
         label = "TP1" if tp == 1 else f"TP{tp}"
-        lines.append(f"{label}: forward {run['none'].forward_flops / 1e9:.1f} GFLOP per layer and rank; "
-                     f"low-rank AC recomputes {low / 1e9:.1f} GFLOP ({100 * low / full:.0f}% of full AC's "
-                     f"{full / 1e9:.1f}): attention and {verdict}.")
+        lines.append(
+            f"{label}: forward {run['none'].forward_flops / 1e9:.1f} GFLOP per layer and rank; "
+            f"low-rank AC recomputes {low / 1e9:.1f} GFLOP ({100 * low / full:.0f}% of full AC's "
+            f"{full / 1e9:.1f}): attention and {verdict}."
+        )
     return "\n".join(rows) + "\n\n" + "\n".join(f"- {line}" for line in lines)
 
 
 TABLES: dict[str, Table] = {
     "params": Table("python -m boost_titan.boost_llama", params_table),
-    "lowrank-ac": Table("python -m boost_titan.activation_memory --flavor 1B --seq-len 2048 [--tp 4]",
-                        lowrank_ac_table),
+    "lowrank-ac": Table(
+        "python -m boost_titan.activation_memory --flavor 1B --seq-len 2048 [--tp 4]",
+        lowrank_ac_table,
+    ),
     "trace-sweep": Table(TRACE_COMMAND, trace_table, slow=True),
     "model-breakdown": Table(
         "python -m boost_titan.bench model --flavor 7B --tp 4 --gpu a100-hgx4 --breakdown",
-        bench_output("model", "--flavor", "7B", "--tp", "4", "--gpu", "a100-hgx4", "--breakdown")),
+        bench_output("model", "--flavor", "7B", "--tp", "4", "--gpu", "a100-hgx4", "--breakdown"),
+    ),
     "validate": Table("python -m boost_titan.bench validate", bench_output("validate")),
-    "precision": Table("python -m boost_titan.bench precision",
-                       bench_output("precision", fenced=False)),
-    "default-configs": Table(f"python -m boost_titan.bench precision --config {DEFAULT_CONFIGS}",
-                             bench_output("precision", "--config", DEFAULT_CONFIGS, fenced=False)),
+    "precision": Table(
+        "python -m boost_titan.bench precision", bench_output("precision", fenced=False)
+    ),
+    "default-configs": Table(
+        f"python -m boost_titan.bench precision --config {DEFAULT_CONFIGS}",
+        bench_output("precision", "--config", DEFAULT_CONFIGS, fenced=False),
+    ),
 }
 
 
@@ -198,9 +221,7 @@ def blocks(text: str) -> dict[str, str]:
 
 
 def render(text: str, generated: dict[str, str]) -> str:
-    return BLOCK.sub(
-        lambda m: m.group(1) + generated.get(m["name"], m["body"]) + m.group(4), text
-    )
+    return BLOCK.sub(lambda m: m.group(1) + generated.get(m["name"], m["body"]) + m.group(4), text)
 
 
 def regenerate(names: list[str]) -> dict[str, str]:
@@ -210,16 +231,23 @@ def regenerate(names: list[str]) -> dict[str, str]:
 def check(text: str, generated: dict[str, str], path: str = "README.md") -> str:
     """A unified diff of the committed tables against the generated ones ('' if equal)."""
     new = render(text, generated)
-    return "".join(difflib.unified_diff(
-        text.splitlines(keepends=True), new.splitlines(keepends=True),
-        fromfile=f"{path} (committed)", tofile=f"{path} (generated)",
-    ))
+    return "".join(
+        difflib.unified_diff(
+            text.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"{path} (committed)",
+            tofile=f"{path} (generated)",
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="do not write; exit 1 and print a diff if README.md differs")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="do not write; exit 1 and print a diff if README.md differs",
+    )
     parser.add_argument("--only", help=f"comma list of tables ({', '.join(TABLES)})")
     parser.add_argument("--readme", type=Path, default=README)
     parser.add_argument("--list", action="store_true", help="list the tables and their commands")
@@ -243,8 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         diff = check(text, generated, ns.readme.name)
         if diff:
             print(diff, end="")
-            print(f"\n{ns.readme} differs from what the tools print: run scripts/readme_tables.py",
-                  file=sys.stderr)
+            print(
+                f"\n{ns.readme} differs from what the tools print: run scripts/readme_tables.py",
+                file=sys.stderr,
+            )
             return 1
         print(f"{ns.readme.name}: {', '.join(names)} up to date")
         return 0

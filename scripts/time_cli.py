@@ -27,8 +27,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBUG = "train_configs/debug.toml"
-TINY = ("--training.steps", "1", "--training.seq_len", "32", "--training.local_batch_size", "2",
-        "--metrics.no_enable_tensorboard")  # fmt: skip
+TINY = (
+    "--training.steps",
+    "1",
+    "--training.seq_len",
+    "32",
+    "--training.local_batch_size",
+    "2",
+    "--metrics.no_enable_tensorboard",
+)
 
 
 def commands(dump: str) -> dict[str, list[str]]:
@@ -40,9 +47,17 @@ def commands(dump: str) -> dict[str, list[str]]:
         "export --help": [*python, "boost_titan.export", "--help"],
         "check --help": [*python, "boost_titan.check", "--help"],
         "plan --help": [*python, "boost_titan.plan", "--help"],
-        "check debug.toml": [*python, "boost_titan.check", "--nproc", "2", "--job.config_file",
-                             DEBUG, "--job.dump_folder", dump],
-    }  # fmt: skip
+        "check debug.toml": [
+            *python,
+            "boost_titan.check",
+            "--nproc",
+            "2",
+            "--job.config_file",
+            DEBUG,
+            "--job.dump_folder",
+            dump,
+        ],
+    }
 
 
 def seconds(argv: list[str], root: Path, env: dict[str, str]) -> float:
@@ -68,19 +83,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--root", type=Path, default=ROOT, help="checkout to time")
-    parser.add_argument("--rerun", action="store_true", help="also time run_train.sh on a finished job")
+    parser.add_argument(
+        "--rerun", action="store_true", help="also time run_train.sh on a finished job"
+    )
     ns = parser.parse_args()
     root = ns.root.resolve()
     env = os.environ | {"PYTHONPATH": str(root), "NGPU": "2"}
     with tempfile.TemporaryDirectory() as tmp:
         timed = commands(os.path.join(tmp, "check"))
         if ns.rerun:
-            timed["run_train.sh (finished job)"] = rerun_command(root, env, os.path.join(tmp, "run"))
+            timed["run_train.sh (finished job)"] = rerun_command(
+                root, env, os.path.join(tmp, "run")
+            )
         print(f"| command | median s | min-max s ({ns.runs} runs) |\n|---|---|---|")
         for label, argv in timed.items():
             runs = [seconds(argv, root, env) for _ in range(ns.runs)]
-            print(f"| `{label}` | {statistics.median(runs):.2f} | {min(runs):.2f}-{max(runs):.2f} |",
-                  flush=True)
+            print(
+                f"| `{label}` | {statistics.median(runs):.2f} | {min(runs):.2f}-{max(runs):.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ def main() -> None:
                 start = time.perf_counter()
                 norm()
                 times.append((time.perf_counter() - start) * 1e3)
-            print(f"{label} gradients, {name}: {statistics.median(times):.1f} ms "
-                  f"(min {min(times):.1f}, max {max(times):.1f})")
+            print(
+                f"{label} gradients, {name}: {statistics.median(times):.1f} ms "
+                f"(min {min(times):.1f}, max {max(times):.1f})"
+            )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from boost_titan.parallelize import ModelLayout
 from torch import nn
+
+from boost_titan.parallelize import ModelLayout
 
 
 class LowRank(nn.Module):
@@ -336,7 +337,11 @@ MODELS = {
     "hf-llama": (HFLlama, HF_LAYOUT, STANDARD),
     "plain-svd": (lambda cfg: PlainDecoder(cfg, "none"), PLAIN_LAYOUT, STANDARD),
     "plain-cola": (lambda cfg: PlainDecoder(cfg, "silu"), PLAIN_LAYOUT, STANDARD),
-    "parallel": (ParallelDecoder, PARALLEL_LAYOUT, {"btp": (3, 3), "vanilla": (7, 3), "megatron": (2, 1)}),
+    "parallel": (
+        ParallelDecoder,
+        PARALLEL_LAYOUT,
+        {"btp": (3, 3), "vanilla": (7, 3), "megatron": (2, 1)},
+    ),
 }
 STRATEGIES = ("btp", "vanilla", "megatron")
 

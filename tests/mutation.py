@@ -52,111 +52,278 @@ class Mutant:
 M = Mutant
 MUTANTS = [
     # ---- comm: collectives and their autograd ------------------------------------------
-    M("parallelize/comm.py", 'return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", group))',
-      "return x.contiguous()", "drop every all-reduce"),
-    M("parallelize/comm.py", 'return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", group))',
-      'return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "avg", group))', "wrong reduce op (avg)"),
-    M("parallelize/comm.py", "blocks = [funcol.wait_tensor(block) for block in reduced]",
-      "blocks = [grad_x_of(a, b) for a, b in row_blocks(rows[0].shape[0], ctx.chunks)]",
-      "column-parallel input grad not all-reduced"),
-    M("parallelize/comm.py", "float8.weight_grad(g, x_p, f8) if needed else None",
-      "2 * float8.weight_grad(g, x_p, f8) if needed else None",
-      "column-parallel weight grad scaled by 2"),
-    M("parallelize/comm.py", "        return _all_reduce(grad, ctx.group), None\n\n\nclass WeightGradStash",
-      "        return grad, None\n\n\nclass WeightGradStash", "sync statistic's grad not all-reduced"),
-    M("parallelize/comm.py", "        return _reduce_scatter_last(grad, ctx.group), None",
-      "        return _own_slice(grad, ctx.group), None", "all-gather's backward keeps a slice instead of reduce-scatter"),
-    M("parallelize/comm.py", "return x.narrow(-1, rank * chunk, chunk).contiguous()",
-      "return x.narrow(-1, (rank + 1) % size * chunk, chunk).contiguous()", "wrong shard offset"),
-    M("parallelize/comm.py", "        return funcol.wait_tensor(reduced), None, None, None, *grads_w",
-      "        return grad, None, None, None, *grads_w", "deferred group grad not all-reduced"),
-    M("parallelize/comm.py", "grads_w.append(float8.weight_grad(*entry) if needed and entry is not None else None)",
-      "grads_w.append(2 * float8.weight_grad(*entry) if needed and entry is not None else None)",
-      "deferred weight grads scaled by 2"),
-    M("parallelize/comm.py", "            ctx.stash.entries[ctx.index] = (grad, x, ctx.f8)",
-      "            pass", "deferred weight grad dropped"),
-    M("parallelize/comm.py", "        return grad, None\n\n\nclass _ColumnLinears",
-      "        return grad.detach() * 0, None\n\n\nclass _ColumnLinears", "row-parallel output grad path detached"),
+    M(
+        "parallelize/comm.py",
+        'return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", group))',
+        "return x.contiguous()",
+        "drop every all-reduce",
+    ),
+    M(
+        "parallelize/comm.py",
+        'return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", group))',
+        'return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "avg", group))',
+        "wrong reduce op (avg)",
+    ),
+    M(
+        "parallelize/comm.py",
+        "blocks = [funcol.wait_tensor(block) for block in reduced]",
+        "blocks = [grad_x_of(a, b) for a, b in row_blocks(rows[0].shape[0], ctx.chunks)]",
+        "column-parallel input grad not all-reduced",
+    ),
+    M(
+        "parallelize/comm.py",
+        "float8.weight_grad(g, x_p, f8) if needed else None",
+        "2 * float8.weight_grad(g, x_p, f8) if needed else None",
+        "column-parallel weight grad scaled by 2",
+    ),
+    M(
+        "parallelize/comm.py",
+        "        return _all_reduce(grad, ctx.group), None\n\n\nclass WeightGradStash",
+        "        return grad, None\n\n\nclass WeightGradStash",
+        "sync statistic's grad not all-reduced",
+    ),
+    M(
+        "parallelize/comm.py",
+        "        return _reduce_scatter_last(grad, ctx.group), None",
+        "        return _own_slice(grad, ctx.group), None",
+        "all-gather's backward keeps a slice instead of reduce-scatter",
+    ),
+    M(
+        "parallelize/comm.py",
+        "return x.narrow(-1, rank * chunk, chunk).contiguous()",
+        "return x.narrow(-1, (rank + 1) % size * chunk, chunk).contiguous()",
+        "wrong shard offset",
+    ),
+    M(
+        "parallelize/comm.py",
+        "        return funcol.wait_tensor(reduced), None, None, None, *grads_w",
+        "        return grad, None, None, None, *grads_w",
+        "deferred group grad not all-reduced",
+    ),
+    M(
+        "parallelize/comm.py",
+        "grads_w.append(float8.weight_grad(*entry) if needed and entry is not None else None)",
+        "grads_w.append(2 * float8.weight_grad(*entry) if needed and entry is not None else None)",
+        "deferred weight grads scaled by 2",
+    ),
+    M(
+        "parallelize/comm.py",
+        "            ctx.stash.entries[ctx.index] = (grad, x, ctx.f8)",
+        "            pass",
+        "deferred weight grad dropped",
+    ),
+    M(
+        "parallelize/comm.py",
+        "        return grad, None\n\n\nclass _ColumnLinears",
+        "        return grad.detach() * 0, None\n\n\nclass _ColumnLinears",
+        "row-parallel output grad path detached",
+    ),
     # ---- norms: online and sync RMSNorm -------------------------------------------------
-    M("parallelize/norms.py", "grad_downs = [float8.weight_grad(g, tokens, f8) * weight\n",
-      "grad_downs = [float8.weight_grad(g, tokens, f8)\n", "norm weight dropped from the down grads"),
-    M("parallelize/norms.py", "grad_downs = [float8.weight_grad(g, tokens, f8) * weight\n",
-      "grad_downs = [float8.weight_grad(g, tokens, f8) * weight * weight\n",
-      "norm weight squared in the down grads"),
-    M("parallelize/norms.py", "inv_rms = torch.rsqrt(first[..., -1:].float() / dim + eps)",
-      "inv_rms = torch.rsqrt(first[..., -1:].float() / dim + 10 * eps)", "wrong eps (online)"),
-    M("parallelize/norms.py", "ys = [first[..., :-1]]", "ys = [first[..., 1:]]", "statistic taken one element off"),
-    M("parallelize/norms.py", "inv_rms = torch.rsqrt(first[..., -1:].float() / dim + eps)",
-      "inv_rms = torch.rsqrt(first[..., -1:].float() / (dim - 1) + eps)", "mean over d - 1 features"),
-    M("parallelize/norms.py", "coef = (inv_rms.pow(2) / ctx.dim) * grad_dot_out",
-      "coef = (inv_rms.pow(2) / ctx.dim) * grad_dot_out * 0", "statistic's term dropped from dx"),
-    M("parallelize/norms.py", "        return grad_x, grad_weight, None, None, None, None, None, *grad_downs",
-      "        return None, grad_weight, None, None, None, None, None, *grad_downs",
-      "input grad path detached"),
-    M("parallelize/norms.py", "sum_sq = sum_both(x.float().pow(2).sum(-1, keepdim=True), group)",
-      "sum_sq = x.float().pow(2).sum(-1, keepdim=True) * group.size()", "sync statistic not all-reduced"),
+    M(
+        "parallelize/norms.py",
+        "grad_downs = [float8.weight_grad(g, tokens, f8) * weight\n",
+        "grad_downs = [float8.weight_grad(g, tokens, f8)\n",
+        "norm weight dropped from the down grads",
+    ),
+    M(
+        "parallelize/norms.py",
+        "grad_downs = [float8.weight_grad(g, tokens, f8) * weight\n",
+        "grad_downs = [float8.weight_grad(g, tokens, f8) * weight * weight\n",
+        "norm weight squared in the down grads",
+    ),
+    M(
+        "parallelize/norms.py",
+        "inv_rms = torch.rsqrt(first[..., -1:].float() / dim + eps)",
+        "inv_rms = torch.rsqrt(first[..., -1:].float() / dim + 10 * eps)",
+        "wrong eps (online)",
+    ),
+    M(
+        "parallelize/norms.py",
+        "ys = [first[..., :-1]]",
+        "ys = [first[..., 1:]]",
+        "statistic taken one element off",
+    ),
+    M(
+        "parallelize/norms.py",
+        "inv_rms = torch.rsqrt(first[..., -1:].float() / dim + eps)",
+        "inv_rms = torch.rsqrt(first[..., -1:].float() / (dim - 1) + eps)",
+        "mean over d - 1 features",
+    ),
+    M(
+        "parallelize/norms.py",
+        "coef = (inv_rms.pow(2) / ctx.dim) * grad_dot_out",
+        "coef = (inv_rms.pow(2) / ctx.dim) * grad_dot_out * 0",
+        "statistic's term dropped from dx",
+    ),
+    M(
+        "parallelize/norms.py",
+        "        return grad_x, grad_weight, None, None, None, None, None, *grad_downs",
+        "        return None, grad_weight, None, None, None, None, None, *grad_downs",
+        "input grad path detached",
+    ),
+    M(
+        "parallelize/norms.py",
+        "sum_sq = sum_both(x.float().pow(2).sum(-1, keepdim=True), group)",
+        "sum_sq = x.float().pow(2).sum(-1, keepdim=True) * group.size()",
+        "sync statistic not all-reduced",
+    ),
     # ---- kernels (the torch references run on CPU; the Triton ones under the interpreter)
-    M("kernels/rmsnorm.py", "return (xf * weight.float()).to(x.dtype), xf.pow(2).sum(-1, keepdim=True)",
-      "return (xf * weight.float()).to(x.dtype), xf.abs().sum(-1, keepdim=True)", "sum of |x| for sum of squares"),
-    M("kernels/rmsnorm.py", "grad_x = (weight.float() * gf - coef.float() * xf).to(x.dtype)",
-      "grad_x = (weight.float() * gf + coef.float() * xf).to(x.dtype)", "sign of the statistic's term"),
-    M("kernels/rmsnorm.py", "grad_weight = (gf * xf).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)",
-      "grad_weight = gf.reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)", "norm weight grad without x"),
-    M("kernels/_rmsnorm_triton.py", "scaled = (x * w[None, :])", "scaled = (x * w[None, :] * w[None, :])",
-      "Triton: norm weight squared"),
-    M("kernels/_rmsnorm_triton.py", "acc += tl.sum(x * x, axis=1)", "acc += tl.sum(x, axis=1)",
-      "Triton: sum of x for sum of squares"),
-    M("kernels/_rmsnorm_triton.py", "acc += tl.sum(g * x, axis=0)", "acc += tl.sum(g, axis=0)",
-      "Triton: norm weight grad without x"),
+    M(
+        "kernels/rmsnorm.py",
+        "return (xf * weight.float()).to(x.dtype), xf.pow(2).sum(-1, keepdim=True)",
+        "return (xf * weight.float()).to(x.dtype), xf.abs().sum(-1, keepdim=True)",
+        "sum of |x| for sum of squares",
+    ),
+    M(
+        "kernels/rmsnorm.py",
+        "grad_x = (weight.float() * gf - coef.float() * xf).to(x.dtype)",
+        "grad_x = (weight.float() * gf + coef.float() * xf).to(x.dtype)",
+        "sign of the statistic's term",
+    ),
+    M(
+        "kernels/rmsnorm.py",
+        "grad_weight = (gf * xf).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)",
+        "grad_weight = gf.reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)",
+        "norm weight grad without x",
+    ),
+    M(
+        "kernels/_rmsnorm_triton.py",
+        "scaled = (x * w[None, :])",
+        "scaled = (x * w[None, :] * w[None, :])",
+        "Triton: norm weight squared",
+    ),
+    M(
+        "kernels/_rmsnorm_triton.py",
+        "acc += tl.sum(x * x, axis=1)",
+        "acc += tl.sum(x, axis=1)",
+        "Triton: sum of x for sum of squares",
+    ),
+    M(
+        "kernels/_rmsnorm_triton.py",
+        "acc += tl.sum(g * x, axis=0)",
+        "acc += tl.sum(g, axis=0)",
+        "Triton: norm weight grad without x",
+    ),
     # ---- styles and groups -------------------------------------------------------------
-    M("parallelize/styles.py", "y = comm.row_linear(x, local(module.weight), group, self.overlap_chunks, self.f8())",
-      "y = F.linear(x, local(module.weight))", "row-parallel output not all-reduced"),
-    M("parallelize/styles.py", "return comm.gather_last_reduce_scatter_grad(y, group) if self.gather_output else y",
-      "return comm.gather_last(y, group) if self.gather_output else y", "final gather's backward not reduce-scattered"),
-    M("parallelize/styles.py", 'placements = {"weight": Shard(0), "bias": Shard(0)}\n\n    def __init__(\n        self,\n        *,\n        reduce_input_grad',
-      'placements = {"weight": Shard(0), "bias": Replicate()}\n\n    def __init__(\n        self,\n        *,\n        reduce_input_grad',
-      "column-parallel bias replicated"),
-    M("parallelize/groups.py", "        if instance.deferred:\n            y = instance.deferred_linear(h, module, self.index, self.f8())",
-      "        if False:\n            y = instance.deferred_linear(h, module, self.index, self.f8())", "deferred ups reduce again (double)"),
-    M("parallelize/groups.py", "        if instance.deferred:\n            stash = instance.new_stash()",
-      "        if False:\n            stash = instance.new_stash()", "deferred group never reduces"),
-    M("parallelize/groups.py", "instance.deferred = self.defer and instance.self_contained",
-      "instance.deferred = self.defer", "defer a group with a parameter between down and up"),
-    M("parallelize/groups.py", "self.parts = list(out.split(", "self.parts = list(out.roll(1, -1).split(",
-      "group members' columns off by one"),
-    M("parallelize/groups.py", "            out = comm.reduce_grad(normed, group, stash, weights)",
-      "            out = normed", "replicated group's grad not all-reduced"),
-    M("parallelize/groups.py", "            ys = list(comm.column_linears(normed, weights, group, chunks=self.overlap_chunks,\n"
-      "                                          f8s=self.f8s))",
-      "            ys = [F.linear(normed, w) for w in weights]", "vanilla LaX ungrouped: input grad not reduced"),
-    M("parallelize/groups.py", "        local(f.bias) if f.bias is not None", "        0 * local(f.bias) if f.bias is not None",
-      "group biases dropped"),
+    M(
+        "parallelize/styles.py",
+        "y = comm.row_linear(x, local(module.weight), group, self.overlap_chunks, self.f8())",
+        "y = F.linear(x, local(module.weight))",
+        "row-parallel output not all-reduced",
+    ),
+    M(
+        "parallelize/styles.py",
+        "return comm.gather_last_reduce_scatter_grad(y, group) if self.gather_output else y",
+        "return comm.gather_last(y, group) if self.gather_output else y",
+        "final gather's backward not reduce-scattered",
+    ),
+    M(
+        "parallelize/styles.py",
+        'placements = {"weight": Shard(0), "bias": Shard(0)}\n\n    def __init__(\n        self,\n        *,\n        reduce_input_grad',
+        'placements = {"weight": Shard(0), "bias": Replicate()}\n\n    def __init__(\n        self,\n        *,\n        reduce_input_grad',
+        "column-parallel bias replicated",
+    ),
+    M(
+        "parallelize/groups.py",
+        "        if instance.deferred:\n            y = instance.deferred_linear(h, module, self.index, self.f8())",
+        "        if False:\n            y = instance.deferred_linear(h, module, self.index, self.f8())",
+        "deferred ups reduce again (double)",
+    ),
+    M(
+        "parallelize/groups.py",
+        "        if instance.deferred:\n            stash = instance.new_stash()",
+        "        if False:\n            stash = instance.new_stash()",
+        "deferred group never reduces",
+    ),
+    M(
+        "parallelize/groups.py",
+        "instance.deferred = self.defer and instance.self_contained",
+        "instance.deferred = self.defer",
+        "defer a group with a parameter between down and up",
+    ),
+    M(
+        "parallelize/groups.py",
+        "self.parts = list(out.split(",
+        "self.parts = list(out.roll(1, -1).split(",
+        "group members' columns off by one",
+    ),
+    M(
+        "parallelize/groups.py",
+        "            out = comm.reduce_grad(normed, group, stash, weights)",
+        "            out = normed",
+        "replicated group's grad not all-reduced",
+    ),
+    M(
+        "parallelize/groups.py",
+        "            ys = list(comm.column_linears(normed, weights, group, chunks=self.overlap_chunks,\n"
+        "                                          f8s=self.f8s))",
+        "            ys = [F.linear(normed, w) for w in weights]",
+        "vanilla LaX ungrouped: input grad not reduced",
+    ),
+    M(
+        "parallelize/groups.py",
+        "        local(f.bias) if f.bias is not None",
+        "        0 * local(f.bias) if f.bias is not None",
+        "group biases dropped",
+    ),
     # ---- the first-forward check and low-rank AC ---------------------------------------
-    M("parallelize/usage.py", "        if output is not None and others:", "        if False:",
-      "unlisted reader of a norm output not detected"),
-    M("parallelize/usage.py", "                if node in bypass:", "                if False:",
-      "latent leaking past its up not detected"),
-    M("parallelize/lowrank_ac.py", "    if _is_collective(func):\n        return CheckpointPolicy.MUST_SAVE",
-      "    if _is_collective(func):\n        return CheckpointPolicy.PREFER_RECOMPUTE", "low-rank AC replays collectives"),
+    M(
+        "parallelize/usage.py",
+        "        if output is not None and others:",
+        "        if False:",
+        "unlisted reader of a norm output not detected",
+    ),
+    M(
+        "parallelize/usage.py",
+        "                if node in bypass:",
+        "                if False:",
+        "latent leaking past its up not detected",
+    ),
+    M(
+        "parallelize/lowrank_ac.py",
+        "    if _is_collective(func):\n        return CheckpointPolicy.MUST_SAVE",
+        "    if _is_collective(func):\n        return CheckpointPolicy.PREFER_RECOMPUTE",
+        "low-rank AC replays collectives",
+    ),
     # ---- overlapped row blocks, low-rank AC placeholders, compiled AC ----------------------
-    M("parallelize/comm.py", 'pending = [[funcol.all_reduce(p.contiguous(), "sum", group) for p in partials_of(start, end)]',
-      'pending = [[p.contiguous() for p in partials_of(start, end)]', "row blocks not all-reduced"),
-    M("parallelize/comm.py", "bounds.append(bounds[-1] + size + (k < extra))", "bounds.append(bounds[-1] + size)",
-      "uneven row blocks lose rows"),
-    M("parallelize/comm.py", "grad_w = float8.weight_grad(grad, x, ctx.f8) if ctx.needs_input_grad[1] else None",
-      "grad_w = 2 * float8.weight_grad(grad, x, ctx.f8) if ctx.needs_input_grad[1] else None",
-      "overlapped row-parallel weight grad x2"),
-    M("parallelize/lowrank_ac.py", "if not sink.read and sink.storages and sink.storages <= escaped",
-      "if sink.storages and sink.storages <= escaped", "placeholder for a GEMM whose sum is read again"),
-    M("parallelize/lowrank_ac.py", "if save_random and draws_random_numbers(func):", "if False:",
-      "compiled AC recomputes attention under TP"),
+    M(
+        "parallelize/comm.py",
+        'pending = [[funcol.all_reduce(p.contiguous(), "sum", group) for p in partials_of(start, end)]',
+        "pending = [[p.contiguous() for p in partials_of(start, end)]",
+        "row blocks not all-reduced",
+    ),
+    M(
+        "parallelize/comm.py",
+        "bounds.append(bounds[-1] + size + (k < extra))",
+        "bounds.append(bounds[-1] + size)",
+        "uneven row blocks lose rows",
+    ),
+    M(
+        "parallelize/comm.py",
+        "grad_w = float8.weight_grad(grad, x, ctx.f8) if ctx.needs_input_grad[1] else None",
+        "grad_w = 2 * float8.weight_grad(grad, x, ctx.f8) if ctx.needs_input_grad[1] else None",
+        "overlapped row-parallel weight grad x2",
+    ),
+    M(
+        "parallelize/lowrank_ac.py",
+        "if not sink.read and sink.storages and sink.storages <= escaped",
+        "if sink.storages and sink.storages <= escaped",
+        "placeholder for a GEMM whose sum is read again",
+    ),
+    M(
+        "parallelize/lowrank_ac.py",
+        "if save_random and draws_random_numbers(func):",
+        "if False:",
+        "compiled AC recomputes attention under TP",
+    ),
 ]
 
 
 def _copy_repo(dest: Path) -> None:
     """The tracked files (as in the working tree), with the package links."""
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     for name in files:
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +350,11 @@ def run(mutant: Mutant, copy: Path) -> tuple[str | None, float]:
     try:
         result = subprocess.run(
             [sys.executable, "-m", "pytest", *TESTS, "-x", "-q", "-p", "no:cacheprovider", "-rfE"],
-            cwd=copy, env=env, capture_output=True, text=True, timeout=1800,
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
         )
     finally:
         path.write_text(original)
@@ -212,10 +383,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 killer, seconds = run(mutant, copy)
                 survivors += killer is None
-                print(f"[{i}/{len(MUTANTS)}] {mutant.breaks}: {killer or 'SURVIVED'} ({seconds:.0f} s)",
-                      flush=True)
-            rows.append(f"| {i} | `{mutant.path}` | {mutant.breaks} | "
-                        f"{'**survived**' if killer is None else f'`{killer}`'} |")
+                print(
+                    f"[{i}/{len(MUTANTS)}] {mutant.breaks}: {killer or 'SURVIVED'} ({seconds:.0f} s)",
+                    flush=True,
+                )
+            rows.append(
+                f"| {i} | `{mutant.path}` | {mutant.breaks} | "
+                f"{'**survived**' if killer is None else f'`{killer}`'} |"
+            )
     print("\n".join(rows))
     if not ns.list:
         print(f"\n{len(chosen) - survivors} of {len(chosen)} mutants killed")

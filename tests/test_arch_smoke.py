@@ -23,13 +23,29 @@ def test_run_train_each_arch(arch, tmp_path):
     dump = tmp_path / arch
     result = subprocess.run(
         [
-            "./run_train.sh", "--boost.arch", arch, "--job.dump_folder", str(dump),
-            "--training.steps", str(STEPS), "--training.seq_len", "64",
-            "--lr_scheduler.warmup_steps", "1", "--metrics.log_freq", "1",
-            "--metrics.no_enable_tensorboard", "--checkpoint.interval", str(STEPS),
+            "./run_train.sh",
+            "--boost.arch",
+            arch,
+            "--job.dump_folder",
+            str(dump),
+            "--training.steps",
+            str(STEPS),
+            "--training.seq_len",
+            "64",
+            "--lr_scheduler.warmup_steps",
+            "1",
+            "--metrics.log_freq",
+            "1",
+            "--metrics.no_enable_tensorboard",
+            "--checkpoint.interval",
+            str(STEPS),
         ],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     rows, validations = read_log(str(dump / "losses.jsonl"))

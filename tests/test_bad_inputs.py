@@ -26,21 +26,40 @@ CASES = {
     "unknown flavor": (["--model.flavor", "2B"], ["model.flavor '2B'", "7B"]),
     "negative rank": (["--boost.rank", "-1"], ["rank -1", "use 0"]),
     "rank above d": (["--boost.rank", "100000"], ["rank 100000", "1..256"]),
-    "fullrank with btp": (["--boost.arch", "fullrank", "--boost.tp_strategy", "btp"],
-                          ["needs a low-rank arch", "megatron"]),
-    "tp not dividing heads": (["--parallelism.tensor_parallel_degree", "3", "--nproc", "3"],
-                              ["n_heads 8", "3"]),
+    "fullrank with btp": (
+        ["--boost.arch", "fullrank", "--boost.tp_strategy", "btp"],
+        ["needs a low-rank arch", "megatron"],
+    ),
+    "tp not dividing heads": (
+        ["--parallelism.tensor_parallel_degree", "3", "--nproc", "3"],
+        ["n_heads 8", "3"],
+    ),
     "seq_len beyond max": (["--training.seq_len", "100000"], ["seq_len 100000", "2048"]),
-    "two AC modes": (["--boost.lowrank_ac", "--activation_checkpoint.mode", "full"],
-                     ["lowrank_ac", "keep one"]),
-    "unknown float8 recipe": (["--model.converters", "quantize.linear.float8",
-                               "--quantize.linear.float8.recipe_name", "fast"],
-                              ["'fast'", "tensorwise", "rowwise_with_gw_hp"]),
+    "two AC modes": (
+        ["--boost.lowrank_ac", "--activation_checkpoint.mode", "full"],
+        ["lowrank_ac", "keep one"],
+    ),
+    "unknown float8 recipe": (
+        [
+            "--model.converters",
+            "quantize.linear.float8",
+            "--quantize.linear.float8.recipe_name",
+            "fast",
+        ],
+        ["'fast'", "tensorwise", "rowwise_with_gw_hp"],
+    ),
     "float8 auto filter without thresholds": (
-        ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name",
-         "rowwise_with_gw_hp", "--quantize.linear.float8.filter_fqns", "auto_filter_small_kn"],
-        ["no thresholds", "drop auto_filter_small_kn"]),
-}  # fmt: skip
+        [
+            "--model.converters",
+            "quantize.linear.float8",
+            "--quantize.linear.float8.recipe_name",
+            "rowwise_with_gw_hp",
+            "--quantize.linear.float8.filter_fqns",
+            "auto_filter_small_kn",
+        ],
+        ["no thresholds", "drop auto_filter_small_kn"],
+    ),
+}
 
 
 def _missing_dataset(d: Path) -> list[str]:
@@ -126,11 +145,19 @@ def check_each(argvs: list[list[str]], scratch: Path) -> list[subprocess.Complet
     env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
     env["PYTHONPATH"] = str(ROOT)
     results = scratch / "results.json"
-    child = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(argvs), str(results)],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps(argvs), str(results)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
-    return [subprocess.CompletedProcess(argv, code, output, "")
-            for argv, (code, output) in zip(argvs, json.loads(results.read_text()), strict=True)]  # fmt: skip
+    return [
+        subprocess.CompletedProcess(argv, code, output, "")
+        for argv, (code, output) in zip(argvs, json.loads(results.read_text()), strict=True)
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,55 @@ from boost_titan.bench.__main__ import main
 
 @pytest.mark.slow
 def test_cpu_json_schema(capsys):
-    tiny = ["--dim", "32", "--rank", "8", "--heads", "2", "--ffn-dim", "64", "--vocab-size", "32",
-            "--seq-len", "8", "--micro-batch", "1"]
-    argv = ["cpu", *tiny, "--repeats", "1", "--warmup", "0", "--profile", "1", "--overlap-chunks", "2",
-            "--json", "-"]
+    tiny = [
+        "--dim",
+        "32",
+        "--rank",
+        "8",
+        "--heads",
+        "2",
+        "--ffn-dim",
+        "64",
+        "--vocab-size",
+        "32",
+        "--seq-len",
+        "8",
+        "--micro-batch",
+        "1",
+    ]
+    argv = [
+        "cpu",
+        *tiny,
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--profile",
+        "1",
+        "--overlap-chunks",
+        "2",
+        "--json",
+        "-",
+    ]
     assert main(argv) == 0
     records = json.loads(capsys.readouterr().out)
     assert [(r["strategy"], r["arch"]) for r in records] == [
-        ("megatron", "fullrank"), ("vanilla", "cola"), ("btp", "cola")]
+        ("megatron", "fullrank"),
+        ("vanilla", "cola"),
+        ("btp", "cola"),
+    ]
     for r in records:
-        assert {"step_ms_median", "step_ms_min", "step_ms_max", "repeats", "tp", "seq_len",
-                "micro_batch", "ratio_to_btp", "ratio_to_btp_paired"} <= set(r)
+        assert {
+            "step_ms_median",
+            "step_ms_min",
+            "step_ms_max",
+            "repeats",
+            "tp",
+            "seq_len",
+            "micro_batch",
+            "ratio_to_btp",
+            "ratio_to_btp_paired",
+        } <= set(r)
         assert r["repeats"] == len(r["step_ms"]) == 1 and r["tp"] == 2
         assert r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
         split = r["profile_ms"]

@@ -21,7 +21,11 @@ def run_module(module: str, *args: str, timeout: float = 120) -> subprocess.Comp
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
         [sys.executable, "-m", module, *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -88,10 +92,15 @@ def test_nproc_mismatch():
     assert_one_error(check("--job.config_file", str(DEBUG_TOML), "--nproc", "3"), "3 processes")
     assert_one_error(
         check(
-            "--job.config_file", str(DEBUG_TOML), "--nproc", "4",
-            "--parallelism.data_parallel_shard_degree", "1",
+            "--job.config_file",
+            str(DEBUG_TOML),
+            "--nproc",
+            "4",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
         ),
-        "need 2 processes", "4 were requested",
+        "need 2 processes",
+        "4 were requested",
     )
 
 
@@ -100,7 +109,8 @@ def test_unwritable_output_folder(tmp_path):
     blocker.write_text("not a folder")
     assert_one_error(
         check("--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(blocker / "out")),
-        "not writable", "--job.dump_folder",
+        "not writable",
+        "--job.dump_folder",
     )
 
 
@@ -134,18 +144,26 @@ def test_readme_lists_every_config():
 
 
 @pytest.mark.parametrize("config, nproc, layout", readme_process_counts())
-def test_configs_validate_on_cpu_with_readme_process_count(config, nproc, layout, tmp_path, monkeypatch):
+def test_configs_validate_on_cpu_with_readme_process_count(
+    config, nproc, layout, tmp_path, monkeypatch
+):
     """Each config passes `check` with README's process count, which is also what `check`
     picks without --nproc."""
     from boost_titan.check import check as check_in_process
 
     monkeypatch.delenv("NGPU", raising=False)
-    args = ["--job.config_file", str(ROOT / "train_configs" / f"{config}.toml"),
-            "--job.dump_folder", str(tmp_path)]  # fmt: skip
+    args = [
+        "--job.config_file",
+        str(ROOT / "train_configs" / f"{config}.toml"),
+        "--job.dump_folder",
+        str(tmp_path),
+    ]
     where = f"on {nproc} process{'es' if nproc > 1 else ''} ({layout})"
     assert where in check_in_process(["--nproc", str(nproc), *args])
     summary = check_in_process(args)
-    assert summary.startswith(f"config ok: boost_llama {config} (cola") and where in summary, summary
+    assert summary.startswith(f"config ok: boost_llama {config} (cola") and where in summary, (
+        summary
+    )
 
 
 # ---- helpers --------------------------------------------------------------------------
@@ -153,7 +171,8 @@ def test_boost_section_added_once():
     flag = "--job.custom_config_module=boost_titan.config"
     assert with_boost_section(["--a", "1"]) == ["--a", "1", flag]
     assert with_boost_section(["--job.custom_config_module", "x"]) == [
-        "--job.custom_config_module", "x"
+        "--job.custom_config_module",
+        "x",
     ]
 
 

@@ -12,7 +12,6 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
-from boost_titan.parallelize import comm
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from boost_titan.bench import perfmodel as pm
@@ -30,6 +29,7 @@ from boost_titan.bench.trace import (
     without,
 )
 from boost_titan.boost_llama import flavor_args
+from boost_titan.parallelize import comm
 
 BATCH, SEQ = 2, 8
 TOKENS = BATCH * SEQ
@@ -38,7 +38,13 @@ D, FFN, R = 64, 128, 16
 
 def small_args(arch: str, n_layers: int = 2):
     return flavor_args(
-        "debug", vocab_size=64, arch=arch, dim=D, n_heads=4, ffn_dim=FFN, n_layers=n_layers,
+        "debug",
+        vocab_size=64,
+        arch=arch,
+        dim=D,
+        n_heads=4,
+        ffn_dim=FFN,
+        n_layers=n_layers,
         rank=R,
     )
 
@@ -79,17 +85,34 @@ CASES = {
     "btp-svd": ("svd", "btp", "online", True, (3 * R + 1, R, 2 * R + 1, R), (3 * R, R, 2 * R, R)),
     # LaX hands every latent to the next block's crossing: each up reduces its own grad
     "btp-lax": ("lax", "btp", "online", True, (3 * R + 1, R, 2 * R + 1, R), (R,) * 7),
-    "btp-sync": ("cola", "btp", "sync", True,
-                 (1, 3 * R, R, 1, 2 * R, R), (1, 3 * R, R, 1, 2 * R, R)),
+    "btp-sync": (
+        "cola",
+        "btp",
+        "sync",
+        True,
+        (1, 3 * R, R, 1, 2 * R, R),
+        (1, 3 * R, R, 1, 2 * R, R),
+    ),
     # ungrouped, each down-projection all-reduces on its own; the online statistic rides
     # in the first after each norm (q, gate), sync all-reduces it once per norm
-    "btp-ungrouped": ("cola", "btp", "online", False,
-                      (R + 1, R, R, R, R + 1, R, R), (R,) * 7),
-    "btp-sync-ungrouped": ("cola", "btp", "sync", False,
-                           (1, R, R, R, R, 1, R, R, R), (R,) * 7 + (1, 1)),
+    "btp-ungrouped": ("cola", "btp", "online", False, (R + 1, R, R, R, R + 1, R, R), (R,) * 7),
+    "btp-sync-ungrouped": (
+        "cola",
+        "btp",
+        "sync",
+        False,
+        (1, R, R, R, R, 1, R, R, R),
+        (R,) * 7 + (1, 1),
+    ),
     "vanilla": ("cola", "vanilla", "online", True, (D, D, D, D, FFN, FFN, D), (D, D, D, FFN)),
-    "vanilla-ungrouped": ("cola", "vanilla", "online", False,
-                          (D, D, D, D, FFN, FFN, D), (D, D, D, FFN)),
+    "vanilla-ungrouped": (
+        "cola",
+        "vanilla",
+        "online",
+        False,
+        (D, D, D, D, FFN, FFN, D),
+        (D, D, D, FFN),
+    ),
     "megatron": ("fullrank", "megatron", "online", True, (D, D), (D, D)),
 }
 
@@ -116,8 +139,15 @@ def test_btp_forward_order(mesh):
 def test_block_collectives_match_perfmodel(mesh, case):
     arch, strategy, rmsnorm, grouped, _, _ = CASES[case]
     fwd, bwd = run_block(mesh, arch, strategy, rmsnorm, grouped)
-    plan = pm.Plan(strategy=strategy, tp=mesh.size(), seq_len=SEQ, micro_batch=BATCH, dtype="fp32",
-                   rmsnorm=rmsnorm, group_linears=grouped)
+    plan = pm.Plan(
+        strategy=strategy,
+        tp=mesh.size(),
+        seq_len=SEQ,
+        micro_batch=BATCH,
+        dtype="fp32",
+        rmsnorm=rmsnorm,
+        group_linears=grouped,
+    )
     model_fwd, model_bwd = pm.layer_collectives(small_args(arch), plan)
     for recorded, modelled in ((fwd.calls, model_fwd), (bwd.calls, model_bwd)):
         assert per_token(recorded) == sorted((c.kind, c.elements_per_token) for c in modelled)
@@ -129,8 +159,14 @@ def test_online_statistic_in_activation_dtype(mesh, grouped):
     """bf16: the statistic rides in the bf16 all-reduce, priced by perfmodel at 2 bytes."""
     with default_dtype(torch.bfloat16):
         fwd, bwd = run_block(mesh, "cola", "btp", group_linears=grouped)
-    plan = pm.Plan(strategy="btp", tp=mesh.size(), seq_len=SEQ, micro_batch=BATCH,
-                   dtype="bf16", group_linears=grouped)
+    plan = pm.Plan(
+        strategy="btp",
+        tp=mesh.size(),
+        seq_len=SEQ,
+        micro_batch=BATCH,
+        dtype="bf16",
+        group_linears=grouped,
+    )
     model_fwd, model_bwd = pm.layer_collectives(small_args("cola"), plan)
     assert {c.dtype for c in fwd.calls + bwd.calls} == {torch.bfloat16}
     for recorded, modelled in ((fwd.calls, model_fwd), (bwd.calls, model_bwd)):
@@ -185,7 +221,10 @@ def test_recorder_sees_c10d_collectives(mesh):
         dist.reduce_scatter_single(torch.empty(TOKENS // tp, 3), x)
     assert log.debug_counts == Counter(all_reduce=1, all_gather=1, reduce_scatter=1)
     assert [(c.kind, c.shape) for c in log.calls] == [
-        ("all_reduce", (TOKENS, 3)), ("all_gather", (TOKENS, 3)), ("reduce_scatter", (TOKENS, 3))]
+        ("all_reduce", (TOKENS, 3)),
+        ("all_gather", (TOKENS, 3)),
+        ("reduce_scatter", (TOKENS, 3)),
+    ]
 
 
 class _OpLog(TorchDispatchMode):
@@ -228,8 +267,12 @@ def test_overlapped_blocks_launch_before_the_next_gemm(mesh):
     group = mesh.get_group()
     x = torch.randn(BATCH, SEQ, 4, requires_grad=True)
     w = torch.randn(6, 4, requires_grad=True)
-    for forward in (lambda: comm.row_linear(x, w, group, 2),
-                    lambda: online_rmsnorm_down(x, torch.rand(4) + 0.5, [w], 4 * mesh.size(), 1e-6, group, 2)[0]):
+    for forward in (
+        lambda: comm.row_linear(x, w, group, 2),
+        lambda: online_rmsnorm_down(x, torch.rand(4) + 0.5, [w], 4 * mesh.size(), 1e-6, group, 2)[
+            0
+        ],
+    ):
         with _OpLog() as log:
             forward()
         ops = [n for n in log.names if n in ("mm", "all_reduce", "wait_tensor")]
@@ -259,7 +302,9 @@ def test_deferred_group_grad_all_reduce_runs_behind_weight_grads(mesh):
     assert all(torch.equal(w.grad, want) for w in weights)
 
 
-@pytest.mark.parametrize("strategy,arch", [("btp", "cola"), ("vanilla", "cola"), ("megatron", "fullrank")])
+@pytest.mark.parametrize(
+    "strategy,arch", [("btp", "cola"), ("vanilla", "cola"), ("megatron", "fullrank")]
+)
 def test_group_members_grads_concatenated(mesh, strategy, arch):
     """Consumers take their parts of a norm group's output split in one op, so backward
     concatenates their grads (no zero-padded full-width grad per consumer to sum)."""

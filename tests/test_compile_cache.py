@@ -32,7 +32,7 @@ def _tag(rank: int, shape: tuple[int, ...], user_tag: str = "", calls: int = 1) 
     saved = torch.compiler.config.cache_key_tag
     try:
         torch.compiler.config.cache_key_tag = user_tag
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[-len(shape):])
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[-len(shape) :])
         for _ in range(calls):
             tag = key_compile_caches_by_rank(mesh)
         assert torch.compiler.config.cache_key_tag == tag
@@ -66,17 +66,31 @@ def _aot_entries(cache: Path) -> set[str]:
     return {str(p.relative_to(cache)) for p in (cache / "aotautograd").glob("*/*")}
 
 
-def _compiled_run(folder: Path, cache: Path, schedule: tuple[str, ...],
-                  flags: tuple[str, ...]) -> list[tuple[float, float]]:
+def _compiled_run(
+    folder: Path, cache: Path, schedule: tuple[str, ...], flags: tuple[str, ...]
+) -> list[tuple[float, float]]:
     """(loss, grad norm) of the 2 steps of `./run_train.sh` (debug.toml, TP 2) with
     torch.compile, Inductor caching in `cache`."""
     env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
     result = subprocess.run(
-        ["./run_train.sh", *schedule, "--training.steps", "2", "--compile.enable",
-         "--job.dump_folder", str(folder), "--checkpoint.no_enable", "--validation.no_enable",
-         *flags],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        [
+            "./run_train.sh",
+            *schedule,
+            "--training.steps",
+            "2",
+            "--compile.enable",
+            "--job.dump_folder",
+            str(folder),
+            "--checkpoint.no_enable",
+            "--validation.no_enable",
+            *flags,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     rows, _ = read_log(str(folder / "losses.jsonl"))
@@ -95,7 +109,9 @@ def test_compiled_training_rerun_on_a_warm_cache_equals_eager(two_process_run, t
     eager = [(r["loss"], r["grad_norm"]) for r in two_process_run.rows[:2]]
     cache = tmp_path / "inductor-cache"
     entries = []
-    for i, flags in enumerate([("--activation_checkpoint.mode", "selective"), ("--boost.lowrank_ac",)]):
+    for i, flags in enumerate(
+        [("--activation_checkpoint.mode", "selective"), ("--boost.lowrank_ac",)]
+    ):
         steps = _compiled_run(tmp_path / f"run{i}", cache, two_process_run.schedule, flags)
         for (loss, norm), (want_loss, want_norm) in zip(steps, eager, strict=True):
             assert loss == pytest.approx(want_loss, rel=2e-6, abs=0), (flags, steps, eager)

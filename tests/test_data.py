@@ -39,9 +39,7 @@ def caches(tmp_path_factory, monkeypatch):
 
 
 def job_config(*args: str):
-    return ConfigManager().parse_args(
-        ["--job.custom_config_module=boost_titan.config", *args]
-    )
+    return ConfigManager().parse_args(["--job.custom_config_module=boost_titan.config", *args])
 
 
 def one_line_error(excinfo: pytest.ExceptionInfo) -> str:
@@ -208,20 +206,26 @@ PROBED = {
     "jsonl with BOM": ("a.jsonl", lambda p: p.write_bytes(b"\xef\xbb\xbf" + b'{"text": "x"}\n')),
     "json array of objects": ("a.json", lambda p: p.write_text('[{"text": "x"}, {"text": "y"}]')),
     "json array of strings": ("a.json", lambda p: p.write_text('["x", "y"]')),
-    "json array with BOM": ("a.json", lambda p: p.write_bytes(b"\xef\xbb\xbf" + b'[{"text": "x"}]')),
+    "json array with BOM": (
+        "a.json",
+        lambda p: p.write_bytes(b"\xef\xbb\xbf" + b'[{"text": "x"}]'),
+    ),
     "txt": ("b.txt", lambda p: p.write_text(TEXT)),
     "parquet": ("c.parquet", lambda p: _parquet(p, text=["p1", "p2"])),
     "jsonl garbage": ("a.jsonl", lambda p: p.write_bytes(b"\x8f\xff\x00garbage\n" * 8)),
     "jsonl not an object": ("a.jsonl", lambda p: p.write_text('"just a string"\n')),
     "jsonl text not a string": ("a.jsonl", lambda p: p.write_text('{"text": 5}\n{"text": 6}\n')),
-    "jsonl text sometimes a number": ("a.jsonl", lambda p: p.write_text('{"text": "a"}\n{"text": 6}\n')),
+    "jsonl text sometimes a number": (
+        "a.jsonl",
+        lambda p: p.write_text('{"text": "a"}\n{"text": 6}\n'),
+    ),
     "jsonl without text": ("a.jsonl", lambda p: p.write_text('{"body": "x"}\n')),
     "json array of numbers": ("a.json", lambda p: p.write_text("[1, 2]")),
     "txt latin-1": ("b.txt", lambda p: p.write_bytes("café\n".encode("latin-1"))),
     "parquet garbage": ("c.parquet", lambda p: p.write_bytes(b"PAR1" + b"\x00" * 64)),
     "parquet without text": ("c.parquet", lambda p: _parquet(p, body=["x"])),
     "parquet text not a string": ("c.parquet", lambda p: _parquet(p, text=[1, 2])),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(PROBED))
@@ -254,7 +258,9 @@ def test_probe_reads_a_sample(tmp_path):
     path.write_bytes(b"x" * (probe.MAX_SAMPLE - 1) + b"\xff")
     with pytest.raises(ConfigError, match="is not UTF-8 text"):
         probe.probe_files([path])
-    assert probe.sample_bytes(1) == probe.MAX_SAMPLE and probe.sample_bytes(10**6) == probe.MIN_SAMPLE
+    assert (
+        probe.sample_bytes(1) == probe.MAX_SAMPLE and probe.sample_bytes(10**6) == probe.MIN_SAMPLE
+    )
 
 
 # ---- dataloader ------------------------------------------------------------------------
@@ -280,8 +286,12 @@ def test_default_dataloader():
 def test_local_dataloader_loops_forever(tmp_path):
     path = write_jsonl(tmp_path / "tiny.jsonl", ["print('hi')", "x = 1"])
     config = job_config(
-        "--training.dataset_path", str(path),
-        "--training.local_batch_size", "2", "--training.seq_len", "16",
+        "--training.dataset_path",
+        str(path),
+        "--training.local_batch_size",
+        "2",
+        "--training.seq_len",
+        "16",
     )
     tok = build_tokenizer(config)
     loader = build_dataloader(1, 0, tok, config)
@@ -294,8 +304,12 @@ def test_local_dataloader_loops_forever(tmp_path):
 def test_dataloader_resumes_exactly(tmp_path):
     docs = [f"doc {i}: " + "word " * (3 * i) for i in range(6)]
     config = job_config(
-        "--training.dataset_path", str(write_jsonl(tmp_path / "d.jsonl", docs)),
-        "--training.local_batch_size", "2", "--training.seq_len", "8",
+        "--training.dataset_path",
+        str(write_jsonl(tmp_path / "d.jsonl", docs)),
+        "--training.local_batch_size",
+        "2",
+        "--training.seq_len",
+        "8",
     )
     tok = build_tokenizer(config)
     loader = build_dataloader(1, 0, tok, config)
@@ -322,8 +336,16 @@ def _labels(loader, batches: int) -> list[torch.Tensor]:
 def _global_batches(dp: int, path: Path, order: str, batches: int = 8) -> list[torch.Tensor]:
     """The first global batches (4 windows of 8 + 1 tokens) at DP degree `dp`: every
     rank's rows of each step, rank by rank."""
-    config = job_config("--training.dataset_path", str(path), "--training.seq_len", "8",
-                        "--training.local_batch_size", str(4 // dp), "--boost.data_order", order)  # fmt: skip
+    config = job_config(
+        "--training.dataset_path",
+        str(path),
+        "--training.seq_len",
+        "8",
+        "--training.local_batch_size",
+        str(4 // dp),
+        "--boost.data_order",
+        order,
+    )
     tok = build_tokenizer(config)
     ranks = [_labels(build_dataloader(dp, r, tok, config), batches) for r in range(dp)]
     return [torch.cat(step) for step in zip(*ranks, strict=True)]
@@ -332,16 +354,30 @@ def _global_batches(dp: int, path: Path, order: str, batches: int = 8) -> list[t
 def test_global_order_batches_do_not_depend_on_the_dp_degree(tmp_path):
     path = _varied_docs(tmp_path)
     one = _global_batches(1, path, "global")
-    assert all(torch.equal(a, b) for a, b in zip(one, _global_batches(1, path, "sharded"), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(one, _global_batches(1, path, "sharded"), strict=True)
+    )
     for dp in (2, 4):
-        assert all(torch.equal(a, b) for a, b in zip(one, _global_batches(dp, path, "global"), strict=True))
+        assert all(
+            torch.equal(a, b) for a, b in zip(one, _global_batches(dp, path, "global"), strict=True)
+        )
     # TorchTitan's sharded order trains DP 2 on other windows
-    assert not all(torch.equal(a, b) for a, b in zip(one, _global_batches(2, path, "sharded")))
+    assert not all(
+        torch.equal(a, b) for a, b in zip(one, _global_batches(2, path, "sharded"), strict=True)
+    )
 
 
 def test_global_order_resumes_exactly(tmp_path):
-    config = job_config("--training.dataset_path", str(_varied_docs(tmp_path)), "--training.seq_len", "8",
-                        "--training.local_batch_size", "2", "--boost.data_order", "global")  # fmt: skip
+    config = job_config(
+        "--training.dataset_path",
+        str(_varied_docs(tmp_path)),
+        "--training.seq_len",
+        "8",
+        "--training.local_batch_size",
+        "2",
+        "--boost.data_order",
+        "global",
+    )
     tok = build_tokenizer(config)
     for rank in (0, 1):
         loader = build_dataloader(2, rank, tok, config)
@@ -359,8 +395,17 @@ def test_unknown_data_order_is_one_line():
     from boost_titan.boost_llama.spec import validate_job
 
     with pytest.raises(ConfigError) as excinfo:
-        validate_job(job_config("--model.name", "boost_llama", "--model.flavor", "debug",
-                                "--boost.data_order", "shuffled"), 1)
+        validate_job(
+            job_config(
+                "--model.name",
+                "boost_llama",
+                "--model.flavor",
+                "debug",
+                "--boost.data_order",
+                "shuffled",
+            ),
+            1,
+        )
     assert one_line_error(excinfo) == (
         "unknown [boost] data_order 'shuffled'; choose one of sharded, global"
     )

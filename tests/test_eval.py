@@ -101,7 +101,7 @@ def test_windows_are_torchtitans_packing(tmp_path):
     titan = HuggingFaceTextDataset("local", str(path), tokenizer, seq_len=32, infinite=False)
     samples = [torch.cat([x["input"][:1], label]) for x, label in titan]
     assert len(samples) == len(windows) > 100
-    assert all(torch.equal(s, w.long()) for s, w in zip(samples, windows))
+    assert all(torch.equal(s, w.long()) for s, w in zip(samples, windows, strict=True))
     assert torch.equal(pack_windows(data.texts(), tokenizer, 32, limit=5), windows[:5])
 
 
@@ -110,7 +110,7 @@ def test_batches_cut_global_batches_over_data_parallel_ranks():
     single = list(ValidationBatches(windows, local_batch_size=4))
     ranks = [list(ValidationBatches(windows, 2, dp_rank=r, dp_degree=2)) for r in range(2)]
     assert len(single) == len(ranks[0]) == len(ranks[1]) == 3
-    for whole, *parts in zip(single, *ranks):
+    for whole, *parts in zip(single, *ranks, strict=True):
         assert torch.equal(whole[0]["input"], torch.cat([p[0]["input"] for p in parts]))
         assert torch.equal(whole[1], torch.cat([p[1] for p in parts]))
     inputs, labels = single[-1][0]["input"], single[-1][1]  # windows 8..10 and one pad row
@@ -135,12 +135,14 @@ def test_validation_data_choice(tmp_path):
 
 
 VALIDATION_ERRORS = {
-    "missing": (["--validation.dataset_path", "{tmp}/none"],
-                "validation.dataset_path {tmp}/none does not exist"),
+    "missing": (
+        ["--validation.dataset_path", "{tmp}/none"],
+        "validation.dataset_path {tmp}/none does not exist",
+    ),
     "no files": (["--validation.dataset_path", "{tmp}/empty"], "holds no documents"),
     "unknown": (["--validation.dataset", "wiki"], "unknown validation.dataset 'wiki'"),
     "local without path": (["--validation.dataset", "local"], "needs a path"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(VALIDATION_ERRORS))
@@ -179,7 +181,9 @@ def test_evaluate_gives_the_token_weighted_mean_for_any_batch_size():
         expected = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten().long()).item()
 
     def batch_loss(input_dict, labels):
-        return cross_entropy_loss(model(input_dict["input"]), labels), (labels != IGNORE_INDEX).sum()
+        return cross_entropy_loss(model(input_dict["input"]), labels), (
+            labels != IGNORE_INDEX
+        ).sum()
 
     for batch_size in (1, 3, 8, 20):
         result = evaluate(ValidationBatches(windows, batch_size), batch_loss, True, "cpu")
@@ -211,8 +215,12 @@ def test_run_log_records_validations(tmp_path, monkeypatch):
     assert log.seconds == 12.0 - 3.0
     training, validation = read_log(str(tmp_path / "losses.jsonl"))
     assert [r["step"] for r in training] == [1, 2]
-    assert validation[1] == {"step": 2, "validation_loss": 4.5,
-                             "validation_perplexity": math.exp(4.5), "validation_tokens": 64}
+    assert validation[1] == {
+        "step": 2,
+        "validation_loss": 4.5,
+        "validation_perplexity": math.exp(4.5),
+        "validation_tokens": 64,
+    }
     line = log.summary(final_step=2)
     assert "ran 2 steps (1-2) in 9.0 s" in line
     assert (
@@ -235,8 +243,11 @@ def checkpoints(tmp_path_factory) -> SimpleNamespace:
 def test_eval_reads_dcp_and_export_alike(checkpoints, tmp_path):
     common = ["--dataset-path", str(checkpoints.data), "--seq-len", "64", "--steps", "3"]
     out = tmp_path / "result.json"
-    from_dcp = eval_command.run(eval_command.parser().parse_args(
-        ["--checkpoint", str(checkpoints.dcp), "--arch", "cola", *common]))  # fmt: skip
+    from_dcp = eval_command.run(
+        eval_command.parser().parse_args(
+            ["--checkpoint", str(checkpoints.dcp), "--arch", "cola", *common]
+        )
+    )
     eval_command.main(["--checkpoint", str(checkpoints.export), *common, "--json", str(out)])
     from_export = json.loads(out.read_text())
     assert (from_dcp["kind"], from_export["kind"]) == ("dcp", "export")
@@ -274,14 +285,28 @@ def test_greedy_generation_takes_the_argmax_each_step(model, prompt):
     with torch.no_grad():
         for _ in range(6):
             tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
-    assert generate_command.generate(model, prompt, max_new_tokens=6) == tokens[len(prompt):]
+    assert generate_command.generate(model, prompt, max_new_tokens=6) == tokens[len(prompt) :]
 
 
 def test_generate_command_prints_prompt_and_continuation(checkpoints, model, prompt, capsys):
     generate_command.main(
-        ["--checkpoint", str(checkpoints.dcp), "--arch", "cola", "--prompt", "def ",
-         "--max-new-tokens", "5", "--temperature", "1.5", "--top-k", "50", "--seed", "2"]
-    )  # fmt: skip
+        [
+            "--checkpoint",
+            str(checkpoints.dcp),
+            "--arch",
+            "cola",
+            "--prompt",
+            "def ",
+            "--max-new-tokens",
+            "5",
+            "--temperature",
+            "1.5",
+            "--top-k",
+            "50",
+            "--seed",
+            "2",
+        ]
+    )
     tokenizer = tk.load_tokenizer("default")
     expected = generate_command.generate(
         model, prompt, max_new_tokens=5, temperature=1.5, top_k=50, seed=2, stop_id=tokenizer.eos_id
@@ -292,18 +317,27 @@ def test_generate_command_prints_prompt_and_continuation(checkpoints, model, pro
 # ---- bad input: one line, exit 2 ---------------------------------------------------------
 BAD = {
     "empty prompt": ("generate", ["--prompt", ""], "--prompt is empty"),
-    "arch not matching the export": ("generate", ["--prompt", "x", "--arch", "svd"],
-                                     "--arch svd does not match the export"),
-    "tokenizer not matching": ("eval", ["--tokenizer", "{tiktoken}"],
-                               "has 258 tokens but the checkpoint's model has vocab 4096"),
+    "arch not matching the export": (
+        "generate",
+        ["--prompt", "x", "--arch", "svd"],
+        "--arch svd does not match the export",
+    ),
+    "tokenizer not matching": (
+        "eval",
+        ["--tokenizer", "{tiktoken}"],
+        "has 258 tokens but the checkpoint's model has vocab 4096",
+    ),
     "not a checkpoint": ("eval", ["--checkpoint", "{tmp}"], "no DCP .metadata"),
     "svd and cola alike": ("eval", ["--checkpoint", "{dcp}"], "fit --arch svd or cola"),
-    "lax arch for a cola checkpoint": ("eval", ["--checkpoint", "{dcp}", "--arch", "lax"],
-                                       "does not match the checkpoint"),
+    "lax arch for a cola checkpoint": (
+        "eval",
+        ["--checkpoint", "{dcp}", "--arch", "lax"],
+        "does not match the checkpoint",
+    ),
     "dataset without documents": ("eval", ["--dataset-path", "{blank}"], "is empty"),
     "tp not dividing": ("eval", ["--tp", "3"], "--tp 3 does not divide the 1 processes"),
     "unknown option": ("eval", ["--seqlen", "5"], "unrecognized arguments: --seqlen 5"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -311,7 +345,9 @@ def test_bad_input_is_one_line(case, checkpoints, tmp_path, capsys):
     command, args, words = BAD[case]
     blank = write_jsonl(tmp_path / "blank.jsonl", ["", "  "])
     tiktoken = tmp_path / "t.tiktoken"
-    tiktoken.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    tiktoken.write_text(
+        "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))
+    )
     values = {"tmp": tmp_path, "dcp": checkpoints.dcp, "blank": blank, "tiktoken": tiktoken}
     args = ["--checkpoint", str(checkpoints.export), *(a.format(**values) for a in args)]
     main = {"eval": eval_command.main, "generate": generate_command.main}[command]
@@ -324,23 +360,39 @@ def test_bad_input_is_one_line(case, checkpoints, tmp_path, capsys):
 
 def test_command_line_errors_are_one_line(checkpoints):
     """The real processes print nothing else (no traceback, no warning)."""
-    result = run_module("boost_titan.generate", "--checkpoint", str(checkpoints.dcp), "--prompt", "")
+    result = run_module(
+        "boost_titan.generate", "--checkpoint", str(checkpoints.dcp), "--prompt", ""
+    )
     assert_one_error(result, "--prompt is empty")
-    result = run_module("boost_titan.eval", "--checkpoint", str(checkpoints.export), "--arch", "svd")
+    result = run_module(
+        "boost_titan.eval", "--checkpoint", str(checkpoints.export), "--arch", "svd"
+    )
     assert_one_error(result, "--arch svd does not match the export")
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--validation.dataset_path", "{tmp}"], "validation.dataset_path {tmp} holds no documents"),
-        (["--validation.seq_len", "4096"], "validation.seq_len 4096 exceeds the debug flavor's maximum 2048"),
+        (
+            ["--validation.dataset_path", "{tmp}"],
+            "validation.dataset_path {tmp} holds no documents",
+        ),
+        (
+            ["--validation.seq_len", "4096"],
+            "validation.seq_len 4096 exceeds the debug flavor's maximum 2048",
+        ),
     ],
-)  # fmt: skip
+)
 def test_check_refuses_bad_validation_settings(args, message, tmp_path):
     """`boost_titan.check` (run by run_train.sh before any worker) checks [validation]."""
-    debug = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML),
-             "--job.dump_folder", str(tmp_path / "dump")]  # not the checkout's outputs/debug
+    debug = [
+        "--nproc",
+        "2",
+        "--job.config_file",
+        str(DEBUG_TOML),
+        "--job.dump_folder",
+        str(tmp_path / "dump"),
+    ]  # not the checkout's outputs/debug
     with pytest.raises(ConfigError) as excinfo:
         check([*debug, *(a.format(tmp=tmp_path) for a in args)])
     assert message.format(tmp=tmp_path) in str(excinfo.value)

@@ -67,8 +67,10 @@ def save_checkpoint(
     weights = {k: v.detach().to(dtype or v.dtype).clone() for k, v in model.state_dict().items()}
     state: dict = dict(weights)
     if full:  # what TorchTitan adds next to the model in a full checkpoint
-        moments = {k: {"exp_avg": torch.ones_like(v), "step": torch.tensor(3.0)}
-                   for k, v in weights.items()}
+        moments = {
+            k: {"exp_avg": torch.ones_like(v), "step": torch.tensor(3.0)}
+            for k, v in weights.items()
+        }
         state["optimizer"] = {"state": moments}
         state["lr_scheduler"] = {"last_epoch": 3}
         state["train_state"] = {"step": 3, "ntokens_seen": 96}
@@ -105,8 +107,20 @@ def test_round_trip(arch, tmp_path):
 
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     rebuilt = args_of(config)
-    for name in ("arch", "dim", "n_layers", "n_heads", "kv_heads", "ffn_dim", "effective_rank",
-                 "vocab_size", "norm_eps", "rope_theta", "max_seq_len", "activation"):  # fmt: skip
+    for name in (
+        "arch",
+        "dim",
+        "n_layers",
+        "n_heads",
+        "kv_heads",
+        "ffn_dim",
+        "effective_rank",
+        "vocab_size",
+        "norm_eps",
+        "rope_theta",
+        "max_seq_len",
+        "activation",
+    ):
         assert getattr(rebuilt, name) == getattr(args, name), name
     assert ("lax_base" in config) == (arch == "lax") and ("rank" in config) == (arch != "fullrank")
     assert model_shapes(rebuilt) == {k: tuple(v.shape) for k, v in exported.items()}
@@ -166,7 +180,9 @@ def _lax_checkpoint(tmp: Path) -> str:
 def _foreign_checkpoint(tmp: Path) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        dcp.save({"encoder.weight": torch.ones(2, 2)}, checkpoint_id=str(tmp / "foreign"), no_dist=True)
+        dcp.save(
+            {"encoder.weight": torch.ones(2, 2)}, checkpoint_id=str(tmp / "foreign"), no_dist=True
+        )
     return str(tmp / "foreign")
 
 
@@ -195,24 +211,63 @@ COLA = ["--arch", "cola"]
 # name -> (checkpoint maker, out maker or None for tmp/out, extra args, message fragments)
 BAD_EXPORTS = {
     "missing checkpoint": (lambda t, c: str(t / "nope"), None, COLA, ["is not a folder"]),
-    "run folder, not step-N": (lambda t, c: str(c.parents[1]), None, COLA,
-                               ["no DCP .metadata", "did you mean {c}?"]),
-    "damaged .metadata": (_damaged("metadata"), None, COLA, ["cannot read its .metadata", "damaged"]),
-    "truncated shard": (_damaged("shard"), None, COLA,
-                        ["__0_0.distcp is truncated (4,096 bytes, its .metadata needs", "damaged"]),
-    "not a boost checkpoint": (lambda t, c: _foreign_checkpoint(t), None, [], ["no boost_llama weights"]),
+    "run folder, not step-N": (
+        lambda t, c: str(c.parents[1]),
+        None,
+        COLA,
+        ["no DCP .metadata", "did you mean {c}?"],
+    ),
+    "damaged .metadata": (
+        _damaged("metadata"),
+        None,
+        COLA,
+        ["cannot read its .metadata", "damaged"],
+    ),
+    "truncated shard": (
+        _damaged("shard"),
+        None,
+        COLA,
+        ["__0_0.distcp is truncated (4,096 bytes, its .metadata needs", "damaged"],
+    ),
+    "not a boost checkpoint": (
+        lambda t, c: _foreign_checkpoint(t),
+        None,
+        [],
+        ["no boost_llama weights"],
+    ),
     "arch not given": (_given, None, [], ["fit --arch svd or cola", "pass the [boost] arch"]),
-    "arch contradicts shapes": (_given, None, ["--arch", "fullrank"],
-                                ["--arch fullrank does not match", "use --arch svd or cola"]),
-    "lax without lax_base": (lambda t, c: _lax_checkpoint(t), None, ["--arch", "lax"],
-                             ["--lax-base svd or cola"]),
-    "flavor contradicts shapes": (_given, None, [*COLA, "--flavor", "60M"],
-                                  ["--flavor 60M has dim 512 but the checkpoint has 256"]),
+    "arch contradicts shapes": (
+        _given,
+        None,
+        ["--arch", "fullrank"],
+        ["--arch fullrank does not match", "use --arch svd or cola"],
+    ),
+    "lax without lax_base": (
+        lambda t, c: _lax_checkpoint(t),
+        None,
+        ["--arch", "lax"],
+        ["--lax-base svd or cola"],
+    ),
+    "flavor contradicts shapes": (
+        _given,
+        None,
+        [*COLA, "--flavor", "60M"],
+        ["--flavor 60M has dim 512 but the checkpoint has 256"],
+    ),
     "out not empty": (_given, _non_empty_out, COLA, ["already exists and is not an empty folder"]),
-    "out inside a file": (_given, lambda t: str(t / "file" / "out"), COLA,
-                          ["is not writable (a parent is a file)", "choose a writable folder"]),
-    "unknown option value": (_given, None, ["--arch", "lowrank"], ["invalid choice: 'lowrank'", "--help"]),
-}  # fmt: skip
+    "out inside a file": (
+        _given,
+        lambda t: str(t / "file" / "out"),
+        COLA,
+        ["is not writable (a parent is a file)", "choose a writable folder"],
+    ),
+    "unknown option value": (
+        _given,
+        None,
+        ["--arch", "lowrank"],
+        ["invalid choice: 'lowrank'", "--help"],
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(BAD_EXPORTS))
@@ -256,10 +311,19 @@ def export_folder(tmp_path_factory) -> Path:
 
 def _check(tmp: Path, folder: Path | str | None, *args: str, in_hf: bool = True) -> str:
     load = ["--checkpoint.initial_load_path", str(folder)] if folder is not None else []
-    return check([
-        "--nproc", "2", "--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(tmp / "dump"),
-        *load, *(["--checkpoint.initial_load_in_hf"] if in_hf else []), *args,
-    ])  # fmt: skip
+    return check(
+        [
+            "--nproc",
+            "2",
+            "--job.config_file",
+            str(DEBUG_TOML),
+            "--job.dump_folder",
+            str(tmp / "dump"),
+            *load,
+            *(["--checkpoint.initial_load_in_hf"] if in_hf else []),
+            *args,
+        ]
+    )
 
 
 def _variant(tmp: Path, export_folder: Path, drop: str | None = None, **config) -> Path:
@@ -279,16 +343,22 @@ def test_check_accepts_export(tmp_path, export_folder):
 
 
 BAD_LOADS = {
-    "no model.safetensors": (dict(drop="model.safetensors"), [],
-                             ["has no model.safetensors", "boost_titan.export"]),
+    "no model.safetensors": (
+        dict(drop="model.safetensors"),
+        [],
+        ["has no model.safetensors", "boost_titan.export"],
+    ),
     "no config.json": (dict(drop="config.json"), [], ["has no config.json", "boost_titan.export"]),
-    "rank differs": ({}, ["--boost.rank", "32"],
-                     ["rank 64 (config.json)", "has rank 32", "--boost.rank 64"]),
+    "rank differs": (
+        {},
+        ["--boost.rank", "32"],
+        ["rank 64 (config.json)", "has rank 32", "--boost.rank 64"],
+    ),
     "arch differs": ({}, ["--boost.arch", "svd"], ["arch cola", "arch svd", "--boost.arch cola"]),
     "vocab differs": (dict(vocab_size=512), [], ["vocab_size 512", "vocab_size 4096", "tokenizer"]),
     "dims differ": (dict(dim=512), [], ["dim 512", "dim 256"]),
     "broken config.json": (dict(dim="wide"), [], ["has dim 'wide'", "export again"]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(BAD_LOADS))
@@ -310,7 +380,9 @@ def test_check_rejects_truncated_weights(tmp_path, export_folder):
 
 
 def test_check_tells_dcp_from_export(tmp_path, export_folder, cola_checkpoint):
-    with pytest.raises(ConfigError, match="is a DCP checkpoint, not an export; drop --checkpoint.init"):
+    with pytest.raises(
+        ConfigError, match="is a DCP checkpoint, not an export; drop --checkpoint.init"
+    ):
         _check(tmp_path, cola_checkpoint)
     with pytest.raises(ConfigError, match="is an export .* add --checkpoint.initial_load_in_hf"):
         _check(tmp_path, export_folder, in_hf=False)
@@ -321,10 +393,19 @@ def test_check_tells_dcp_from_export(tmp_path, export_folder, cola_checkpoint):
 def test_check_export_mismatch_command_line(tmp_path, export_folder):
     """The same through `python -m boost_titan.check`: one line, exit 2."""
     result = run_module(
-        "boost_titan.check", "--nproc", "2", "--job.config_file", str(DEBUG_TOML),
-        "--job.dump_folder", str(tmp_path / "dump"), "--checkpoint.initial_load_path",
-        str(export_folder), "--checkpoint.initial_load_in_hf", "--boost.rank", "32",
-    )  # fmt: skip
+        "boost_titan.check",
+        "--nproc",
+        "2",
+        "--job.config_file",
+        str(DEBUG_TOML),
+        "--job.dump_folder",
+        str(tmp_path / "dump"),
+        "--checkpoint.initial_load_path",
+        str(export_folder),
+        "--checkpoint.initial_load_in_hf",
+        "--boost.rank",
+        "32",
+    )
     assert_one_error(result, "rank 64", "--boost.rank 64")
     assert result.returncode == 2
 
@@ -332,13 +413,37 @@ def test_check_export_mismatch_command_line(tmp_path, export_folder):
 # ---- a real checkpoint, exported, trains like the original ---------------------------------
 def _torchrun(nproc: int, dump: Path, *args: str) -> list[float]:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter", "0",
-        "--tee", "3", "-m", "boost_titan.train", "--job.config_file", str(DEBUG_TOML),
-        "--job.dump_folder", str(dump), "--training.seq_len", "64", "--training.local_batch_size", "2",
-        "--training.steps", "2", "--metrics.log_freq", "1", "--metrics.no_enable_tensorboard",
-        "--debug.seed", "7", "--checkpoint.interval", "1000", *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=localhost:0",
+        "--local-ranks-filter",
+        "0",
+        "--tee",
+        "3",
+        "-m",
+        "boost_titan.train",
+        "--job.config_file",
+        str(DEBUG_TOML),
+        "--job.dump_folder",
+        str(dump),
+        "--training.seq_len",
+        "64",
+        "--training.local_batch_size",
+        "2",
+        "--training.steps",
+        "2",
+        "--metrics.log_freq",
+        "1",
+        "--metrics.no_enable_tensorboard",
+        "--debug.seed",
+        "7",
+        "--checkpoint.interval",
+        "1000",
+        *args,
+    ]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -368,9 +473,13 @@ def test_trainer_starts_from_export(tmp_path):
 
     from_dcp = _torchrun(2, tmp_path / "dcp", *tp2, "--checkpoint.initial_load_path", str(step0))
     from_export = _torchrun(
-        2, tmp_path / "hf", *tp2, "--checkpoint.initial_load_path", str(out),
+        2,
+        tmp_path / "hf",
+        *tp2,
+        "--checkpoint.initial_load_path",
+        str(out),
         "--checkpoint.initial_load_in_hf",
-    )  # fmt: skip
+    )
     print(f"losses from DCP {from_dcp}, from export {from_export}")
     assert from_export[0] == from_dcp[0]
     assert from_export == from_dcp

@@ -61,8 +61,17 @@ class ScaledMMCount(TorchDispatchMode):
 def build_model(arch: str, rank: int = 32) -> BoostTransformer:
     """A 2-layer bf16 model, every parameter random."""
     torch.manual_seed(0)
-    args = flavor_args("debug", vocab_size=64, arch=arch, dim=DIM, n_heads=4, ffn_dim=128,
-                       n_layers=2, rank=rank, max_seq_len=SEQ)
+    args = flavor_args(
+        "debug",
+        vocab_size=64,
+        arch=arch,
+        dim=DIM,
+        n_heads=4,
+        ffn_dim=128,
+        n_layers=2,
+        rank=rank,
+        max_seq_len=SEQ,
+    )
     model = BoostTransformer(args)
     model.init_weights()
     randomize(model)
@@ -173,11 +182,12 @@ def test_selection_is_judged_per_rank(block_results):
     not (grouping counts: gate/up downs stacked are 2 x 8), BTP TP2's are."""
     vanilla = block_results["vanilla r16"]
     assert vanilla.startswith("float8 (tensorwise): 5 of 29 projections, as 3 GEMM"), vanilla
-    for reason in ("N 24 is not a multiple of 16: layers.*.attention.wq.down, "
-                   "layers.*.attention.wk.down, layers.*.attention.wv.down",
-                   "N 8 is not a multiple of 16: layers.*.attention.wo.down, "
-                   "layers.*.feed_forward.w2.down",
-                   "K 8 is not a multiple of 16: layers.*.attention.wq.up"):
+    for reason in (
+        "N 24 is not a multiple of 16: layers.*.attention.wq.down, "
+        "layers.*.attention.wk.down, layers.*.attention.wv.down",
+        "N 8 is not a multiple of 16: layers.*.attention.wo.down, layers.*.feed_forward.w2.down",
+        "K 8 is not a multiple of 16: layers.*.attention.wq.up",
+    ):
         assert reason in vanilla, vanilla
     btp = block_results["btp r16"]
     assert btp.startswith("float8 (tensorwise): 29 of 29"), btp
@@ -216,14 +226,17 @@ def test_grouped_gemm_follows_its_filtered_member():
     auto = ["auto_filter_small_kn"]
     assert group_skip_reason(3 * 4096, 4096, fqns, "tensorwise", auto) is None
     assert group_skip_reason(96, 32, fqns, "tensorwise", auto) == (
-        "below torchao's tensorwise size threshold")
+        "below torchao's tensorwise size threshold"
+    )
 
 
 def _job(**float8):
     from types import SimpleNamespace
 
-    settings = dict(recipe_name=None, filter_fqns=[], emulate=False,
-                    enable_fsdp_float8_all_gather=False) | float8
+    settings = (
+        dict(recipe_name=None, filter_fqns=[], emulate=False, enable_fsdp_float8_all_gather=False)
+        | float8
+    )
     return SimpleNamespace(
         model=SimpleNamespace(converters=["quantize.linear.float8"], name="boost_llama"),
         quantize=SimpleNamespace(linear=SimpleNamespace(float8=SimpleNamespace(**settings))),
@@ -254,8 +267,10 @@ def test_gpu_without_float8_is_refused_unless_emulated(monkeypatch):
     "settings, fragments",
     [
         ({"recipe_name": "fast"}, ["'fast'", "tensorwise, rowwise, rowwise_with_gw_hp"]),
-        ({"recipe_name": "rowwise_with_gw_hp", "filter_fqns": ["auto_filter_small_kn"]},
-         ["no thresholds", "drop auto_filter_small_kn"]),
+        (
+            {"recipe_name": "rowwise_with_gw_hp", "filter_fqns": ["auto_filter_small_kn"]},
+            ["no thresholds", "drop auto_filter_small_kn"],
+        ),
         ({"enable_fsdp_float8_all_gather": True}, ["set it to false"]),
     ],
 )
@@ -274,5 +289,10 @@ def test_nothing_qualifies_is_one_line_error():
     model = build_model("cola", rank=8)
     with pytest.raises(ConfigError) as error:
         apply_job_float8(model, _job(filter_fqns=["output"]))
-    _one_line(error.value, "none of the 29 projections", "N 8 is not a multiple of 16 (14)",
-              "in filter_fqns (1)", "would change nothing")
+    _one_line(
+        error.value,
+        "none of the 29 projections",
+        "N 8 is not a multiple of 16 (14)",
+        "in filter_fqns (1)",
+        "would change nothing",
+    )

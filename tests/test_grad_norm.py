@@ -11,8 +11,10 @@ from boost_titan.runtime.grad_norm import clip_grad_norm_exact_, total_norm
 
 def _grads(seed: int = 0) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, generator=generator) * scale
-            for n, scale in ((1_000_003, 1e-3), (4096, 1.0), (7, 10.0))]
+    return [
+        torch.randn(n, generator=generator) * scale
+        for n, scale in ((1_000_003, 1e-3), (4096, 1.0), (7, 10.0))
+    ]
 
 
 def test_total_norm_is_the_fp64_norm():
@@ -32,7 +34,7 @@ def test_total_norm_does_not_depend_on_the_sharding():
 
 def test_clip_scales_by_the_exact_norm():
     params = [torch.nn.Parameter(torch.zeros_like(g)) for g in _grads()]
-    for p, g in zip(params, _grads()):
+    for p, g in zip(params, _grads(), strict=True):
         p.grad = g.clone()
     norm = clip_grad_norm_exact_(params, max_norm=0.5)
     assert norm.item() == pytest.approx(torch.cat([g.double() for g in _grads()]).norm().item())

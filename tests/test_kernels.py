@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+
 from boost_titan.kernels import (
     partial_backward_reference,
     partial_stats_reference,
@@ -117,10 +118,12 @@ def test_online_rmsnorm_down_matches_torch(request, one_rank_group, backend, sca
     normed = F.rms_norm(ref[0], (d,), ref[1], eps)
     ref_outs = [F.linear(normed, down) for down in ref[2:]]
     torch.autograd.backward(ref_outs, grads)
-    for out, ref_out in zip(outs, ref_outs):
+    for out, ref_out in zip(outs, ref_outs, strict=True):
         torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
-    for leaf, want in zip(leaves, ref):
-        torch.testing.assert_close(leaf.grad, want.grad, rtol=1e-4, atol=1e-5 * want.grad.abs().max().item())
+    for leaf, want in zip(leaves, ref, strict=True):
+        torch.testing.assert_close(
+            leaf.grad, want.grad, rtol=1e-4, atol=1e-5 * want.grad.abs().max().item()
+        )
 
 
 @pytest.mark.parametrize("chunks", [2, 4])
@@ -134,15 +137,17 @@ def test_overlapped_linears_match_torch(one_rank_group, chunks):
     weights = [torch.randn(5, 12, generator=gen), torch.randn(3, 12, generator=gen)]
     grads = [torch.randn(1, 7, 5, generator=gen), torch.randn(1, 7, 3, generator=gen)]
     leaves = [t.clone().requires_grad_() for t in (x, *weights)]
-    outs = [comm.row_linear(leaves[0], leaves[1], one_rank_group, chunks),
-            *comm.column_linears(leaves[0], leaves[1:], one_rank_group, chunks=chunks)]
+    outs = [
+        comm.row_linear(leaves[0], leaves[1], one_rank_group, chunks),
+        *comm.column_linears(leaves[0], leaves[1:], one_rank_group, chunks=chunks),
+    ]
     torch.autograd.backward(outs, [grads[0], grads[0], grads[1]])
     ref = [t.clone().requires_grad_() for t in (x, *weights)]
     ref_outs = [F.linear(ref[0], ref[1]), F.linear(ref[0], ref[1]), F.linear(ref[0], ref[2])]
     torch.autograd.backward(ref_outs, [grads[0], grads[0], grads[1]])
-    for out, want in zip(outs, ref_outs):
+    for out, want in zip(outs, ref_outs, strict=True):
         torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
-    for leaf, want in zip(leaves, ref):
+    for leaf, want in zip(leaves, ref, strict=True):
         torch.testing.assert_close(leaf.grad, want.grad, rtol=1e-6, atol=1e-6)
 
 
@@ -157,5 +162,5 @@ def test_compiled_callers_get_inductors_fusion(triton_interpret):
 
     compiled = torch.compile(both, backend="aot_eager", fullgraph=True)
     want = (*partial_stats_reference(x, weight), *partial_backward_reference(x, weight, gsx, coef))
-    for got, ref in zip(compiled(x, weight, gsx, coef), want):
+    for got, ref in zip(compiled(x, weight, gsx, coef), want, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

@@ -11,7 +11,10 @@ from boost_titan.loss_compare import compare, main, plot, smooth, table
 
 def _rows(losses: list[float], norms: list[float] | None = None) -> list[dict]:
     norms = norms or [1.0] * len(losses)
-    return [{"step": i + 1, "loss": l, "grad_norm": g} for i, (l, g) in enumerate(zip(losses, norms))]
+    return [
+        {"step": i + 1, "loss": l, "grad_norm": g}
+        for i, (l, g) in enumerate(zip(losses, norms, strict=True))
+    ]
 
 
 def _val(loss: float) -> list[dict]:
@@ -37,12 +40,19 @@ def test_drift_is_judged_against_the_seed_run():
     is shown, never judged."""
     ref = [5.0, 4.0, 3.0, 2.0]
     rows = {
-        "tp1": _rows(ref), "tp2": _rows([5.0, 4.0, 3.01, 2.01]),
-        "vanilla-tp2": _rows([5.0, 4.0, 3.5, 2.5]), "tp1-seed1": _rows([5.2, 4.2, 3.2, 2.2]),
+        "tp1": _rows(ref),
+        "tp2": _rows([5.0, 4.0, 3.01, 2.01]),
+        "vanilla-tp2": _rows([5.0, 4.0, 3.5, 2.5]),
+        "tp1-seed1": _rows([5.2, 4.2, 3.2, 2.2]),
         "fullrank-tp2": _rows([9.0, 9.0, 9.0, 9.0]),
     }
-    vals = {"tp1": _val(2.0), "tp2": _val(2.001), "vanilla-tp2": _val(2.1),
-            "tp1-seed1": _val(2.05), "fullrank-tp2": _val(9.0)}
+    vals = {
+        "tp1": _val(2.0),
+        "tp2": _val(2.001),
+        "vanilla-tp2": _val(2.1),
+        "tp1-seed1": _val(2.05),
+        "fullrank-tp2": _val(9.0),
+    }
     c = compare(rows, vals, exact_steps=2, window=1)
     assert c.drift_failures() == ["vanilla-tp2"]
     assert c.kind("fullrank-tp2") == "other" and c.exact()[0] == 0.0
@@ -51,8 +61,11 @@ def test_drift_is_judged_against_the_seed_run():
 
 
 def test_plot_writes_a_png(tmp_path):
-    rows = {"tp1": _rows([5.0, 4.0, 3.0]), "tp2": _rows([5.0, 4.0, 3.1]),
-            "fullrank-tp2": _rows([6.0, 5.0, 4.0])}
+    rows = {
+        "tp1": _rows([5.0, 4.0, 3.0]),
+        "tp2": _rows([5.0, 4.0, 3.1]),
+        "fullrank-tp2": _rows([6.0, 5.0, 4.0]),
+    }
     plot(compare(rows, {}, exact_steps=3, window=1), tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -69,7 +82,10 @@ def test_runs_of_other_steps_are_refused():
         (["--layouts", "tp1,tp3"], "unknown: tp3"),
         (["--layouts", "tp1-seed1,tp2"], "reference layout"),
         (["--layouts", "tp1,dp2", "--global-batch", "3"], "--global-batch 3 does not divide"),
-        (["--layouts", "tp1,dp2", "--validation-batch", "5"], "--validation-batch 5 does not divide"),
+        (
+            ["--layouts", "tp1,dp2", "--validation-batch", "5"],
+            "--validation-batch 5 does not divide",
+        ),
         (["--steps", "0"], "--steps"),
     ],
 )

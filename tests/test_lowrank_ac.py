@@ -10,7 +10,6 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, lowrank_checkpoint
 from distributed import randomize, run_on_ranks
 from torch import nn
 from torchtitan.config.job_config import ActivationCheckpoint, Compile, Training
@@ -19,11 +18,11 @@ from boost_titan.activation_memory import main, measure_layer
 from boost_titan.boost_llama import BoostTransformer, flavor_args
 from boost_titan.boost_llama.parallelize import parallelize_boost
 from boost_titan.config import Boost
+from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, lowrank_checkpoint
 from boost_titan.runtime.saved_activations import (
     PeakSavedActivations,
     saved_activation_bytes,
 )
-
 
 VOCAB, BATCH, SEQ = 64, 2, 16
 ARCHS = {
@@ -37,8 +36,17 @@ ARCHS = {
 def build(arch: str = "cola", *, n_layers: int = 3, **kw) -> BoostTransformer:
     """A small model with GQA (8 heads, 4 kv heads) and every parameter random."""
     torch.manual_seed(0)
-    args = flavor_args("debug", vocab_size=VOCAB, arch=arch, dim=64, n_heads=8, n_kv_heads=4,
-                       ffn_dim=128, n_layers=n_layers, **kw)
+    args = flavor_args(
+        "debug",
+        vocab_size=VOCAB,
+        arch=arch,
+        dim=64,
+        n_heads=8,
+        n_kv_heads=4,
+        ffn_dim=128,
+        n_layers=n_layers,
+        **kw,
+    )
     model = BoostTransformer(args)
     model.init_weights()
     randomize(model)
@@ -168,17 +176,25 @@ def test_last_gemm_into_a_residual_add_is_not_recomputed(reread):
         torch.manual_seed(0)
         block = _ResidualTail(reread)
         x, h = torch.randn(2, 8, 16, requires_grad=True), torch.randn(2, 8, 16, requires_grad=True)
-        run = (lambda: lowrank_checkpoint(block, x, h, widths=frozenset())) if ac else (lambda: block(x, h))
+        run = (
+            (lambda: lowrank_checkpoint(block, x, h, widths=frozenset()))
+            if ac
+            else (lambda: block(x, h))
+        )
         with FlopCounterMode(display=False):  # the forward under the same mode as backward
             out = run()
         loss = sum(t.sin().sum() for t in out) if reread else out.sin().sum()
         with FlopCounterMode(display=False) as counter:
             loss.backward()
         flops.append(counter.get_total_flops())
-        results.append({"x": x.grad, "h": h.grad, **{n: p.grad for n, p in block.named_parameters()}})
+        results.append(
+            {"x": x.grad, "h": h.grad, **{n: p.grad for n, p in block.named_parameters()}}
+        )
     assert_same(results[0], results[1], rtol=0.0)
     gemm = 2 * 2 * 8 * 16 * 16
-    assert flops[1] - flops[0] == (2 * gemm if reread else gemm)  # recomputed: relu(x W1), +W2 if read
+    assert flops[1] - flops[0] == (
+        2 * gemm if reread else gemm
+    )  # recomputed: relu(x W1), +W2 if read
 
 
 def test_parallelize_boost_applies_lowrank_ac():
@@ -186,10 +202,12 @@ def test_parallelize_boost_applies_lowrank_ac():
     job = types.SimpleNamespace(
         boost=Boost(arch="cola", lowrank_ac=True),
         activation_checkpoint=ActivationCheckpoint(mode="none"),
-        compile=Compile(), training=Training(mixed_precision_param="float32"),
+        compile=Compile(),
+        training=Training(mixed_precision_param="float32"),
     )
-    dims = types.SimpleNamespace(tp_enabled=False, fsdp_enabled=False,
-                                 dp_replicate_enabled=False, tp=1)
+    dims = types.SimpleNamespace(
+        tp_enabled=False, fsdp_enabled=False, dp_replicate_enabled=False, tp=1
+    )
     parallelize_boost(model, dims, job)
     wrapped = [type(b).__name__ for b in model.layers.values()]
     assert wrapped == ["CheckpointWrapper"] * len(model.layers)
@@ -276,9 +294,13 @@ def test_1b_layer_tp4_btp_comm_free():
     # attention and every up-projection but B_down, whose output only feeds the residual
     # add that leaves the block
     shape = pm.model_args("1B", "cola", "btp")
-    gemms = {g.name: g.flops for g in pm.layer_gemms(shape, pm.Plan(strategy="btp", tp=4, seq_len=2048))}
+    gemms = {
+        g.name: g.flops for g in pm.layer_gemms(shape, pm.Plan(strategy="btp", tp=4, seq_len=2048))
+    }
     ups = sum(f for name, f in gemms.items() if name.endswith(".B") and name != "down.B")
-    assert recompute["lowrank"] == ups + pm.attention_flops(shape, pm.Plan(strategy="btp", tp=4, seq_len=2048))
+    assert recompute["lowrank"] == ups + pm.attention_flops(
+        shape, pm.Plan(strategy="btp", tp=4, seq_len=2048)
+    )
     # the performance model's accounting is this measurement's, to the byte
     for mode in modes:
         plan = pm.Plan(strategy="btp", tp=4, seq_len=2048, ac=mode)
@@ -292,40 +314,48 @@ def test_cli_rejects_bad_tp(capsys):
 
 # ---- tensor parallel on gloo ranks ------------------------------------------------------
 TP_CASES = [
-    ("cola", "btp", {}), ("svd", "btp", {}), ("lax", "btp", {}),
+    ("cola", "btp", {}),
+    ("svd", "btp", {}),
+    ("lax", "btp", {}),
     ("cola-sync", "btp", {"plan": {"rmsnorm": "sync"}}),
     ("cola-ungrouped", "btp", {"plan": {"group_linears": False}}),
-    ("cola-vanilla", "vanilla", {}), ("lax-vanilla", "vanilla", {}),
+    ("cola-vanilla", "vanilla", {}),
+    ("lax-vanilla", "vanilla", {}),
 ]
 
 
 def _parallelize_compiled(model, mesh, ac: str) -> None:
     """The trainer's path: TP, then AC, then torch.compile per block (fullgraph: no graph
     break), as `parallelize_boost` applies them for `[compile] enable = true`."""
-    modes = {"lowrank": ("none", "op"), "selective": ("selective", "op"),
-             "full": ("full", "op")}
+    modes = {"lowrank": ("none", "op"), "selective": ("selective", "op"), "full": ("full", "op")}
     mode, option = modes[ac]
     job = types.SimpleNamespace(
         boost=Boost(arch="cola", lowrank_ac=ac == "lowrank"),
         parallelism=types.SimpleNamespace(disable_loss_parallel=False),
         activation_checkpoint=ActivationCheckpoint(mode=mode, selective_ac_option=option),
-        compile=Compile(enable=True, backend="aot_eager"), job=types.SimpleNamespace(dump_folder=""),
+        compile=Compile(enable=True, backend="aot_eager"),
+        job=types.SimpleNamespace(dump_folder=""),
         training=Training(mixed_precision_param="float32"),
     )
-    dims = types.SimpleNamespace(tp_enabled=True, tp=mesh.size(), world_size=mesh.size(),
-                                 get_mesh=lambda name: mesh,
-                                 get_all_one_dimensional_meshes=lambda: {"tp": mesh},
-                                 fsdp_enabled=False, dp_replicate_enabled=False)
+    dims = types.SimpleNamespace(
+        tp_enabled=True,
+        tp=mesh.size(),
+        world_size=mesh.size(),
+        get_mesh=lambda name: mesh,
+        get_all_one_dimensional_meshes=lambda: {"tp": mesh},
+        fsdp_enabled=False,
+        dp_replicate_enabled=False,
+    )
     parallelize_boost(model, dims, job)
 
 
 def _tp_step(model, mesh, strategy, plan_kw, lowrank_ac, fsdp_mesh=None, compiled_ac=None):
-    from boost_titan.parallelize import apply_plan
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import loss_parallel
 
     from boost_titan.boost_llama.strategies import build_plan
+    from boost_titan.parallelize import apply_plan
 
     if compiled_ac:
         _parallelize_compiled(model, mesh, compiled_ac)
@@ -367,16 +397,21 @@ def _tp_worker(rank: int, world_size: int, cases, fsdp: bool):
     out = {}
     for name, strategy, kw in cases:
         arch = name.split("-")[0]
-        out[name] = [_tp_step(build(arch), mesh, strategy, kw.get("plan", {}), ac)
-                     for ac in (False, True)]
+        out[name] = [
+            _tp_step(build(arch), mesh, strategy, kw.get("plan", {}), ac) for ac in (False, True)
+        ]
     if world_size == 2:  # torch.compile over the checkpointed blocks, vs eager without AC
         for ac in ("lowrank", "selective", "full"):  # layer-selective wraps blocks as full does
-            out[f"cola-compiled-{ac}"] = [out["cola"][0], _tp_step(build("cola"), mesh, "btp", {}, True,
-                                                                   compiled_ac=ac)]
+            out[f"cola-compiled-{ac}"] = [
+                out["cola"][0],
+                _tp_step(build("cola"), mesh, "btp", {}, True, compiled_ac=ac),
+            ]
     if fsdp:  # dp_shard 2 x tp 2
         mesh2d = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("dp", "tp"))
-        out["cola-fsdp"] = [_tp_step(build("cola"), mesh2d["tp"], "btp", {}, ac, mesh2d["dp"])
-                            for ac in (False, True)]
+        out["cola-fsdp"] = [
+            _tp_step(build("cola"), mesh2d["tp"], "btp", {}, ac, mesh2d["dp"])
+            for ac in (False, True)
+        ]
     return out
 
 

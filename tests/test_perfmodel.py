@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from boost_titan.parallelize.norms import sync_rmsnorm
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -24,6 +23,7 @@ from boost_titan.bench.work import Collective, Gemm, Stream
 from boost_titan.boost_llama.layers import apply_rope, rope_table
 from boost_titan.boost_llama.shapes import ModelShape, param_count
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.norms import sync_rmsnorm
 
 # d=8, r=2, d_ff=16, 2 heads of 4; one micro-batch of T = 3 tokens (seq 3), bf16, TP2.
 TINY = ModelShape(dim=8, n_layers=2, n_heads=2, ffn_dim=16, rank=2, vocab_size=10, arch="cola")
@@ -46,7 +46,12 @@ def sizes(collectives: list[pm.Collective]) -> list[tuple[str, int]]:
 
 def test_tiny_collectives_grouped_online():
     fwd, bwd = pm.layer_collectives(TINY, plan("btp"))
-    assert sizes(fwd) == [("qkv.A", 7), ("o.A", 2), ("gate_up.A", 5), ("down.A", 2)]  # 3r+1, r, 2r+1, r
+    assert sizes(fwd) == [
+        ("qkv.A", 7),
+        ("o.A", 2),
+        ("gate_up.A", 5),
+        ("down.A", 2),
+    ]  # 3r+1, r, 2r+1, r
     assert sizes(bwd) == [("down.B", 2), ("gate_up.B", 4), ("o.B", 2), ("qkv.B", 6)]
     assert [c.bytes(3, 2) for c in fwd] == [42, 12, 30, 12]
     assert {c.kind for c in fwd + bwd} == {"all_reduce"}
@@ -73,7 +78,9 @@ def test_backward_all_reduces_hide_behind_weight_grads(strategy, grouped):
     assert all(c.behind and set(c.behind) <= names for c in bwd)
     behind = {c.name: c.behind for c in bwd}
     if strategy == "btp":
-        assert behind["qkv.B" if grouped else "q.B"] == (("q.B", "k.B", "v.B") if grouped else ("q.B",))
+        assert behind["qkv.B" if grouped else "q.B"] == (
+            ("q.B", "k.B", "v.B") if grouped else ("q.B",)
+        )
     elif strategy == "vanilla":
         assert behind["qkv.A"] == (("qkv.A",) if grouped else ("q.A", "k.A", "v.A"))
         assert behind["down.A"] == ("down.A",)
@@ -100,8 +107,16 @@ def test_tiny_collectives_sync_and_ungrouped():
 def test_tiny_step_collectives():
     fwd, bwd = pm.step_collectives(TINY, plan("btp"))
     assert [(c.kind, c.elements_per_token) for c in fwd] == [
-        ("all_reduce", 1), ("all_gather", 4), ("all_reduce", 1), ("all_reduce", 1), ("all_reduce", 1)]
-    assert [(c.kind, c.elements_per_token) for c in bwd] == [("reduce_scatter", 8), ("all_reduce", 1)]
+        ("all_reduce", 1),
+        ("all_gather", 4),
+        ("all_reduce", 1),
+        ("all_reduce", 1),
+        ("all_reduce", 1),
+    ]
+    assert [(c.kind, c.elements_per_token) for c in bwd] == [
+        ("reduce_scatter", 8),
+        ("all_reduce", 1),
+    ]
     fwd, bwd = pm.step_collectives(TINY_FULL, plan("megatron"))
     assert [c.elements_per_token for c in fwd] == [1, 1, 1]
     assert sizes(bwd) == [("lm_head", 8)]
@@ -121,7 +136,11 @@ def test_tiny_flops_and_gemms():
     btp = {g.name: (g.m, g.n, g.k) for g in pm.layer_gemms(TINY, plan("btp"))}
     assert btp["qkv.A"] == (3, 6, 4) and btp["q.B"] == (3, 4, 2) and btp["down.A"] == (3, 2, 8)
     vanilla = {g.name: (g.m, g.n, g.k) for g in pm.layer_gemms(TINY, plan("vanilla"))}
-    assert vanilla["qkv.A"] == (3, 3, 8) and vanilla["q.B"] == (3, 8, 1) and vanilla["down.A"] == (3, 1, 16)
+    assert (
+        vanilla["qkv.A"] == (3, 3, 8)
+        and vanilla["q.B"] == (3, 8, 1)
+        and vanilla["down.A"] == (3, 1, 16)
+    )
     dx, dw = pm.Gemm("x", 3, 4, 2).backward()
     assert (dx.m, dx.n, dx.k, dw.m, dw.n, dw.k) == (3, 2, 4, 2, 4, 3)
     assert pm.Gemm("x", 2, 2, 2).intensity(2) == 16 / 24
@@ -148,13 +167,22 @@ def test_tiny_saved_activations_hand_computed():
     ffn 8, latents 2 and one head; the rstd and log-sum-exp are fp32 (4 bytes)."""
     btp = pm.saved_activations(TINY, plan("btp"))
     assert btp == {
-        "attention_norm.input": 3 * 4 * 2, "attention_norm.statistic": 3 * 2,
+        "attention_norm.input": 3 * 4 * 2,
+        "attention_norm.statistic": 3 * 2,
         "qkv.concat_weights": (3 * 2) * 4 * 2,  # the three A shards [3r, d/tp]
-        "ffn_norm.input": 24, "ffn_norm.statistic": 6, "gate_up.concat_weights": (2 * 2) * 4 * 2,
-        "attention.q": 24, "attention.k": 24, "attention.v": 24, "attention.out": 24,
+        "ffn_norm.input": 24,
+        "ffn_norm.statistic": 6,
+        "gate_up.concat_weights": (2 * 2) * 4 * 2,
+        "attention.q": 24,
+        "attention.k": 24,
+        "attention.v": 24,
+        "attention.out": 24,
         "attention.lse": 3 * 1 * 4,
-        "mlp.gate": 3 * 8 * 2, "mlp.up": 48, "mlp.product": 48,  # CoLA: no SiLU on the gate
-        "pairs.latents": 7 * 3 * 2 * 2, "pairs.silu": 84,
+        "mlp.gate": 3 * 8 * 2,
+        "mlp.up": 48,
+        "mlp.product": 48,  # CoLA: no SiLU on the gate
+        "pairs.latents": 7 * 3 * 2 * 2,
+        "pairs.silu": 84,
     }
     assert sum(btp.values()) == 560
     # megatron: replicated norms keep input, fp32 rstd and output (8 wide); q/k/v are views
@@ -162,9 +190,16 @@ def test_tiny_saved_activations_hand_computed():
     megatron = pm.saved_activations(TINY_FULL, plan("megatron"))
     assert megatron["attention_norm.input"] == megatron["attention_norm.output"] == 48
     assert megatron["attention_norm.rstd"] == 3 * 4
-    assert megatron["qkv.concat_weights"] == 12 * 8 * 2 and megatron["gate_up.concat_weights"] == 16 * 8 * 2
+    assert (
+        megatron["qkv.concat_weights"] == 12 * 8 * 2
+        and megatron["gate_up.concat_weights"] == 16 * 8 * 2
+    )
     assert megatron["attention.qkv"] == 3 * 12 * 2 and "attention.v" not in megatron
-    assert (megatron["mlp.gate_up"], megatron["mlp.silu_gate"], megatron["mlp.product"]) == (96, 48, 48)
+    assert (megatron["mlp.gate_up"], megatron["mlp.silu_gate"], megatron["mlp.product"]) == (
+        96,
+        48,
+        48,
+    )
     assert sum(megatron.values()) == 2 * 108 + 192 + 256 + (24 + 24 + 72 + 24 + 12) + 192 == 1012
     # vanilla: replicated activations, all heads (lse 2 per token), latents r/tp = 1
     vanilla = pm.saved_activations(TINY, plan("vanilla"))
@@ -179,13 +214,17 @@ def test_tiny_saved_activations_hand_computed():
     assert fp32["attention_norm.upcast"] == 3 * 4 * 4  # the upcast is the input itself
     # ungrouped, the online norm also keeps each consumer's latent; no weights concatenated
     ungrouped = pm.saved_activations(TINY, plan("btp", group_linears=False))
-    assert ungrouped["attention_norm.latents"] == 3 * 3 * 2 * 2 and ungrouped["ffn_norm.latents"] == 24
+    assert (
+        ungrouped["attention_norm.latents"] == 3 * 3 * 2 * 2 and ungrouped["ffn_norm.latents"] == 24
+    )
     assert not any(k.endswith("concat_weights") for k in ungrouped)
     # SVD: one latent per pair (no SiLU), and a SiLU on the MLP gate
     svd = pm.saved_activations(dataclasses.replace(TINY, arch="svd"), plan("btp"))
     assert "pairs.silu" not in svd and svd["mlp.silu_gate"] == 48
     # GQA (one kv head of 4 on 2 heads): k and v are repeated to q's width before attention
-    gqa = pm.saved_activations(dataclasses.replace(TINY_FULL, n_heads=2, n_kv_heads=1), plan("megatron", tp=1))
+    gqa = pm.saved_activations(
+        dataclasses.replace(TINY_FULL, n_heads=2, n_kv_heads=1), plan("megatron", tp=1)
+    )
     assert gqa["attention.k"] == gqa["attention.v"] == gqa["attention.q"] == 3 * 8 * 2
 
 
@@ -193,12 +232,20 @@ def test_tiny_activation_bytes_under_ac():
     """full: the block input; selective: the mean of none and full; lowrank: the input and
     the forward collectives' outputs (btp 7r + 2 statistics; vanilla the B outputs at d_out;
     without TP the down-projection outputs)."""
-    expected = {("btp", "none"): 560, ("btp", "full"): 3 * 4 * 2, ("btp", "selective"): 292,
-                ("btp", "lowrank"): 3 * (4 + 7 * 2 + 2) * 2,
-                ("vanilla", "lowrank"): 3 * (8 + 8 * 5 + 2 * 16) * 2, ("megatron", "full"): 48}
+    expected = {
+        ("btp", "none"): 560,
+        ("btp", "full"): 3 * 4 * 2,
+        ("btp", "selective"): 292,
+        ("btp", "lowrank"): 3 * (4 + 7 * 2 + 2) * 2,
+        ("vanilla", "lowrank"): 3 * (8 + 8 * 5 + 2 * 16) * 2,
+        ("megatron", "full"): 48,
+    }
     for (strategy, ac), nbytes in expected.items():
         assert pm.activation_bytes(args_for(strategy), plan(strategy, ac=ac)) == nbytes
-    assert pm.activation_bytes(TINY, plan("btp", ac="lowrank", rmsnorm="sync")) == 3 * (4 + 14) * 2 + 2 * 3 * 4
+    assert (
+        pm.activation_bytes(TINY, plan("btp", ac="lowrank", rmsnorm="sync"))
+        == 3 * (4 + 14) * 2 + 2 * 3 * 4
+    )
     assert pm.activation_bytes(TINY, plan("btp", ac="lowrank", tp=1)) == 3 * (8 + 14) * 2
 
 
@@ -237,33 +284,62 @@ def test_record_fields_and_speedups():
     records = pm.sweep(["1B"], "cola", list(pm.STRATEGIES), [2], ["a100", "h100"])
     fields = {f.name for f in dataclasses.fields(PerfRecord)}
     required = {
-        "flavor", "arch", "strategy", "tp", "pp", "seq_len", "micro_batch", "dtype",
-        "collectives_per_layer_fwd", "collectives_per_layer_bwd", "comm_bytes_per_layer_fwd",
-        "comm_bytes_per_layer_bwd", "flops_per_layer", "activation_bytes_per_layer",
-        "params_per_rank", "predicted_step_s", "predicted_speedup", "collectives_fwd", "collectives_bwd",
+        "flavor",
+        "arch",
+        "strategy",
+        "tp",
+        "pp",
+        "seq_len",
+        "micro_batch",
+        "dtype",
+        "collectives_per_layer_fwd",
+        "collectives_per_layer_bwd",
+        "comm_bytes_per_layer_fwd",
+        "comm_bytes_per_layer_bwd",
+        "flops_per_layer",
+        "activation_bytes_per_layer",
+        "params_per_rank",
+        "predicted_step_s",
+        "predicted_speedup",
+        "collectives_fwd",
+        "collectives_bwd",
     }
     assert required <= fields
     by = {r.strategy: r for r in records}
     assert by["megatron"].arch == "fullrank" and by["btp"].arch == "cola"
     assert set(by["btp"].predicted_step_s) == {"a100", "h100"}
     assert by["btp"].predicted_speedup["megatron"] == pytest.approx(
-        by["megatron"].predicted_step_s["a100"] / by["btp"].predicted_step_s["a100"])
+        by["megatron"].predicted_step_s["a100"] / by["btp"].predicted_step_s["a100"]
+    )
     entry = by["btp"].collectives_fwd[0]
     assert set(entry) == {"kind", "name", "elements_per_token", "bytes", "behind"}
     assert sum(c["bytes"] for c in by["btp"].collectives_fwd) == by["btp"].comm_bytes_per_layer_fwd
-    for parts, step in zip(by["btp"].time_breakdown_s.values(), by["btp"].predicted_step_s.values()):
+    for parts, step in zip(
+        by["btp"].time_breakdown_s.values(), by["btp"].predicted_step_s.values(), strict=True
+    ):
         assert set(parts) == set(pm.TIME_PARTS)
         assert sum(parts.values()) == pytest.approx(step)
 
 
-
-
 # ---- pricing: hand-computed small cases --------------------------------------------------
 TOY = GpuProfile(
-    name="toy", peak_flops={"bf16": 1e12, "fp32": 1e11}, mamf_flops=0.5e12, mamf_shape=(512, 512, 1024),
-    sm_count=2, hbm_bw=1e12, hbm_efficiency=0.5, epilogue_overlapped=True,
-    attention_fwd_efficiency=0.5, attention_bwd_efficiency=0.25, gpus_per_node=4, nvlink_links=12,
-    nvlink_link_bw=10e9, nvswitch=False, nccl_bus_cap=100e9, net_bw=10e9, launch_s=1e-6,
+    name="toy",
+    peak_flops={"bf16": 1e12, "fp32": 1e11},
+    mamf_flops=0.5e12,
+    mamf_shape=(512, 512, 1024),
+    sm_count=2,
+    hbm_bw=1e12,
+    hbm_efficiency=0.5,
+    epilogue_overlapped=True,
+    attention_fwd_efficiency=0.5,
+    attention_bwd_efficiency=0.25,
+    gpus_per_node=4,
+    nvlink_links=12,
+    nvlink_link_bw=10e9,
+    nvswitch=False,
+    nccl_bus_cap=100e9,
+    net_bw=10e9,
+    launch_s=1e-6,
 )
 """Two SMs, no epilogue cost: the 512x512 calibration shape fills whole waves, so the main
 loop runs at exactly 0.5 of peak; HBM sustains 0.5 TB/s; pairs of GPUs share 4 links."""
@@ -276,14 +352,20 @@ def test_gemm_schedule_hand_computed():
     g = Gemm("g", 256, 128, 1024)
     block = 2 * 128 * 128 * 1024 / 2.5e11
     assert costs.gemm_time(g, "bf16", 2, TOY) == pytest.approx(block + 1e-6)
-    assert costs.gemm_utilisation(g, "bf16", 2, TOY) == pytest.approx(g.flops / ((block + 1e-6) * 1e12))
+    assert costs.gemm_utilisation(g, "bf16", 2, TOY) == pytest.approx(
+        g.flops / ((block + 1e-6) * 1e12)
+    )
     # three 128-tiles on two SMs: two waves, the second half empty (wave quantisation; k
     # too short to split, and the 256-row tile computes padding in the same time)
     short = 2 * 128 * 128 * 256 / 2.5e11
-    assert costs.schedule_time(Gemm("g", 384, 128, 256), "bf16", 2, TOY, 0.5) == pytest.approx(2 * short)
+    assert costs.schedule_time(Gemm("g", 384, 128, 256), "bf16", 2, TOY, 0.5) == pytest.approx(
+        2 * short
+    )
     # a tiny GEMM still occupies a whole 128x128 tile (tile quantisation) ...
     tiny = Gemm("tiny", 16, 16, 16)
-    assert costs.gemm_time(tiny, "bf16", 2, TOY) == pytest.approx(2 * 128 * 128 * 16 / 2.5e11 + 1e-6)
+    assert costs.gemm_time(tiny, "bf16", 2, TOY) == pytest.approx(
+        2 * 128 * 128 * 16 / 2.5e11 + 1e-6
+    )
     # ... unless moving its operands takes longer (roofline)
     slow = dataclasses.replace(TOY, name="toy, slow HBM", hbm_bw=1e9)
     assert costs.gemm_time(tiny, "bf16", 2, slow) == pytest.approx(tiny.bytes(2) / 0.5e9 + 1e-6)
@@ -301,14 +383,19 @@ def test_split_k_pays_an_fp32_reduction():
 def test_epilogue_makes_thin_reductions_slower_on_a100():
     a100 = GPUS["a100"]
     e = costs.mainloop_efficiency(a100)
-    assert costs.epilogue_k(a100, "bf16", 2, e) == pytest.approx(2 * 312e12 * e / (2 * 2.039e12 * 1355 / 1555))
+    assert costs.epilogue_k(a100, "bf16", 2, e) == pytest.approx(
+        2 * 312e12 * e / (2 * 2.039e12 * 1355 / 1555)
+    )
     assert costs.epilogue_k(GPUS["h100"], "bf16", 2, 0.8) == 0.0  # overlapped on Hopper
     # calibration: at the measured maximum-achievable-matmul shape the model runs at the measured rate
     m, n, k = a100.mamf_shape
     probe = Gemm("mamf", m, n, k)
     assert probe.flops / costs.schedule_time(probe, "bf16", 2, a100, e) == pytest.approx(271.2e12)
     # same FLOPs, reduction dim 256 (vanilla TP4's up) vs 1024 (BTP's): the thin one is slower
-    util = {k: costs.gemm_utilisation(Gemm("g", 16384, 2**22 // k, k), "bf16", 2, a100) for k in (256, 1024)}
+    util = {
+        k: costs.gemm_utilisation(Gemm("g", 16384, 2**22 // k, k), "bf16", 2, a100)
+        for k in (256, 1024)
+    }
     assert util[256] < 0.62 < 0.70 < util[1024]
 
 
@@ -321,7 +408,9 @@ def test_memory_bound_kernels_and_launches():
 def test_attention_hand_computed():
     flops = 4 * 10**12  # counted with the causal mask not halved: executes half
     assert costs.attention_time(flops, "bf16", TOY) == pytest.approx(2.0 / 0.5 + 1e-6)
-    assert costs.attention_time(flops, "bf16", TOY, backward=True) == pytest.approx(2.5 * 2.0 / 0.25 + 3e-6)
+    assert costs.attention_time(flops, "bf16", TOY, backward=True) == pytest.approx(
+        2.5 * 2.0 / 0.25 + 3e-6
+    )
 
 
 def test_collectives_on_nccl_ring_model():
@@ -348,7 +437,9 @@ def test_overlap_hides_only_what_weight_grads_cover():
     p = pm.Plan(strategy="btp", tp=4, seq_len=1000)
     ar = Collective("all_reduce", "x", 10**4, behind=("a", "b"))
     cost = costs.collective_time("all_reduce", 10**4 * 1000 * 2, 4, TOY)
-    assert pm.overlapped([ar], {"a": cost / 4, "b": cost / 4}, p, TOY) == pytest.approx((cost / 2, cost / 2))
+    assert pm.overlapped([ar], {"a": cost / 4, "b": cost / 4}, p, TOY) == pytest.approx(
+        (cost / 2, cost / 2)
+    )
     assert pm.overlapped([ar], {"a": cost, "b": cost}, p, TOY) == pytest.approx((0.0, cost))
     exposed = dataclasses.replace(ar, behind=())
     assert pm.overlapped([exposed], {}, p, TOY) == pytest.approx((cost, 0.0))
@@ -360,7 +451,11 @@ def test_tiny_block_streams_hand_computed():
     w = pm.layer_widths(TINY_FULL, plan("megatron"))
     fwd, bwd = streams.block_streams(w, "replicated", 2)
     by = {s.name: s.bytes for s in fwd}
-    assert by["rope"] == (4 + 4) * 48 and by["gate_mul"] == 3 * 8 * 2 and by["attention_norm"] == 2 * 8 * 2
+    assert (
+        by["rope"] == (4 + 4) * 48
+        and by["gate_mul"] == 3 * 8 * 2
+        and by["attention_norm"] == 2 * 8 * 2
+    )
     # norm 32, rope 384, add 48, norm 32, silu(gate) 32, product 48, add 48
     assert sum(s.bytes for s in fwd) == 624
     # the grouped q/k/v output's grads (12 wide) concatenated: read 12, write 12
@@ -397,8 +492,24 @@ def test_btp_online_norm_streams():
 class _KernelLog(TorchDispatchMode):
     """The non-view kernels dispatched, each with the (numel, bytes) of its inputs and outputs."""
 
-    VIEWS = {"view", "_unsafe_view", "select", "slice", "expand", "t", "alias", "unsqueeze", "detach",
-             "narrow", "unbind", "all_reduce", "wait_tensor", "_wrap_tensor_autograd", "randn_like", "ones_like"}
+    VIEWS = {
+        "view",
+        "_unsafe_view",
+        "select",
+        "slice",
+        "expand",
+        "t",
+        "alias",
+        "unsqueeze",
+        "detach",
+        "narrow",
+        "unbind",
+        "all_reduce",
+        "wait_tensor",
+        "_wrap_tensor_autograd",
+        "randn_like",
+        "ones_like",
+    }
 
     def __init__(self) -> None:
         super().__init__()
@@ -408,8 +519,12 @@ class _KernelLog(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = func.__name__.split(".")[0]
         if name not in self.VIEWS:
-            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-            self.kernels.append((name, [(t.numel(), t.numel() * t.element_size()) for t in tensors]))
+            tensors = [
+                t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)
+            ]
+            self.kernels.append(
+                (name, [(t.numel(), t.numel() * t.element_size()) for t in tensors])
+            )
         return out
 
     def nbytes(self, min_numel: int = 0) -> int:
@@ -437,7 +552,10 @@ def test_rope_eager_cost_measured_on_the_product():
     n = x.numel()
     assert fwd.nbytes(n // 4) == n * streams.ROPE_FORWARD.bytes(2)
     assert bwd.nbytes(n // 4) == n * streams.ROPE_BACKWARD.bytes(2)
-    assert (len(fwd.kernels), len(bwd.kernels)) == (streams.ROPE_FORWARD.launches(2), streams.ROPE_BACKWARD.launches(2))
+    assert (len(fwd.kernels), len(bwd.kernels)) == (
+        streams.ROPE_FORWARD.launches(2),
+        streams.ROPE_BACKWARD.launches(2),
+    )
 
 
 def test_sync_rmsnorm_eager_cost_measured_on_the_product():
@@ -483,7 +601,9 @@ def test_step_parts_add_up_and_the_pipeline_bubble():
     assert step["step"] == pytest.approx(4 * per_mb + accumulate + optimizer)
     # two stages, one micro-batch: the stages run one after the other, the faster one is bubble
     two = dataclasses.replace(one, pp=2, microbatches=1)
-    stages = [sum(v for k, v in s.items() if k != "comm_hidden") for s in pm.stage_times(args, two, TOY)]
+    stages = [
+        sum(v for k, v in s.items() if k != "comm_hidden") for s in pm.stage_times(args, two, TOY)
+    ]
     step = pm.step_time(args, two, TOY)
     assert step["bubble"] == pytest.approx(min(stages))
     assert step["step"] - step["optimizer"] == pytest.approx(sum(stages))
@@ -503,7 +623,9 @@ def test_memory_kernels_add_up_to_the_blocks_memory_time():
 
 def test_tp_stays_inside_a_node():
     with pytest.raises(ConfigError, match="4 GPUs per node"):
-        pm.evaluate("7B", pm.model_args("7B", "cola", "btp"), pm.Plan(strategy="btp", tp=8), ["a100-hgx4"])
+        pm.evaluate(
+            "7B", pm.model_args("7B", "cola", "btp"), pm.Plan(strategy="btp", tp=8), ["a100-hgx4"]
+        )
 
 
 # ---- validation against the published measurements ----------------------------------------
@@ -512,10 +634,16 @@ def test_validation_within_tolerance_of_every_paper_row():
     configurations within +-15 %, except the documented KNOWN_GAPS, which must still be
     outside (so a fix retires them)."""
     rows = validation.validation_rows()
-    assert [(r.flavor, r.tp, r.pp) for r in rows] == [(r.flavor, r.tp, r.pp) for r in validation.PAPER_ROWS]
+    assert [(r.flavor, r.tp, r.pp) for r in rows] == [
+        (r.flavor, r.tp, r.pp) for r in validation.PAPER_ROWS
+    ]
     for row in rows:
         for ratio, ok in validation.within_tolerance(row).items():
-            assert ok != ((row.flavor, ratio) in validation.KNOWN_GAPS), (row.flavor, ratio, row.predicted_speedup)
+            assert ok != ((row.flavor, ratio) in validation.KNOWN_GAPS), (
+                row.flavor,
+                ratio,
+                row.predicted_speedup,
+            )
     assert rows[2].paper_speedup["btp_vs_vanilla"] == pytest.approx(1.64 / 0.72)
     # in each row's published batch layout the seconds themselves land within 25 %
     for row in rows:
@@ -527,7 +655,9 @@ def test_ablations_against_the_published_ones():
     comm = {r.strategy: r for r in validation.comm_ablation()}
     for r in comm.values():
         assert abs(r.predicted_s / r.paper_s - 1) <= 0.20, r
-        assert r.predicted_bytes == pytest.approx(r.paper_bytes, rel=1e-3), r  # + BTP's 2 statistics
+        assert r.predicted_bytes == pytest.approx(r.paper_bytes, rel=1e-3), (
+            r
+        )  # + BTP's 2 statistics
     gemm = {(r.strategy, r.part): r.predicted_utilisation for r in validation.gemm_ablation()}
     for part in ("attention", "mlp"):
         assert gemm["vanilla", part] < gemm["btp", part]
@@ -538,8 +668,19 @@ def test_ablations_against_the_published_ones():
 
 # ---- command line -------------------------------------------------------------------------
 def test_cli_json(capsys):
-    argv = ["model", "--flavor", "7B", "--strategy", "megatron,vanilla,btp", "--tp", "4",
-            "--micro-batch", "4", "--json", "-"]
+    argv = [
+        "model",
+        "--flavor",
+        "7B",
+        "--strategy",
+        "megatron,vanilla,btp",
+        "--tp",
+        "4",
+        "--micro-batch",
+        "4",
+        "--json",
+        "-",
+    ]
     assert main(argv) == 0
     records = json.loads(capsys.readouterr().out)
     assert isinstance(records, list) and len(records) == 3
@@ -554,7 +695,12 @@ def test_cli_breakdown_validate_plot_and_errors(capsys, tmp_path):
     assert "rope" in out  # the largest memory-bound kernel of every strategy here
     assert main(["validate"]) == 0
     out = capsys.readouterr().out
-    for title in ("13B TP4xPP2", "GEMM ablation", "Communication ablation", "online vs sync RMSNorm"):
+    for title in (
+        "13B TP4xPP2",
+        "GEMM ablation",
+        "Communication ablation",
+        "online vs sync RMSNorm",
+    ):
         assert title in out
     assert main(["validate", "--json", "-"]) == 0
     tables = {r["table"] for r in json.loads(capsys.readouterr().out)}
@@ -580,7 +726,9 @@ def test_cli_dtype_takes_torchtitans_spelling(capsys):
         main(["model", "--dtype", "float16"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1  # one line, no usage dump
-    assert err.startswith("error: argument --dtype: 'float16' is not one of bf16, fp32, bfloat16, float32")
+    assert err.startswith(
+        "error: argument --dtype: 'float16' is not one of bf16, fp32, bfloat16, float32"
+    )
 
 
 def test_overlap_chunks_pipeline_hand_computed():
@@ -599,7 +747,9 @@ def test_overlap_chunks_pipeline_hand_computed():
     assert pm.chunked_exposed(2 * g, c, two, gpu) == pytest.approx(half - g + half)
     # the block model uses it for every forward all-reduce a GEMM produces
     args = pm.model_args("7B", "cola", "btp")
-    steps = [pm.block_time(args, dataclasses.replace(one, overlap_chunks=k), gpu)["comm"] for k in (1, 2)]
+    steps = [
+        pm.block_time(args, dataclasses.replace(one, overlap_chunks=k), gpu)["comm"] for k in (1, 2)
+    ]
     assert steps[1] < steps[0]
 
 
@@ -610,8 +760,9 @@ H100 = GPUS["h100"]
 def _fp8_delta(g: Gemm, gemms: int) -> float:
     """Seconds float8 saves on the first `gemms` of g's forward, input-grad, weight-grad GEMMs."""
     trio = (g, *g.backward())[:gemms]
-    return sum(costs.gemm_time(x, "fp8", 2, H100) - costs.gemm_time(x, "bf16", 2, H100)
-               for x in trio)
+    return sum(
+        costs.gemm_time(x, "fp8", 2, H100) - costs.gemm_time(x, "bf16", 2, H100) for x in trio
+    )
 
 
 @pytest.mark.parametrize("recipe, gemms", [("tensorwise", 3), ("rowwise_with_gw_hp", 2)])
@@ -633,8 +784,9 @@ def test_float8_reprices_only_the_selected_gemms(recipe, gemms):
     x, w, dy = g.m * g.k, g.n * g.k, g.m * g.n
     casts = (x, w, dy, w) + (dy, x) * (gemms == 3)
     assert sum(s.bytes for s in fwd + bwd) == 33 * sum(casts)
-    assert {k: one[k] for k in ("attention", "comm", "comm_hidden")} == \
-        {k: base[k] for k in ("attention", "comm", "comm_hidden")}
+    assert {k: one[k] for k in ("attention", "comm", "comm_hidden")} == {
+        k: base[k] for k in ("attention", "comm", "comm_hidden")
+    }
 
 
 def test_float8_selection_is_the_runtimes():
@@ -660,9 +812,11 @@ def test_float8_selection_is_the_runtimes():
             for g in pm.layer_gemms(args, plan):
                 base, _, factor = g.name.partition(".")
                 fqns = float8_model.module_fqns(layer, pm._MEMBERS.get(base, (base,)), factor)
-                judge = (group_skip_reason(g.n, g.k, fqns, "tensorwise", list(filters))
-                         if len(fqns) > 1
-                         else gemm_skip_reason(g.n, g.k, fqns[0], "tensorwise", list(filters)))
+                judge = (
+                    group_skip_reason(g.n, g.k, fqns, "tensorwise", list(filters))
+                    if len(fqns) > 1
+                    else gemm_skip_reason(g.n, g.k, fqns[0], "tensorwise", list(filters))
+                )
                 assert reasons[g.name] == judge, (filters, layer, g.name)
     assert all(pm.float8_selection(args, plan, 1).values())  # layers.1. is filtered whole
     first = pm.float8_selection(args, plan, 0)  # d_ff / 4 = 1368 is no multiple of 16
@@ -685,16 +839,19 @@ def test_float8_cast_traffic_measured_on_the_product():
             f8 = k8.float8_recipe(recipe)
             gemms, pow2 = float8_model.recipe_shape(recipe)
             launches = streams.FLOAT8_CAST.launches(b) + streams.FLOAT8_POW2_KERNELS * pow2
-            gemm_runs = ((lambda: k8.forward(x, w, f8), m * k + n * k),
-                         (lambda: k8.input_grad(dy, w, f8), m * n + n * k),
-                         (lambda: k8.weight_grad(dy, x, f8), m * n + m * k))
+            gemm_runs = (
+                (lambda: k8.forward(x, w, f8), m * k + n * k),
+                (lambda: k8.input_grad(dy, w, f8), m * n + n * k),
+                (lambda: k8.weight_grad(dy, x, f8), m * n + m * k),
+            )
             for i, (run, operands) in enumerate(gemm_runs):
                 with _KernelLog() as log:
                     run()
                 casts = [kernel for kernel in log.kernels if kernel[0] != "mm"]
                 in_float8 = i < gemms
-                cast_bytes = sum(nb for _, tensors in casts for numel, nb in tensors
-                                 if numel >= 1024)
+                cast_bytes = sum(
+                    nb for _, tensors in casts for numel, nb in tensors if numel >= 1024
+                )
                 expected = in_float8 * operands * streams.FLOAT8_CAST.bytes(b)
                 assert cast_bytes == expected, (dtype, recipe, i)
                 assert len(casts) == in_float8 * 2 * launches, (dtype, recipe, i)
@@ -705,11 +862,13 @@ def test_fp32_bf16_float8_ordering():
     fp32 > bf16 everywhere; float8 beats bf16 where GEMMs dominate (full-rank 13B, micro-batch
     4) and loses on the low-rank 7B TP4, whose GEMMs are a quarter of the step."""
     g = Gemm("g", 8192, 8192, 8192)
-    fp32, bf16, fp8 = (costs.gemm_time(g, d, b, H100)
-                       for d, b in (("fp32", 4), ("bf16", 2), ("fp8", 2)))
+    fp32, bf16, fp8 = (
+        costs.gemm_time(g, d, b, H100) for d, b in (("fp32", 4), ("bf16", 2), ("fp8", 2))
+    )
     assert fp32 > bf16 > fp8 and bf16 / fp8 == pytest.approx(2, rel=0.02)
-    slow = dataclasses.replace(TOY, name="toy, slow HBM", hbm_bw=1e9,
-                               peak_flops={**TOY.peak_flops, "fp8": 2e12})
+    slow = dataclasses.replace(
+        TOY, name="toy, slow HBM", hbm_bw=1e9, peak_flops={**TOY.peak_flops, "fp8": 2e12}
+    )
     tiny = Gemm("tiny", 16, 16, 16)
     assert costs.gemm_time(tiny, "fp8", 2, slow) == pytest.approx(tiny.bytes(2, 1) / 0.5e9 + 1e-6)
 
@@ -721,8 +880,9 @@ def test_fp32_bf16_float8_ordering():
     fused = {"float8": "tensorwise", "float8_casts": "fused"}
     full = [step("13B", "megatron", micro_batch=4, **kw) for kw in ({"dtype": "fp32"}, {}, fused)]
     assert full[0] > full[1] > full[2]
-    low = [step("7B", "btp", **kw)
-           for kw in ({"dtype": "fp32"}, {}, fused, {"float8": "tensorwise"})]
+    low = [
+        step("7B", "btp", **kw) for kw in ({"dtype": "fp32"}, {}, fused, {"float8": "tensorwise"})
+    ]
     assert low[0] > low[3] > low[2] > low[1]
 
 
@@ -737,10 +897,11 @@ def _job(tmp_path, text: str, base: str = "7B") -> str:
         if start is None:
             lines += [f"[{section}]", assignment]
             continue
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")),
-                   len(lines))
-        kept = [line for line in lines[start + 1:end] if line.split("=")[0].strip() != key]
-        lines[start + 1:end] = [assignment, *kept]
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines)
+        )
+        kept = [line for line in lines[start + 1 : end] if line.split("=")[0].strip() != key]
+        lines[start + 1 : end] = [assignment, *kept]
     path = tmp_path / "job.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -756,17 +917,38 @@ def test_job_toml_is_priced_in_the_runs_precision(tmp_path, capsys):
     assert default == pm.Plan(strategy="btp", tp=4, seq_len=4096, micro_batch=1, microbatches=4)
     fp32 = job_plan(_job(tmp_path, 'training mixed_precision_param = "float32"'), 4).plan
     assert fp32 == dataclasses.replace(default, dtype="fp32")
-    assert main(["model", "--config", _job(tmp_path, 'training mixed_precision_param = "float32"'),
-                 "--nproc", "4", "--gpu", "a100-hgx4", "--json", "-"]) == 0
+    assert (
+        main(
+            [
+                "model",
+                "--config",
+                _job(tmp_path, 'training mixed_precision_param = "float32"'),
+                "--nproc",
+                "4",
+                "--gpu",
+                "a100-hgx4",
+                "--json",
+                "-",
+            ]
+        )
+        == 0
+    )
     step = json.loads(capsys.readouterr().out)[0]["predicted_step_s"]["a100-hgx4"]
     assert step == pytest.approx(5.933, abs=5e-4)
     pure = job_plan(_job(tmp_path, 'training dtype = "bfloat16"'), 4).plan
     assert pure == dataclasses.replace(default, master_weights=False)
-    f8 = job_plan(_job(tmp_path, 'model converters = ["quantize.linear.float8"]\n'
-                                 'quantize.linear.float8 filter_fqns = ["output"]\n'
-                                 'compile enable = true'), 4).plan
-    assert f8 == dataclasses.replace(default, float8="tensorwise", float8_filter=("output",),
-                                     float8_casts="fused")
+    f8 = job_plan(
+        _job(
+            tmp_path,
+            'model converters = ["quantize.linear.float8"]\n'
+            'quantize.linear.float8 filter_fqns = ["output"]\n'
+            "compile enable = true",
+        ),
+        4,
+    ).plan
+    assert f8 == dataclasses.replace(
+        default, float8="tensorwise", float8_filter=("output",), float8_casts="fused"
+    )
     pp = job_plan(str(ROOT / "train_configs" / "13B.toml")).plan
     assert (pp.tp, pp.pp, pp.micro_batch, pp.microbatches) == (4, 2, 1, 4)
     assert main(["model", "--config", str(ROOT / "train_configs" / "7B.toml"), "--nproc", "8"]) == 0
@@ -785,13 +967,19 @@ def test_job_precision_agrees_with_the_trainers():
 
     for weights in ("float32", "bfloat16"):
         for compute in ("float32", "bfloat16"):
-            training = SimpleNamespace(dtype=weights, mixed_precision_param=compute,
-                                       mixed_precision_reduce="float32")
+            training = SimpleNamespace(
+                dtype=weights, mixed_precision_param=compute, mixed_precision_reduce="float32"
+            )
             precision = Precision.of(training)
             dtype, master = _precision(SimpleNamespace(training=training), False, "job.toml")
             state = pm.Plan(strategy="btp", dtype=dtype, master_weights=master).state
-            expected = "bf16" if precision.casts_for_compute else \
-                pm.BF16_WEIGHTS if precision.weights == "bfloat16" else "fp32"
+            expected = (
+                "bf16"
+                if precision.casts_for_compute
+                else pm.BF16_WEIGHTS
+                if precision.weights == "bfloat16"
+                else "fp32"
+            )
             said = precision.describe(fsdp=False)
             assert state == expected and (dtype == "bf16") == ("bf16" in said), said
 
@@ -811,19 +999,18 @@ def test_torchtitan_defaults_are_torchtitans():
 
 FLOAT8_ON = 'model converters = ["quantize.linear.float8"]'
 BAD_JOBS = {
-    'training mixed_precision_param = 16': "must be of type str",
+    "training mixed_precision_param = 16": "must be of type str",
     'training mixed_precision_param = "float16"': "is not modelled",
     'model converters = ["quantize.linear.mx"]': "is not modelled",
-    FLOAT8_ON + '\nquantize.linear.float8 emulate = true': "drop emulate",
+    FLOAT8_ON + "\nquantize.linear.float8 emulate = true": "drop emulate",
     FLOAT8_ON + '\nquantize.linear.float8 recipe_name = "blockwise"': "unknown float8 recipe",
     FLOAT8_ON: "no float8 tensor cores",
-    'parallelism tensor_parallel_degree = 3': "not divisible by tp 3",
-    'parallelism context_parallel_degree = 2': "context parallelism",
-    'parallelism pipeline_parallel_degree = 2\n'
+    "parallelism tensor_parallel_degree = 3": "not divisible by tp 3",
+    "parallelism context_parallel_degree = 2": "context parallelism",
+    "parallelism pipeline_parallel_degree = 2\n"
     'parallelism pipeline_parallel_schedule = "GPipe"': "GPipe",
-    'activation_checkpoint mode = "selective"\nactivation_checkpoint selective_ac_option = "op"':
-        "selective_ac_option",
-    'training local_batch_size = 0': "local_batch_size 0 must be >= 1",
+    'activation_checkpoint mode = "selective"\nactivation_checkpoint selective_ac_option = "op"': "selective_ac_option",
+    "training local_batch_size = 0": "local_batch_size 0 must be >= 1",
     'model name = "llama3"': "model.name",
 }
 
@@ -837,11 +1024,12 @@ def test_job_bad_input_is_one_line(tmp_path, capsys, override):
 
 
 def test_cli_bad_precision_options_are_one_line(capsys):
-    for argv, message in ((["--config", "no/such.toml"], "not found"),
-                          (["--config", "train_configs/7B.toml", "--tp", "2"],
-                           "--tp is set by --config"),
-                          (["--nproc", "4"], "--nproc needs --config"),
-                          (["--float8", "tensorwise", "--gpu", "a100"], "no float8 tensor cores")):
+    for argv, message in (
+        (["--config", "no/such.toml"], "not found"),
+        (["--config", "train_configs/7B.toml", "--tp", "2"], "--tp is set by --config"),
+        (["--nproc", "4"], "--nproc needs --config"),
+        (["--float8", "tensorwise", "--gpu", "a100"], "no float8 tensor cores"),
+    ):
         assert main(["model", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err

@@ -17,6 +17,13 @@ import foreign_models as fm
 import pytest
 import torch
 import torch.nn.functional as F
+from distributed import run_on_ranks
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from boost_titan.bench.collectives import record_collectives
+from boost_titan.bench.trace import fake_tp_mesh
+from boost_titan.examples import own_model
 from boost_titan.parallelize import (
     ModelLayout,
     PlanError,
@@ -27,13 +34,6 @@ from boost_titan.parallelize import (
     verify_plan,
 )
 from boost_titan.parallelize.describe import collectives_under, plan_table
-from distributed import run_on_ranks
-from torch import nn
-from torch.distributed.tensor import DTensor
-
-from boost_titan.bench.collectives import record_collectives
-from boost_titan.bench.trace import fake_tp_mesh
-from boost_titan.examples import own_model
 
 BUILDERS = {"btp": btp_plan, "vanilla": vanilla_plan, "megatron": megatron_plan}
 RTOL = 1e-5
@@ -97,12 +97,14 @@ def test_parameter_between_down_and_up_is_not_deferred():
         runs = []
         for layers in (1, 2):
             model = fm.with_normed_latents(fm.build("plain-cola", "btp", layers=layers))
-            apply_plan(model, mesh, btp_plan(NORMED_LAYOUT, loss_parallel=False),
-                       src_data_rank=None)
+            apply_plan(
+                model, mesh, btp_plan(NORMED_LAYOUT, loss_parallel=False), src_data_rank=None
+            )
             runs.append(_collectives(model))
     r = fm.RANK
     assert runs[1][0] - runs[0][0] == Counter(
-        {("all_reduce", 3 * r + 1): 1, ("all_reduce", 2 * r + 1): 1, ("all_reduce", r): 2})
+        {("all_reduce", 3 * r + 1): 1, ("all_reduce", 2 * r + 1): 1, ("all_reduce", r): 2}
+    )
     assert runs[1][1] - runs[0][1] == Counter({("all_reduce", r): 7})
 
 
@@ -141,12 +143,14 @@ def test_plan_command(capsys):
     argv = ["--model", f"{model}:Decoder", "--layout", f"{model}:LAYOUT", "--tp", "4"]
     assert main(argv) == 0
     assert "backward 4: all-reduce 96, all-reduce 64, all-reduce 32, all-reduce 32" in (
-        capsys.readouterr().out)
+        capsys.readouterr().out
+    )
     with pytest.raises(SystemExit):
         main([*argv[:4], "--tp", "8"])
     assert capsys.readouterr().err.strip() == (
         "error: blocks.0.attn.k_proj.up: 4 attention heads do not split over TP 8; "
-        "choose a TP degree that divides the number of heads (and of kv heads)")
+        "choose a TP degree that divides the number of heads (and of kv heads)"
+    )
     with pytest.raises(SystemExit):  # a model class that needs arguments
         main(["--model", "foreign_models:HFLlama", "--layout", "foreign_models:HF_LAYOUT"])
     assert "builds the model without arguments" in capsys.readouterr().err
@@ -204,8 +208,13 @@ def _one_line(excinfo) -> str:
 
 
 def test_misspelled_fqn():
-    layout = dataclasses.replace(fm.PLAIN_LAYOUT, shared_inputs={
-        "ln1": ("attn.q_prj", "attn.k_proj", "attn.v_proj"), "ln2": ("mlp.gate_proj", "mlp.up_proj")})
+    layout = dataclasses.replace(
+        fm.PLAIN_LAYOUT,
+        shared_inputs={
+            "ln1": ("attn.q_prj", "attn.k_proj", "attn.v_proj"),
+            "ln2": ("mlp.gate_proj", "mlp.up_proj"),
+        },
+    )
     with pytest.raises(PlanError) as e:
         _apply(fm.build("plain-cola", "btp"), btp_plan(layout))
     assert _one_line(e) == "blocks.0.attn.q_prj does not exist; fix the FQN in ModelLayout"
@@ -218,8 +227,13 @@ def test_unknown_block_pattern():
 
 
 def test_consumer_missing_from_the_layout():
-    layout = dataclasses.replace(fm.PLAIN_LAYOUT, shared_inputs={
-        "ln1": ("attn.q_proj", "attn.k_proj"), "ln2": ("mlp.gate_proj", "mlp.up_proj")})
+    layout = dataclasses.replace(
+        fm.PLAIN_LAYOUT,
+        shared_inputs={
+            "ln1": ("attn.q_proj", "attn.k_proj"),
+            "ln2": ("mlp.gate_proj", "mlp.up_proj"),
+        },
+    )
     with pytest.raises(PlanError) as e:
         _apply(fm.build("plain-cola", "btp"), btp_plan(layout))
     assert "v_proj.down.weight" in _one_line(e) and "not covered" in str(e.value)
@@ -227,9 +241,13 @@ def test_consumer_missing_from_the_layout():
 
 @pytest.mark.parametrize("strategy", fm.STRATEGIES)
 def test_consumer_listed_under_the_wrong_norm(strategy):
-    layout = dataclasses.replace(fm.PLAIN_LAYOUT, shared_inputs={
-        "ln1": ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj"),
-        "ln2": ("mlp.up_proj",)})
+    layout = dataclasses.replace(
+        fm.PLAIN_LAYOUT,
+        shared_inputs={
+            "ln1": ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj"),
+            "ln2": ("mlp.up_proj",),
+        },
+    )
     with pytest.raises(PlanError) as e:
         _apply(fm.build("plain-cola", strategy), plan_for(layout, strategy), run=True)
     assert "mlp.gate_proj" in _one_line(e) and "ln1" in str(e.value)
@@ -240,8 +258,12 @@ def test_consumer_listed_as_own_input(strategy):
     """v_proj reads ln1's output but is listed with the projections of their own input."""
     layout = dataclasses.replace(
         fm.PLAIN_LAYOUT,
-        shared_inputs={"ln1": ("attn.q_proj", "attn.k_proj"), "ln2": ("mlp.gate_proj", "mlp.up_proj")},
-        own_inputs=("attn.o_proj", "mlp.down_proj", "attn.v_proj"))
+        shared_inputs={
+            "ln1": ("attn.q_proj", "attn.k_proj"),
+            "ln2": ("mlp.gate_proj", "mlp.up_proj"),
+        },
+        own_inputs=("attn.o_proj", "mlp.down_proj", "attn.v_proj"),
+    )
     with pytest.raises(PlanError) as e:
         _apply(fm.build("plain-cola", strategy), plan_for(layout, strategy), run=True)
     assert "shared_inputs" in _one_line(e) and "blocks.0." in str(e.value)
@@ -376,9 +398,15 @@ class ResidualMean(fm.Block):
 
 
 CASES = [(name, strategy) for name in fm.MODELS for strategy in fm.STRATEGIES]
-EXTRA = ["hf-llama-btp-loss-parallel", "plain-cola-btp-sync", "plain-cola-btp-ungrouped",
-         "plain-cola-megatron-ungrouped", "plain-cola-vanilla-ungrouped",
-         "normed-latent-btp", "normed-latent-vanilla"]
+EXTRA = [
+    "hf-llama-btp-loss-parallel",
+    "plain-cola-btp-sync",
+    "plain-cola-btp-ungrouped",
+    "plain-cola-megatron-ungrouped",
+    "plain-cola-vanilla-ungrouped",
+    "normed-latent-btp",
+    "normed-latent-vanilla",
+]
 NORMED_LAYOUT = dataclasses.replace(fm.PLAIN_LAYOUT, crossing=("norm",))
 
 
@@ -448,13 +476,14 @@ def _worker(rank: int, world_size: int) -> dict:
     # a PlanError is kept as the result: it fails its own test, not every case of the rank
     model = fm.build("plain-cola", "btp")
     results["verify-ok"] = _outcome(
-        lambda: apply_plan(model, mesh, btp_plan(fm.PLAIN_LAYOUT), verify=True) is model)
+        lambda: apply_plan(model, mesh, btp_plan(fm.PLAIN_LAYOUT), verify=True) is model
+    )
     model = _swap_blocks(fm.build("plain-cola", "btp"), ResidualMean)
     results["verify-caught"] = _outcome(
-        lambda: apply_plan(model, mesh, btp_plan(fm.PLAIN_LAYOUT), verify=True) and None)
+        lambda: apply_plan(model, mesh, btp_plan(fm.PLAIN_LAYOUT), verify=True) and None
+    )
     results["example"] = _outcome(lambda: own_model.main(steps=6))
     return results
-
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])

@@ -15,17 +15,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from distributed import run_on_ranks
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from boost_titan.runtime.precision import Precision, no_autocast
-from distributed import run_on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBUG_TOML = ROOT / "train_configs" / "debug.toml"
 BF16 = ("--training.mixed_precision_param", "bfloat16")
-GEMMS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
-         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention"}
+GEMMS = {
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention",
+}
 """aten ops doing a GEMM (and the fused attention kernels, whose inner GEMMs they run)."""
 
 
@@ -63,9 +70,17 @@ def test_precision_phrases():
 def test_check_states_the_precision(config, nproc, args, phrase, tmp_path):
     from boost_titan.check import check
 
-    summary = check(["--nproc", str(nproc), "--job.config_file",
-                     str(ROOT / "train_configs" / f"{config}.toml"),
-                     "--job.dump_folder", str(tmp_path), *args])  # fmt: skip
+    summary = check(
+        [
+            "--nproc",
+            str(nproc),
+            "--job.config_file",
+            str(ROOT / "train_configs" / f"{config}.toml"),
+            "--job.dump_folder",
+            str(tmp_path),
+            *args,
+        ]
+    )
     assert phrase in summary, summary
 
 
@@ -125,10 +140,20 @@ def _step(layout: str, rank: int, world_size: int) -> dict:
     use_cpu_if_no_accelerator()
     tp, replicate = (1, world_size) if layout == "dp_replicate2-bf16" else (world_size, 1)
     args = [*BF16] if layout.endswith("bf16") else ["--training.mixed_precision_param", "float32"]
-    job = parse_job_config(["--job.config_file", str(DEBUG_TOML), "--training.seq_len", "32",
-                            "--parallelism.tensor_parallel_degree", str(tp), *args])  # fmt: skip
-    dims = ParallelDims(dp_shard=1, dp_replicate=replicate, cp=1, tp=tp, pp=1, ep=1, etp=1,
-                        world_size=world_size)  # fmt: skip
+    job = parse_job_config(
+        [
+            "--job.config_file",
+            str(DEBUG_TOML),
+            "--training.seq_len",
+            "32",
+            "--parallelism.tensor_parallel_degree",
+            str(tp),
+            *args,
+        ]
+    )
+    dims = ParallelDims(
+        dp_shard=1, dp_replicate=replicate, cp=1, tp=tp, pp=1, ep=1, etp=1, world_size=world_size
+    )
     with torch.device("meta"):
         model = BoostTransformer(model_args_for(job))
     model = build_spec().parallelize_fn(model, dims, job)
@@ -187,8 +212,10 @@ def test_tp2_bf16_gemms_see_bf16_with_fp32_master_state(steps):
     for rank in steps:
         bf16, fp32 = rank["tp2-bf16"], rank["tp2-fp32"]
         dtypes = {d for _, ds in bf16["gemms"] for d in ds}
-        print(f"tp2 bf16: {len(bf16['gemms'])} GEMMs ({len(bf16['block_gemms'])} in block 0's "
-              f"forward), dtypes {dtypes}; {bf16['fsdp_modules']} FSDP modules")
+        print(
+            f"tp2 bf16: {len(bf16['gemms'])} GEMMs ({len(bf16['block_gemms'])} in block 0's "
+            f"forward), dtypes {dtypes}; {bf16['fsdp_modules']} FSDP modules"
+        )
         assert bf16["block_gemms"] and dtypes == {torch.bfloat16}
         assert bf16["fsdp_modules"] > 0
         _assert_master_state_fp32(bf16)

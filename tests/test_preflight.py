@@ -38,7 +38,9 @@ def save_model_checkpoint(folder: Path, value: float = 1.0, *args: str) -> Path:
     from boost_titan.config.cli import parse_job_config
 
     job = parse_job_config(["--job.config_file", str(DEBUG_TOML), *args])
-    state = {key: torch.full(shape, value) for key, shape in model_shapes(model_args_for(job)).items()}
+    state = {
+        key: torch.full(shape, value) for key, shape in model_shapes(model_args_for(job)).items()
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.save(state, checkpoint_id=str(folder), no_dist=True)
@@ -48,8 +50,15 @@ def save_model_checkpoint(folder: Path, value: float = 1.0, *args: str) -> Path:
 def run_check(capsys, tmp_path: Path, *args: str) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of `boost_titan.check` on debug.toml, 2 processes,
     dump folder `tmp_path/dump`."""
-    argv = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML),
-            "--job.dump_folder", str(tmp_path / "dump"), *args]  # fmt: skip
+    argv = [
+        "--nproc",
+        "2",
+        "--job.config_file",
+        str(DEBUG_TOML),
+        "--job.dump_folder",
+        str(tmp_path / "dump"),
+        *args,
+    ]
     try:
         main(argv)
         code = 0
@@ -95,10 +104,17 @@ def test_initial_checkpoint_of_another_model(capsys, tmp_path):
     """A checkpoint of another arch or rank is one line naming the first differing weight
     (TorchTitan would stop with a traceback on a missing weight, drop an extra one)."""
     step = save_model_checkpoint(tmp_path / "step-3")
-    line = one_error(capsys, tmp_path, "--checkpoint.initial_load_path", str(step), "--boost.arch", "lax")
-    assert f"checkpoint.initial_load_path {step} has layers.1.attention.wk.cross.weight missing" in line
+    line = one_error(
+        capsys, tmp_path, "--checkpoint.initial_load_path", str(step), "--boost.arch", "lax"
+    )
+    assert (
+        f"checkpoint.initial_load_path {step} has layers.1.attention.wk.cross.weight missing"
+        in line
+    )
     assert line.endswith("train with the model.flavor, [boost] arch and rank it was saved with")
-    line = one_error(capsys, tmp_path, "--checkpoint.initial_load_path", str(step), "--boost.rank", "32")
+    line = one_error(
+        capsys, tmp_path, "--checkpoint.initial_load_path", str(step), "--boost.rank", "32"
+    )
     assert "has layers.0.attention.wk.down.weight (64, 256) but the job's model" in line
     assert "expects (32, 256)" in line
     lax = save_model_checkpoint(tmp_path / "lax" / "step-3", 1.0, "--boost.arch", "lax")
@@ -170,18 +186,26 @@ def test_undecodable_dataset_file(capsys, tmp_path, name):
 
 # ---- messages that name the field and the fix ---------------------------------------------
 MESSAGES = {
-    "seq_len 0": (["--training.seq_len", "0"],
-                  "training.seq_len 0 must be >= 1 (tokens per sequence); set --training.seq_len "
-                  "to 1 or more"),
-    "local batch 0": (["--training.local_batch_size", "0"],
-                      "training.local_batch_size 0 must be >= 1"),
+    "seq_len 0": (
+        ["--training.seq_len", "0"],
+        "training.seq_len 0 must be >= 1 (tokens per sequence); set --training.seq_len "
+        "to 1 or more",
+    ),
+    "local batch 0": (
+        ["--training.local_batch_size", "0"],
+        "training.local_batch_size 0 must be >= 1",
+    ),
     "steps -1": (["--training.steps", "-1"], "training.steps -1 must be >= 0"),
-    "flag given true": (["--boost.lowrank_ac", "true"],
-                        "--boost.lowrank_ac is a flag and takes no value ('true' given); write "
-                        "--boost.lowrank_ac to turn it on, --boost.no_lowrank_ac to turn it off"),
-    "flag given =false": (["--checkpoint.enable=false"],
-                          "--checkpoint.enable is a flag and takes no value ('false' given)"),
-}  # fmt: skip
+    "flag given true": (
+        ["--boost.lowrank_ac", "true"],
+        "--boost.lowrank_ac is a flag and takes no value ('true' given); write "
+        "--boost.lowrank_ac to turn it on, --boost.no_lowrank_ac to turn it off",
+    ),
+    "flag given =false": (
+        ["--checkpoint.enable=false"],
+        "--checkpoint.enable is a flag and takes no value ('false' given)",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(MESSAGES))
@@ -202,8 +226,12 @@ HOLDER = (
 
 def hold_lock(folder: Path) -> subprocess.Popen:
     """A process that holds `folder`'s lock until killed."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE,
-                              text=True, env=ENV | {"PYTHONPATH": str(ROOT)})  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV | {"PYTHONPATH": str(ROOT)},
+    )
     assert holder.stdout.readline().strip() == "locked"
     return holder
 
@@ -237,10 +265,21 @@ def test_worker_refuses_a_held_dump_folder(tmp_path):
     holder = hold_lock(dump)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "boost_titan.train", "--job.config_file", str(DEBUG_TOML),
-             "--job.dump_folder", str(dump)],
-            cwd=ROOT, env=ENV | {"RANK": "0"}, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "boost_titan.train",
+                "--job.config_file",
+                str(DEBUG_TOML),
+                "--job.dump_folder",
+                str(dump),
+            ],
+            cwd=ROOT,
+            env=ENV | {"RANK": "0"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
@@ -263,14 +302,20 @@ def _load_with_own_view(rank: int, world_size: int, root: str) -> dict[str, obje
     results: dict[str, object] = {}
     for scenario in ("rank1-sees-newer", "rank1-misses-newest"):
         config = Checkpoint(
-            enable=True, keep_latest_k=0,
+            enable=True,
+            keep_latest_k=0,
             exclude_from_loading=["optimizer", "lr_scheduler", "dataloader"],
-        )  # fmt: skip
+        )
         manager = CheckpointManager(
-            dataloader=None, model_parts=[model], optimizers=None, lr_schedulers=None, states={},
-            checkpoint_config=config, sd_adapter=None,
+            dataloader=None,
+            model_parts=[model],
+            optimizers=None,
+            lr_schedulers=None,
+            states={},
+            checkpoint_config=config,
+            sd_adapter=None,
             base_folder=os.path.join(root, scenario, f"rank{rank}"),
-        )  # fmt: skip
+        )
         try:
             agree_on_checkpoint(manager, load_step=-1)
             manager.load()
@@ -284,8 +329,12 @@ def _load_with_own_view(rank: int, world_size: int, root: str) -> dict[str, obje
 def test_ranks_load_the_checkpoint_rank0_picks(tmp_path):
     """Rank 1 sees a newer step-9 (another job wrote it): both ranks load rank 0's step-6.
     Rank 1 misses rank 0's newest step-9: both ranks stop with the same one-line error."""
-    steps = {("rank1-sees-newer", 0): (3, 6), ("rank1-sees-newer", 1): (3, 6, 9),
-             ("rank1-misses-newest", 0): (3, 6, 9), ("rank1-misses-newest", 1): (3, 6)}  # fmt: skip
+    steps = {
+        ("rank1-sees-newer", 0): (3, 6),
+        ("rank1-sees-newer", 1): (3, 6, 9),
+        ("rank1-misses-newest", 0): (3, 6, 9),
+        ("rank1-misses-newest", 1): (3, 6),
+    }
     for (scenario, rank), saved in steps.items():
         for step in saved:
             folder = tmp_path / scenario / f"rank{rank}" / "checkpoint" / f"step-{step}"
@@ -361,10 +410,23 @@ def test_run_train_ends_on_a_worker_error(tmp_path):
     (data / "corpus.txt").write_bytes(good + b"\x8f\xff" * 64)
     env = ENV | {"NGPU": "2", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        ["./run_train.sh", "--job.dump_folder", str(tmp_path / "dump"), "--training.dataset_path",
-         str(data), "--training.steps", "1", "--training.seq_len", "32"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            "./run_train.sh",
+            "--job.dump_folder",
+            str(tmp_path / "dump"),
+            "--training.dataset_path",
+            str(data),
+            "--training.steps",
+            "1",
+            "--training.seq_len",
+            "32",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = result.stdout + result.stderr
     lines = output.strip().splitlines()
     assert result.returncode == 2, output[-3000:]
@@ -380,8 +442,12 @@ def test_run_train_skips_a_finished_job(tmp_path):
     save_model_checkpoint(tmp_path / "dump" / "checkpoint" / "step-3")
     result = subprocess.run(
         ["./run_train.sh", "--job.dump_folder", str(tmp_path / "dump"), "--training.steps", "3"],
-        cwd=ROOT, env=ENV | {"NGPU": "2"}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=ENV | {"NGPU": "2"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("nothing to train: already at step 3"), result.stdout
     assert "[rank" not in result.stdout + result.stderr
@@ -411,8 +477,13 @@ def test_command_imports_no_torch(name):
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchtitan'})\n"
         "print('imported:', heavy, file=sys.stderr)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                            text=True, env=ENV | {"PYTHONPATH": str(ROOT)})  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=ENV | {"PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip(), "printed nothing"
     assert result.stderr.strip().splitlines()[-1] == "imported: []", result.stderr

@@ -18,15 +18,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
+SPEC = importlib.util.spec_from_file_location(
+    "readme_tables", ROOT / "scripts" / "readme_tables.py"
+)
 readme_tables = importlib.util.module_from_spec(SPEC)
 sys.modules["readme_tables"] = readme_tables  # dataclasses look their module up
 SPEC.loader.exec_module(readme_tables)
 
 README = (ROOT / "README.md").read_text()
 FAST = [name for name, table in readme_tables.TABLES.items() if not table.slow]
-RETRACED = [(flavor, strategy, tp) for flavor, tp in (("1B", 2), ("30B", 8))
-            for strategy in readme_tables.TRACE_STRATEGIES]
+RETRACED = [
+    (flavor, strategy, tp)
+    for flavor, tp in (("1B", 2), ("30B", 8))
+    for strategy in readme_tables.TRACE_STRATEGIES
+]
 
 
 def test_every_table_is_marked_once():
@@ -51,20 +56,25 @@ def test_trace_sweep_rows_retraced():
     assert "45 configurations, 45 agree" in committed
     fresh = readme_tables.trace_rows(RETRACED)
     assert fresh[0] == header
-    by_config = dict(zip(configs, rows))
-    for config, line in zip(RETRACED, fresh[1:]):
+    by_config = dict(zip(configs, rows, strict=True))
+    for config, line in zip(RETRACED, fresh[1:], strict=True):
         assert line == by_config[config], config
 
 
 def test_check_reports_a_stale_table(tmp_path, capsys):
     """--check exits 1 and prints a diff; without it the file is rewritten in place."""
     readme = tmp_path / "README.md"
-    stale = README.replace("| 1B | 24 | 32 | 2048 | 5472 | 512 |", "| 1B | 24 | 32 | 2048 | 5472 | 999 |")
+    stale = README.replace(
+        "| 1B | 24 | 32 | 2048 | 5472 | 512 |", "| 1B | 24 | 32 | 2048 | 5472 | 999 |"
+    )
     assert stale != README
     readme.write_text(stale)
     assert readme_tables.main(["--check", "--only", "params", "--readme", str(readme)]) == 1
     out = capsys.readouterr().out
-    assert "-| 1B | 24 | 32 | 2048 | 5472 | 999 |" in out and "+| 1B | 24 | 32 | 2048 | 5472 | 512 |" in out
+    assert (
+        "-| 1B | 24 | 32 | 2048 | 5472 | 999 |" in out
+        and "+| 1B | 24 | 32 | 2048 | 5472 | 512 |" in out
+    )
     assert readme_tables.main(["--only", "params", "--readme", str(readme)]) == 0
     assert readme.read_text() == README
     assert readme_tables.main(["--check", "--only", "params", "--readme", str(readme)]) == 0

@@ -29,22 +29,50 @@ from boost_titan.runtime.run_log import read_log
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10
 COMMON = (
-    "--training.seq_len", "64", "--training.local_batch_size", "4",
-    "--metrics.log_freq", "1", "--metrics.no_enable_tensorboard",
-    "--lr_scheduler.warmup_steps", "6", "--lr_scheduler.total_steps", str(STEPS),
-    "--checkpoint.interval", "3",
-    "--checkpoint.keep_latest_k", "0", "--debug.seed", "7", "--debug.deterministic",
-)  # fmt: skip
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "4",
+    "--metrics.log_freq",
+    "1",
+    "--metrics.no_enable_tensorboard",
+    "--lr_scheduler.warmup_steps",
+    "6",
+    "--lr_scheduler.total_steps",
+    str(STEPS),
+    "--checkpoint.interval",
+    "3",
+    "--checkpoint.keep_latest_k",
+    "0",
+    "--debug.seed",
+    "7",
+    "--debug.deterministic",
+)
 
 
 def _command(dump: Path, steps: int, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter", "0",
-        "--tee", "3", *extra, "-m", "boost_titan.train",
-        "--job.config_file", str(ROOT / "train_configs/debug.toml"),
-        "--job.dump_folder", str(dump), "--training.steps", str(steps), *COMMON,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=localhost:0",
+        "--local-ranks-filter",
+        "0",
+        "--tee",
+        "3",
+        *extra,
+        "-m",
+        "boost_titan.train",
+        "--job.config_file",
+        str(ROOT / "train_configs/debug.toml"),
+        "--job.dump_folder",
+        str(dump),
+        "--training.steps",
+        str(steps),
+        *COMMON,
+    ]
 
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -133,14 +161,27 @@ def test_sigkill_one_rank_restart_resumes_exactly(reference, tmp_path, point, fa
     env = {k: v for k, v in ENV.items() if k not in ("NGPU", "WORLD_SIZE", "CONFIG_FILE")}
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # run_train.sh's own setting
     env.update(
-        NGPU="2", MAX_RESTARTS="1", BOOST_TITAN_FAULT_STEP=str(fault_step),
-        BOOST_TITAN_FAULT_RANK="1", BOOST_TITAN_FAULT_POINT=point,
-    )  # fmt: skip
+        NGPU="2",
+        MAX_RESTARTS="1",
+        BOOST_TITAN_FAULT_STEP=str(fault_step),
+        BOOST_TITAN_FAULT_RANK="1",
+        BOOST_TITAN_FAULT_POINT=point,
+    )
     result = subprocess.run(
-        ["./run_train.sh", "--job.dump_folder", str(tmp_path), "--training.steps", str(STEPS),
-         *COMMON],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            "./run_train.sh",
+            "--job.dump_folder",
+            str(tmp_path),
+            "--training.steps",
+            str(STEPS),
+            *COMMON,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "shared TCPStore" not in output  # run_train.sh gives each attempt a fresh store

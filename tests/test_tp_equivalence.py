@@ -33,12 +33,21 @@ CASES: dict[str, tuple[str, str, dict, dict]] = {
     "fullrank-megatron-ungrouped": ("fullrank", "megatron", {}, {"group_linears": False}),
     # all-reduces in overlapped row blocks (apply_plan's overlap_chunks)
     "cola-btp-overlap2": ("cola", "btp", {}, {"overlap_chunks": 2}),
-    "cola-btp-ungrouped-overlap4": ("cola", "btp", {}, {"group_linears": False, "overlap_chunks": 4}),
+    "cola-btp-ungrouped-overlap4": (
+        "cola",
+        "btp",
+        {},
+        {"group_linears": False, "overlap_chunks": 4},
+    ),
     "lax-btp-overlap2": ("lax", "btp", {}, {"overlap_chunks": 2}),
     "cola-vanilla-overlap2": ("cola", "vanilla", {}, {"overlap_chunks": 2}),
     "fullrank-megatron-overlap2": ("fullrank", "megatron", {}, {"overlap_chunks": 2}),
-    "fullrank-megatron-ungrouped-overlap4": ("fullrank", "megatron", {}, {"group_linears": False,
-                                                                         "overlap_chunks": 4}),
+    "fullrank-megatron-ungrouped-overlap4": (
+        "fullrank",
+        "megatron",
+        {},
+        {"group_linears": False, "overlap_chunks": 4},
+    ),
 }
 
 
@@ -66,12 +75,12 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _tp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
-    from boost_titan.parallelize import apply_plan
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
     from boost_titan.boost_llama.strategies import build_plan
+    from boost_titan.parallelize import apply_plan
 
     mesh = init_device_mesh("cpu", (world_size,))
     results = {}
@@ -79,8 +88,12 @@ def _tp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         arch, strategy, overrides, plan_options = CASES[name]
         model = build_model(arch, **overrides)
         options = {k: v for k, v in plan_options.items() if k != "overlap_chunks"}
-        apply_plan(model, mesh, build_plan(strategy, model.args, **options),
-                   overlap_chunks=plan_options.get("overlap_chunks", 1))
+        apply_plan(
+            model,
+            mesh,
+            build_plan(strategy, model.args, **options),
+            overlap_chunks=plan_options.get("overlap_chunks", 1),
+        )
         tokens, labels = batch()
         logits = model(tokens)
         with loss_parallel():

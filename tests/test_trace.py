@@ -57,19 +57,34 @@ def test_compare_reports_disagreement():
     modelled.activation_bytes_per_layer = int(record.activation_bytes_per_layer * 1.06)
     problems = trace.compare(record, modelled, args, plan)
     assert [p.split(":")[0] for p in problems] == [
-        "comm_bytes_per_layer_fwd", "flops_per_layer", "activation_bytes_per_layer"]
+        "comm_bytes_per_layer_fwd",
+        "flops_per_layer",
+        "activation_bytes_per_layer",
+    ]
     assert problems[-1].endswith("(+6.0%)")
     modelled.activation_bytes_per_layer = int(record.activation_bytes_per_layer * 0.96)
-    assert [p.split(":")[0] for p in trace.compare(record, modelled, args, plan)][-1] == "flops_per_layer"
+    assert [p.split(":")[0] for p in trace.compare(record, modelled, args, plan)][
+        -1
+    ] == "flops_per_layer"
 
 
-@pytest.mark.parametrize("arch,strategy,plan", [
-    ("cola", "btp", {"rmsnorm": "sync"}),
-    ("cola", "btp", {"group_linears": False}),
-    ("cola", "btp", {"rmsnorm": "sync", "group_linears": False, "dtype": "fp32"}),
-    ("fullrank", "megatron", {"group_linears": False}),
-    ("cola", "vanilla", {"group_linears": False, "micro_batch": 2}),
-], ids=["btp-sync", "btp-ungrouped", "btp-sync-ungrouped-fp32", "megatron-ungrouped", "vanilla-ungrouped-mb2"])
+@pytest.mark.parametrize(
+    "arch,strategy,plan",
+    [
+        ("cola", "btp", {"rmsnorm": "sync"}),
+        ("cola", "btp", {"group_linears": False}),
+        ("cola", "btp", {"rmsnorm": "sync", "group_linears": False, "dtype": "fp32"}),
+        ("fullrank", "megatron", {"group_linears": False}),
+        ("cola", "vanilla", {"group_linears": False, "micro_batch": 2}),
+    ],
+    ids=[
+        "btp-sync",
+        "btp-ungrouped",
+        "btp-sync-ungrouped-fp32",
+        "megatron-ungrouped",
+        "vanilla-ungrouped-mb2",
+    ],
+)
 def test_activation_bytes_agree_off_the_defaults(arch, strategy, plan):
     """The model keeps the trace's byte count for the product's other switches too (sync
     RMSNorm's fp32 statistics are priced at the training dtype by the communication
@@ -94,22 +109,41 @@ def test_fused_rms_norm_saves_what_cuda_saves():
             out = F.rms_norm(x, (16,), w, 1e-5)
     assert F.rms_norm.__module__ == "torch.nn.functional"  # restored
     torch.testing.assert_close(out, expected)
-    for got, want in zip(torch.autograd.grad(out.sin().sum(), (x, w)), grads):
+    for got, want in zip(torch.autograd.grad(out.sin().sum(), (x, w)), grads, strict=True):
         torch.testing.assert_close(got, want)
     assert [tuple(t.shape) for t in saved] == [(3, 5, 16), (16,), (3, 5, 1)]
     assert saved[0] is x
 
 
 def test_cli_json_and_compare(capsys):
-    argv = ["trace", "--flavor", "1B", "--strategy", "btp,megatron", "--tp", "2",
-            "--seq-len", "128", "--compare", "--json", "-"]
+    argv = [
+        "trace",
+        "--flavor",
+        "1B",
+        "--strategy",
+        "btp,megatron",
+        "--tp",
+        "2",
+        "--seq-len",
+        "128",
+        "--compare",
+        "--json",
+        "-",
+    ]
     assert main(argv) == 0
     records = json.loads(capsys.readouterr().out)
     assert [r["strategy"] for r in records] == ["btp", "megatron"]
     model_fields = {
-        "collectives_per_layer_fwd", "collectives_per_layer_bwd", "comm_bytes_per_layer_fwd",
-        "comm_bytes_per_layer_bwd", "collectives_fwd", "collectives_bwd", "flops_per_layer",
-        "params_per_rank", "activation_bytes_per_layer", "step_collectives_fwd",
+        "collectives_per_layer_fwd",
+        "collectives_per_layer_bwd",
+        "comm_bytes_per_layer_fwd",
+        "comm_bytes_per_layer_bwd",
+        "collectives_fwd",
+        "collectives_bwd",
+        "flops_per_layer",
+        "params_per_rank",
+        "activation_bytes_per_layer",
+        "step_collectives_fwd",
     }
     assert model_fields <= set(records[0])
     assert all(r["model_mismatches"] == [] for r in records)

@@ -38,7 +38,10 @@ def test_run_log_summary(tmp_path):
     assert "ran 2 steps (11-12)" in line and "loss 5.0000 (step 11) -> 4.0000 (step 12)" in line
     assert "-1.0000" in line and "tokens/s" in line
     rows = [json.loads(row) for row in (tmp_path / "losses.jsonl").read_text().splitlines()]
-    assert rows == [{"step": 11, "loss": 5.0, "tokens": 1000}, {"step": 12, "loss": 4.0, "tokens": 1000}]
+    assert rows == [
+        {"step": 11, "loss": 5.0, "tokens": 1000},
+        {"step": 12, "loss": 4.0, "tokens": 1000},
+    ]
     assert log.activations_line() is None and "saved activations" not in line
     log.saved_activations = (11, 3 * 2**20 + 2**18)
     activations = "saved activations: 3.25 MiB per step on rank 0 (step 11)"
@@ -59,12 +62,31 @@ def torchrun(nproc: int, *args: str, log_rank: int = 0) -> subprocess.CompletedP
     env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     command = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0", "--role", "rank",
-        "--local-ranks-filter", str(log_rank), "--tee", "3", "-m", "boost_titan.train",
-        "--job.config_file", str(ROOT / "train_configs" / "debug.toml"),
-        "--parallelism.tensor_parallel_degree", "1", "--metrics.disable_color_printing",
-        "--metrics.log_freq", "1", "--training.local_batch_size", "4", *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint=localhost:0",
+        "--role",
+        "rank",
+        "--local-ranks-filter",
+        str(log_rank),
+        "--tee",
+        "3",
+        "-m",
+        "boost_titan.train",
+        "--job.config_file",
+        str(ROOT / "train_configs" / "debug.toml"),
+        "--parallelism.tensor_parallel_degree",
+        "1",
+        "--metrics.disable_color_printing",
+        "--metrics.log_freq",
+        "1",
+        "--training.local_batch_size",
+        "4",
+        *args,
     ]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
@@ -72,21 +94,32 @@ def torchrun(nproc: int, *args: str, log_rank: int = 0) -> subprocess.CompletedP
 @pytest.mark.slow
 def test_pp_gradients_match_single_process(tmp_path):
     """Same seed checkpoint: PP=2 logs the loss and grad norm of one process (unscaled)."""
-    seed = torchrun(1, "--job.dump_folder", str(tmp_path / "seed"), "--checkpoint.create_seed_checkpoint")
+    seed = torchrun(
+        1, "--job.dump_folder", str(tmp_path / "seed"), "--checkpoint.create_seed_checkpoint"
+    )
     assert seed.returncode == 0, seed.stdout[-3000:] + seed.stderr[-3000:]
-    load = ["--checkpoint.initial_load_path", str(tmp_path / "seed" / "checkpoint" / "step-0"),
-            "--training.steps", "2"]
+    load = [
+        "--checkpoint.initial_load_path",
+        str(tmp_path / "seed" / "checkpoint" / "step-0"),
+        "--training.steps",
+        "2",
+    ]
     single = torchrun(1, "--job.dump_folder", str(tmp_path / "one"), *load)
     piped = torchrun(
-        2, "--job.dump_folder", str(tmp_path / "pp"), "--parallelism.pipeline_parallel_degree", "2",
-        *load, log_rank=1,
+        2,
+        "--job.dump_folder",
+        str(tmp_path / "pp"),
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        *load,
+        log_rank=1,
     )
     for run in (single, piped):
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     expected = [(s, float(loss), float(g)) for s, loss, g in STEP.findall(single.stdout)]
     got = [(s, float(loss), float(g)) for s, loss, g in STEP.findall(piped.stdout)]
     assert len(expected) == len(got) == 2, (expected, got)
-    for (_, loss_1, grad_1), (_, loss_pp, grad_pp) in zip(expected, got):
+    for (_, loss_1, grad_1), (_, loss_pp, grad_pp) in zip(expected, got, strict=True):
         assert loss_pp == pytest.approx(loss_1, abs=5e-4)
         assert grad_pp == pytest.approx(grad_1, rel=1e-3)
 
@@ -94,9 +127,21 @@ def test_pp_gradients_match_single_process(tmp_path):
 @pytest.mark.slow
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     run = torchrun(
-        2, "--job.dump_folder", str(tmp_path), "--parallelism.data_parallel_shard_degree", "2",
-        "--optimizer.lr", "1e6", "--lr_scheduler.warmup_steps", "0", "--training.max_norm", "1e9",
-        "--training.steps", "10", "--checkpoint.interval", "1",
+        2,
+        "--job.dump_folder",
+        str(tmp_path),
+        "--parallelism.data_parallel_shard_degree",
+        "2",
+        "--optimizer.lr",
+        "1e6",
+        "--lr_scheduler.warmup_steps",
+        "0",
+        "--training.max_norm",
+        "1e9",
+        "--training.steps",
+        "10",
+        "--checkpoint.interval",
+        "1",
     )
     output = run.stdout + run.stderr
     assert run.returncode != 0

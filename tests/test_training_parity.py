@@ -86,10 +86,13 @@ def _batch(n: int) -> tuple[str, ...]:
 
 def _pp(schedule: str, microbatch: int) -> tuple[str, ...]:
     return (
-        "--parallelism.pipeline_parallel_degree", "2",
-        "--parallelism.pipeline_parallel_schedule", schedule,
-        "--parallelism.pipeline_parallel_microbatch_size", str(microbatch),
-    )  # fmt: skip
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--parallelism.pipeline_parallel_schedule",
+        schedule,
+        "--parallelism.pipeline_parallel_microbatch_size",
+        str(microbatch),
+    )
 
 
 TP2 = ("--parallelism.tensor_parallel_degree", "2")
@@ -125,15 +128,33 @@ class Runs:
         self.seq_len = seq_len = SEQ_LEN
         self.validation_tokens = VALIDATION_STEPS * 4 * seq_len  # global batch 4
         self.common = [
-            "--training.dataset_path", str(data), "--training.seq_len", str(seq_len),
-            "--boost.data_order", "global",
-            "--training.steps", str(STEPS), "--metrics.log_freq", "1",
-            "--metrics.no_enable_tensorboard", "--lr_scheduler.warmup_steps", "2",
-            "--debug.seed", "7", "--model.flavor", "debug",
-            "--validation.enable", "--validation.dataset_path", str(self.validation_data),
-            "--validation.seq_len", str(seq_len), "--validation.steps", str(VALIDATION_STEPS),
-            "--validation.freq", str(STEPS),
-        ]  # fmt: skip
+            "--training.dataset_path",
+            str(data),
+            "--training.seq_len",
+            str(seq_len),
+            "--boost.data_order",
+            "global",
+            "--training.steps",
+            str(STEPS),
+            "--metrics.log_freq",
+            "1",
+            "--metrics.no_enable_tensorboard",
+            "--lr_scheduler.warmup_steps",
+            "2",
+            "--debug.seed",
+            "7",
+            "--model.flavor",
+            "debug",
+            "--validation.enable",
+            "--validation.dataset_path",
+            str(self.validation_data),
+            "--validation.seq_len",
+            str(seq_len),
+            "--validation.steps",
+            str(VALIDATION_STEPS),
+            "--validation.freq",
+            str(STEPS),
+        ]
         self.done: dict[str, Run] = {}
 
     def _train(self, name: str, nproc: int, arch: str, *args: str) -> Run:
@@ -141,21 +162,34 @@ class Runs:
             seed = self.root / f"seed-{arch}"
             if not seed.exists():
                 _torchrun(
-                    1, seed, *self.common, "--boost.arch", arch, "--checkpoint.enable",
-                    "--checkpoint.create_seed_checkpoint", "--parallelism.tensor_parallel_degree", "1",
-                )  # fmt: skip
+                    1,
+                    seed,
+                    *self.common,
+                    "--boost.arch",
+                    arch,
+                    "--checkpoint.enable",
+                    "--checkpoint.create_seed_checkpoint",
+                    "--parallelism.tensor_parallel_degree",
+                    "1",
+                )
             load = [
-                "--checkpoint.enable", "--checkpoint.initial_load_path",
-                str(seed / "checkpoint" / "step-0"), "--checkpoint.interval", "1000",
-            ]  # fmt: skip
+                "--checkpoint.enable",
+                "--checkpoint.initial_load_path",
+                str(seed / "checkpoint" / "step-0"),
+                "--checkpoint.interval",
+                "1000",
+            ]
             dump = self.root / name
             start = time.perf_counter()
             output = _torchrun(nproc, dump, *self.common, "--boost.arch", arch, *load, *args)
             seconds = time.perf_counter() - start
             steps, validations = read_log(str(dump / "losses.jsonl"))
             self.done[name] = Run(
-                [r["loss"] for r in steps], [r["grad_norm"] for r in steps],
-                {r["step"]: r for r in validations}, output, seconds,
+                [r["loss"] for r in steps],
+                [r["grad_norm"] for r in steps],
+                {r["step"]: r for r in validations},
+                output,
+                seconds,
             )
         return self.done[name]
 
@@ -178,7 +212,7 @@ def test_same_losses_as_one_process(runs, layout):
     reference = runs.reference(LAYOUTS[layout].arch)
     run = runs.layout(layout)
     assert len(run.losses) == len(reference.losses) == STEPS
-    diffs = [abs(a - b) for a, b in zip(run.losses, reference.losses)]
+    diffs = [abs(a - b) for a, b in zip(run.losses, reference.losses, strict=True)]
     saved = re.search(SAVED, run.output)
     print(
         f"{layout}: {run.seconds:.1f} s; losses {run.losses} vs tp1 {reference.losses}; "
@@ -195,7 +229,7 @@ def test_same_grad_norm_as_one_process(runs, layout):
     process's at every step to 1e-6 relative, as fp64 sums of fp32 gradients do."""
     reference = runs.reference(LAYOUTS[layout].arch).grad_norms
     got = runs.layout(layout).grad_norms
-    errors = [abs(a - b) / b for a, b in zip(got, reference)]
+    errors = [abs(a - b) / b for a, b in zip(got, reference, strict=True)]
     print(f"{layout}: grad norms {got} vs tp1 {reference}; max relative diff {max(errors):.2e}")
     assert len(got) == STEPS and max(errors) <= GRAD_NORM_TOLERANCE
 
@@ -243,7 +277,7 @@ RESHARDED = {
     "tp2-vanilla": Layout(2, (*TP2, "--boost.tp_strategy", "vanilla", *_batch(4))),
     "fsdp2": Layout(2, ("--parallelism.tensor_parallel_degree", "1", *DP2, *_batch(2))),
     "pp2": Layout(2, ("--parallelism.tensor_parallel_degree", "1", *_pp("1F1B", 2), *_batch(4))),
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -261,10 +295,19 @@ def resharded_losses(runs) -> dict[str, float]:
     for name, layout in RESHARDED.items():
         dump = runs.root / f"resharded-{name}"
         _torchrun(
-            layout.nproc, dump, *common, "--training.steps", "1", "--checkpoint.enable",
-            "--checkpoint.initial_load_path", str(_trained(runs)), "--optimizer.lr", "0",
-            "--checkpoint.last_save_model_only", *layout.args,
-        )  # fmt: skip
+            layout.nproc,
+            dump,
+            *common,
+            "--training.steps",
+            "1",
+            "--checkpoint.enable",
+            "--checkpoint.initial_load_path",
+            str(_trained(runs)),
+            "--optimizer.lr",
+            "0",
+            "--checkpoint.last_save_model_only",
+            *layout.args,
+        )
         [losses[name]] = _losses(dump)
     return losses
 
@@ -297,10 +340,12 @@ def test_resharded_state_dict_is_identical(runs, resharded_losses, layout):
     loaded = load_model_state(str(runs.root / f"resharded-{layout}" / "checkpoint" / "step-1"))
     assert loaded.keys() == saved.keys()
     differing = [
-        key for key, tensor in saved.items()
-        if tensor.dtype != loaded[key].dtype or tensor.shape != loaded[key].shape
+        key
+        for key, tensor in saved.items()
+        if tensor.dtype != loaded[key].dtype
+        or tensor.shape != loaded[key].shape
         or not torch.equal(tensor.view(torch.uint8), loaded[key].view(torch.uint8))
-    ]  # fmt: skip
+    ]
     print(f"{layout}: {len(saved)} tensors, {len(differing)} differ from tp2-btp's checkpoint")
     assert not differing, differing[:5]
 
@@ -327,9 +372,16 @@ def test_same_weights_same_validation_loss(resharded_validation, layout):
 def _eval_torchrun(nproc: int, *args: str) -> dict:
     """`python -m boost_titan.eval` under torchrun; its JSON result."""
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "-m", "boost_titan.eval", *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=localhost:0",
+        "-m",
+        "boost_titan.eval",
+        *args,
+    ]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -343,10 +395,19 @@ def test_eval_reports_the_validation_loss(runs, resharded_validation):
     from boost_titan.eval import parser, run
 
     args = [
-        "--checkpoint", str(_trained(runs)), "--arch", "cola",
-        "--dataset-path", str(runs.validation_data), "--seq-len", str(runs.seq_len),
-        "--batch-size", "4", "--steps", str(VALIDATION_STEPS),
-    ]  # fmt: skip
+        "--checkpoint",
+        str(_trained(runs)),
+        "--arch",
+        "cola",
+        "--dataset-path",
+        str(runs.validation_data),
+        "--seq-len",
+        str(runs.seq_len),
+        "--batch-size",
+        "4",
+        "--steps",
+        str(VALIDATION_STEPS),
+    ]
     results = {"eval": run(parser().parse_args(args)), "eval-tp2": _eval_torchrun(2, *args)}
     assert results["eval-tp2"]["tp"] == 2
     for name, result in results.items():
@@ -359,8 +420,13 @@ def test_eval_reports_the_validation_loss(runs, resharded_validation):
 
 # ---- bf16 compute (mixed_precision_param bfloat16) -------------------------------------
 BF16_STEPS = 3
-BF16 = ("--training.mixed_precision_param", "bfloat16", "--training.steps", str(BF16_STEPS),
-        "--validation.no_enable")  # fmt: skip
+BF16 = (
+    "--training.mixed_precision_param",
+    "bfloat16",
+    "--training.steps",
+    str(BF16_STEPS),
+    "--validation.no_enable",
+)
 BF16_LAYOUTS = {  # bf16 layout -> (its fp32 run: same seed, data and layout, STEPS steps)
     "tp1-bf16": ("tp1-cola", Layout(1, (*REFERENCE, *BF16))),
     "tp2-bf16": ("tp2-btp", Layout(2, (*LAYOUTS["tp2-btp"].args, *BF16))),
@@ -395,8 +461,10 @@ def _bf16_run(runs: Runs, name: str) -> tuple[Run, Run]:
 def _deviations(run: Run, other: Run) -> tuple[list[float], list[float]]:
     """Per step: |loss difference| and relative grad-norm difference (exact fp64 norms)."""
     steps = range(BF16_STEPS)
-    return ([abs(run.losses[s] - other.losses[s]) for s in steps],
-            [abs(run.grad_norms[s] - other.grad_norms[s]) / other.grad_norms[s] for s in steps])
+    return (
+        [abs(run.losses[s] - other.losses[s]) for s in steps],
+        [abs(run.grad_norms[s] - other.grad_norms[s]) / other.grad_norms[s] for s in steps],
+    )
 
 
 @pytest.mark.slow
@@ -411,9 +479,11 @@ def test_bf16_differs_from_fp32_and_agrees_with_bf16_tp1(runs, layout):
     loss_off, grad_off = _deviations(run, fp32)
     loss_d, grad_d = (max(d) for d in _deviations(tp1, tp1_fp32))
     loss_to_tp1, grad_to_tp1 = _deviations(run, tp1)
-    print(f"{layout} ({run.seconds:.0f} s): bf16 vs fp32 loss {loss_off}, grad norm {grad_off}; "
-          f"vs bf16 tp1 loss {loss_to_tp1}, grad norm {grad_to_tp1}; tp1's bf16 deviation "
-          f"D = {loss_d:.2e} (loss), {grad_d:.2e} (grad norm)")
+    print(
+        f"{layout} ({run.seconds:.0f} s): bf16 vs fp32 loss {loss_off}, grad norm {grad_off}; "
+        f"vs bf16 tp1 loss {loss_to_tp1}, grad norm {grad_to_tp1}; tp1's bf16 deviation "
+        f"D = {loss_d:.2e} (loss), {grad_d:.2e} (grad norm)"
+    )
     assert max(loss_off) > BF16_ON * TOLERANCE and max(grad_off) > BF16_ON * GRAD_NORM_TOLERANCE
     assert "Precision: bf16 compute, fp32 master weights and gradient reductions" in run.output
     assert "Precision: fp32\n" in fp32.output

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from boost_titan.bench import perfmodel
 from boost_titan.bench.gpus import GPUS
@@ -38,7 +39,9 @@ def _int_csv(text: str) -> list[int]:
     try:
         return [int(item) for item in _csv(text)]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def _dtype(text: str) -> str:
@@ -53,35 +56,71 @@ def _dtype(text: str) -> str:
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
     """Model, parallelism and batch options shared by the subcommands."""
     parser.add_argument("--flavor", type=_csv, default=["7B"], help="flavor or comma list (sweep)")
-    parser.add_argument("--arch", default="cola", choices=ARCHS,
-                        help="low-rank arch; megatron always runs fullrank")
-    parser.add_argument("--strategy", type=_csv, default=list(perfmodel.STRATEGIES),
-                        help="comma list of megatron, vanilla, btp")
-    parser.add_argument("--tp", type=_int_csv, default=[4],
-                        help="tensor-parallel degree or comma list (sweep)")
+    parser.add_argument(
+        "--arch", default="cola", choices=ARCHS, help="low-rank arch; megatron always runs fullrank"
+    )
+    parser.add_argument(
+        "--strategy",
+        type=_csv,
+        default=list(perfmodel.STRATEGIES),
+        help="comma list of megatron, vanilla, btp",
+    )
+    parser.add_argument(
+        "--tp", type=_int_csv, default=[4], help="tensor-parallel degree or comma list (sweep)"
+    )
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (across nodes)")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
-    parser.add_argument("--microbatches", type=int, default=4,
-                        help="micro-batches per step (accumulation / 1F1B)")
-    parser.add_argument("--dtype", default="bf16", type=_dtype,
-                        help="bf16 or fp32 (TorchTitan's bfloat16 / float32 also work)")
-    parser.add_argument("--ac", default="none", choices=perfmodel.AC_MODES, help="activation checkpointing")
+    parser.add_argument(
+        "--microbatches", type=int, default=4, help="micro-batches per step (accumulation / 1F1B)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="bf16",
+        type=_dtype,
+        help="bf16 or fp32 (TorchTitan's bfloat16 / float32 also work)",
+    )
+    parser.add_argument(
+        "--ac", default="none", choices=perfmodel.AC_MODES, help="activation checkpointing"
+    )
     parser.add_argument("--rmsnorm", default="online", choices=RMSNORM_MODES, help="btp's RMSNorm")
-    parser.add_argument("--group-linears", action=argparse.BooleanOptionalAction, default=True,
-                        help="group the q/k/v and gate/up down-projections")
-    parser.add_argument("--overlap-chunks", type=int, default=1, choices=OVERLAP_CHUNKS,
-                        help="[boost] overlap_chunks: forward all-reduces in that many overlapped blocks")
-    parser.add_argument("--gpu", type=_csv, default=["a100", "h100"],
-                        help=f"comma list of {', '.join(GPUS)}; speedups use the first")
+    parser.add_argument(
+        "--group-linears",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="group the q/k/v and gate/up down-projections",
+    )
+    parser.add_argument(
+        "--overlap-chunks",
+        type=int,
+        default=1,
+        choices=OVERLAP_CHUNKS,
+        help="[boost] overlap_chunks: forward all-reduces in that many overlapped blocks",
+    )
+    parser.add_argument(
+        "--gpu",
+        type=_csv,
+        default=["a100", "h100"],
+        help=f"comma list of {', '.join(GPUS)}; speedups use the first",
+    )
 
 
 def plans_from_args(ns: argparse.Namespace) -> dict:
     """Keyword arguments of `perfmodel.sweep` from the parsed options."""
     return dict(
-        flavors=ns.flavor, arch=ns.arch, strategies=ns.strategy, tps=ns.tp, gpus=ns.gpu,
-        pp=ns.pp, seq_len=ns.seq_len, micro_batch=ns.micro_batch, microbatches=ns.microbatches,
-        dtype=ns.dtype, ac=ns.ac, rmsnorm=ns.rmsnorm, group_linears=ns.group_linears,
+        flavors=ns.flavor,
+        arch=ns.arch,
+        strategies=ns.strategy,
+        tps=ns.tp,
+        gpus=ns.gpu,
+        pp=ns.pp,
+        seq_len=ns.seq_len,
+        micro_batch=ns.micro_batch,
+        microbatches=ns.microbatches,
+        dtype=ns.dtype,
+        ac=ns.ac,
+        rmsnorm=ns.rmsnorm,
+        group_linears=ns.group_linears,
         overlap_chunks=ns.overlap_chunks,
     )
 
@@ -95,9 +134,25 @@ def _emit_json(payload: list[dict], target: str | None) -> None:
 
 
 # ---- model -----------------------------------------------------------------------------
-CONFIG_OPTIONS = ("flavor", "arch", "strategy", "tp", "pp", "seq_len", "micro_batch",
-                  "microbatches", "dtype", "ac", "rmsnorm", "group_linears", "overlap_chunks",
-                  "master_weights", "float8", "float8_filter", "float8_casts")
+CONFIG_OPTIONS = (
+    "flavor",
+    "arch",
+    "strategy",
+    "tp",
+    "pp",
+    "seq_len",
+    "micro_batch",
+    "microbatches",
+    "dtype",
+    "ac",
+    "rmsnorm",
+    "group_linears",
+    "overlap_chunks",
+    "master_weights",
+    "float8",
+    "float8_filter",
+    "float8_casts",
+)
 """`model` options a `--config` job sets itself."""
 
 
@@ -105,28 +160,54 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     from boost_titan.bench.float8 import CASTS
 
     add_plan_args(parser)
-    parser.add_argument("--master-weights", action=argparse.BooleanOptionalAction, default=True,
-                        help="bf16 keeps fp32 master weights (off: training.dtype bfloat16)")
-    parser.add_argument("--float8", metavar="RECIPE",
-                        help="run the selected GEMMs in float8 with this torchao recipe "
-                             "(tensorwise, rowwise, rowwise_with_gw_hp)")
-    parser.add_argument("--float8-filter", type=_csv, default=[], metavar="FQN,...",
-                        help="TorchTitan's filter_fqns (auto_filter_small_kn: torchao's size "
-                             "filter)")
-    parser.add_argument("--float8-casts", choices=CASTS, default="eager",
-                        help="float8 casts as torchao runs them eagerly, or fused by torch.compile")
-    parser.add_argument("--config", metavar="TOML",
-                        help="price a training job's TOML as `boost_titan.train` runs it (sets "
-                             "every model option but --gpu)")
-    parser.add_argument("--nproc", help="with --config: processes (default: $NGPU, else the fewest "
-                                        "the degrees allow)")
+    parser.add_argument(
+        "--master-weights",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bf16 keeps fp32 master weights (off: training.dtype bfloat16)",
+    )
+    parser.add_argument(
+        "--float8",
+        metavar="RECIPE",
+        help="run the selected GEMMs in float8 with this torchao recipe "
+        "(tensorwise, rowwise, rowwise_with_gw_hp)",
+    )
+    parser.add_argument(
+        "--float8-filter",
+        type=_csv,
+        default=[],
+        metavar="FQN,...",
+        help="TorchTitan's filter_fqns (auto_filter_small_kn: torchao's size filter)",
+    )
+    parser.add_argument(
+        "--float8-casts",
+        choices=CASTS,
+        default="eager",
+        help="float8 casts as torchao runs them eagerly, or fused by torch.compile",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="TOML",
+        help="price a training job's TOML as `boost_titan.train` runs it (sets "
+        "every model option but --gpu)",
+    )
+    parser.add_argument(
+        "--nproc",
+        help="with --config: processes (default: $NGPU, else the fewest the degrees allow)",
+    )
     parser.set_defaults(plan_defaults={name: parser.get_default(name) for name in CONFIG_OPTIONS})
-    parser.add_argument("--breakdown", action="store_true",
-                        help="also split each predicted step into gemm / memory-bound / attention / "
-                             "optimizer / exposed communication / pipeline bubble")
-    parser.add_argument("--json", metavar="PATH|-",
-                        help="write the records as a JSON list ('-': stdout only)")
-    parser.add_argument("--plot", metavar="PATH.png", help="write the two-panel figure of this sweep")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also split each predicted step into gemm / memory-bound / attention / "
+        "optimizer / exposed communication / pipeline bubble",
+    )
+    parser.add_argument(
+        "--json", metavar="PATH|-", help="write the records as a JSON list ('-': stdout only)"
+    )
+    parser.add_argument(
+        "--plot", metavar="PATH.png", help="write the two-panel figure of this sweep"
+    )
 
 
 def _config_records(ns: argparse.Namespace) -> list:
@@ -141,8 +222,9 @@ def _config_records(ns: argparse.Namespace) -> list:
         raise ConfigError(f"{flag} is set by --config; edit the TOML instead")
     nproc = ns.nproc if ns.nproc is not None else os.environ.get("NGPU")
     if nproc is not None and (not str(nproc).isdigit() or int(nproc) < 1):
-        raise ConfigError(f"process count {nproc!r} is not a positive integer; pass --nproc N "
-                          "with N >= 1")
+        raise ConfigError(
+            f"process count {nproc!r} is not a positive integer; pass --nproc N with N >= 1"
+        )
     job = job_plan(ns.config, None if nproc is None else int(nproc))
     for notice in job.notices:
         print(notice, file=sys.stderr)
@@ -159,9 +241,13 @@ def _run_model(ns: argparse.Namespace) -> int:
     elif ns.nproc is not None:
         raise ConfigError("--nproc needs --config TOML")
     else:
-        records = perfmodel.sweep(**plans_from_args(ns), master_weights=ns.master_weights,
-                                  float8=ns.float8, float8_filter=tuple(ns.float8_filter),
-                                  float8_casts=ns.float8_casts)
+        records = perfmodel.sweep(
+            **plans_from_args(ns),
+            master_weights=ns.master_weights,
+            float8=ns.float8,
+            float8_filter=tuple(ns.float8_filter),
+            float8_casts=ns.float8_casts,
+        )
     if ns.json != "-":
         print(format_records(records))
         if ns.breakdown:
@@ -177,8 +263,12 @@ def _run_model(ns: argparse.Namespace) -> int:
 
 # ---- precision -------------------------------------------------------------------------
 def _add_precision_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=_csv, metavar="TOML,...",
-                        help="instead: each training job's layout, precision and predicted step")
+    parser.add_argument(
+        "--config",
+        type=_csv,
+        metavar="TOML,...",
+        help="instead: each training job's layout, precision and predicted step",
+    )
 
 
 def _run_precision(ns: argparse.Namespace) -> int:
@@ -195,11 +285,18 @@ def _run_precision(ns: argparse.Namespace) -> int:
 def _add_validate_args(parser: argparse.ArgumentParser) -> None:
     from boost_titan.bench.validation import PAPER_GPU
 
-    parser.add_argument("--gpu", default=PAPER_GPU, choices=tuple(GPUS),
-                        help=f"GPU profile (default {PAPER_GPU}: the paper's 4-GPU A100 nodes)")
+    parser.add_argument(
+        "--gpu",
+        default=PAPER_GPU,
+        choices=tuple(GPUS),
+        help=f"GPU profile (default {PAPER_GPU}: the paper's 4-GPU A100 nodes)",
+    )
     parser.add_argument("--ac", default="none", choices=perfmodel.AC_MODES)
-    parser.add_argument("--json", metavar="PATH|-",
-                        help="write every row as a JSON list, each tagged with its table")
+    parser.add_argument(
+        "--json",
+        metavar="PATH|-",
+        help="write every row as a JSON list, each tagged with its table",
+    )
 
 
 def _run_validate(ns: argparse.Namespace) -> int:
@@ -214,23 +311,29 @@ def _run_validate(ns: argparse.Namespace) -> int:
     if ns.json != "-":
         print(f"Constants of GPU profile {ns.gpu} (sources: boost_titan/bench/gpus.py)")
         print(records.format_constants(constants))
-        print(f"\nSeconds per iteration, paper vs model (CoLA, seq 4096, {ns.gpu}; "
-              f"model within +-{validation.TOLERANCE:.0%} of both published speedups: "
-              f"{sum(all(validation.within_tolerance(r).values()) for r in rows)} of {len(rows)} rows)")
+        print(
+            f"\nSeconds per iteration, paper vs model (CoLA, seq 4096, {ns.gpu}; "
+            f"model within +-{validation.TOLERANCE:.0%} of both published speedups: "
+            f"{sum(all(validation.within_tolerance(r).values()) for r in rows)} of {len(rows)} rows)"
+        )
         print(records.format_validation(rows, ns.gpu))
         for (flavor, ratio), reason in validation.KNOWN_GAPS.items():
             print(f"known gap, {flavor} {ratio}: {reason}")
         print("\nGEMM ablation: one low-rank pair's forward GEMMs, 7B, batch 4 x 4096, TP4")
         print(records.format_gemm_ablation(gemm))
-        print("\nCommunication ablation: one layer's forward TP collectives, 7B, batch 4 x 4096, TP4")
+        print(
+            "\nCommunication ablation: one layer's forward TP collectives, 7B, batch 4 x 4096, TP4"
+        )
         print(records.format_comm_ablation(comm))
         print("\nThe product's switches: BTP's predicted step, default vs flipped")
         print(records.format_switches(switches))
-    tagged = ([{"table": "constant"} | asdict(r) for r in constants]
-              + [{"table": "iteration"} | r.to_json() for r in rows]
-              + [{"table": "gemm_ablation"} | asdict(r) for r in gemm]
-              + [{"table": "comm_ablation"} | asdict(r) for r in comm]
-              + [{"table": "switch", "speedup": r.speedup} | asdict(r) for r in switches])
+    tagged = (
+        [{"table": "constant"} | asdict(r) for r in constants]
+        + [{"table": "iteration"} | r.to_json() for r in rows]
+        + [{"table": "gemm_ablation"} | asdict(r) for r in gemm]
+        + [{"table": "comm_ablation"} | asdict(r) for r in comm]
+        + [{"table": "switch", "speedup": r.speedup} | asdict(r) for r in switches]
+    )
     _emit_json(tagged, ns.json)
     return 0
 
@@ -247,10 +350,23 @@ def _run_plot(ns: argparse.Namespace) -> int:
     from boost_titan.bench import validation
     from boost_titan.bench.plots import write_validation_plot
 
-    sweep = perfmodel.sweep(list(PLOT_FLAVORS), "cola", list(perfmodel.STRATEGIES), [4], [ns.gpu],
-                            seq_len=4096, micro_batch=1, microbatches=4)
-    write_validation_plot(validation.validation_rows(ns.gpu), validation.gemm_ablation(ns.gpu),
-                          validation.comm_ablation(ns.gpu), sweep, ns.out)
+    sweep = perfmodel.sweep(
+        list(PLOT_FLAVORS),
+        "cola",
+        list(perfmodel.STRATEGIES),
+        [4],
+        [ns.gpu],
+        seq_len=4096,
+        micro_batch=1,
+        microbatches=4,
+    )
+    write_validation_plot(
+        validation.validation_rows(ns.gpu),
+        validation.gemm_ablation(ns.gpu),
+        validation.comm_ablation(ns.gpu),
+        sweep,
+        ns.out,
+    )
     print(f"wrote {ns.out}")
     return 0
 
@@ -297,18 +413,35 @@ def _run_compile(ns: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "model": Subcommand("analytic comm/FLOPs/memory/step-time model", _add_model_args, _run_model),
-    "precision": Subcommand("predicted step of the paper's configurations in fp32, bf16 and float8",
-                            _add_precision_args, _run_precision),
-    "validate": Subcommand("model vs the BOOST authors' published iteration times and ablations",
-                           _add_validate_args, _run_validate),
-    "plot": Subcommand("regenerate docs/perf_model.png: model vs published measurements",
-                       _add_plot_args, _run_plot),
-    "trace": Subcommand("measure one block under the real TP plan (fake process group, CPU)",
-                        _add_trace_args, _run_trace),
-    "cpu": Subcommand("time training steps of each TP strategy on CPU (gloo, 1 thread per rank)",
-                      _add_cpu_args, _run_cpu),
-    "compile": Subcommand("torch.compile vs eager per strategy x AC mode x TP: graph breaks, "
-                          "errors, collectives, compile time (CPU, gloo)", _add_compile_args, _run_compile),
+    "precision": Subcommand(
+        "predicted step of the paper's configurations in fp32, bf16 and float8",
+        _add_precision_args,
+        _run_precision,
+    ),
+    "validate": Subcommand(
+        "model vs the BOOST authors' published iteration times and ablations",
+        _add_validate_args,
+        _run_validate,
+    ),
+    "plot": Subcommand(
+        "regenerate docs/perf_model.png: model vs published measurements", _add_plot_args, _run_plot
+    ),
+    "trace": Subcommand(
+        "measure one block under the real TP plan (fake process group, CPU)",
+        _add_trace_args,
+        _run_trace,
+    ),
+    "cpu": Subcommand(
+        "time training steps of each TP strategy on CPU (gloo, 1 thread per rank)",
+        _add_cpu_args,
+        _run_cpu,
+    ),
+    "compile": Subcommand(
+        "torch.compile vs eager per strategy x AC mode x TP: graph breaks, "
+        "errors, collectives, compile time (CPU, gloo)",
+        _add_compile_args,
+        _run_compile,
+    ),
 }
 
 

@@ -99,9 +99,7 @@ class CollectiveRecorder(TorchDispatchMode):
             if kind is not None:
                 tensor = _payload(func, args)
                 backward = torch._C._current_graph_task_id() != -1
-                self.calls.append(
-                    CollectiveCall(kind, tuple(tensor.shape), tensor.dtype, backward)
-                )
+                self.calls.append(CollectiveCall(kind, tuple(tensor.shape), tensor.dtype, backward))
         return func(*args, **kwargs)
 
 

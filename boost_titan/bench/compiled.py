@@ -47,12 +47,21 @@ import torch.multiprocessing as mp
 from boost_titan.bench.perfmodel import AC_MODES, STRATEGIES
 from boost_titan.config.errors import ConfigError
 
-PG_COLLECTIVES = {"allreduce_": "all_reduce", "allgather_into_tensor_coalesced_": "all_gather",
-                  "_allgather_base_": "all_gather", "reduce_scatter_tensor_coalesced_": "reduce_scatter",
-                  "_reduce_scatter_base_": "reduce_scatter", "alltoall_base_": "all_to_all"}
+PG_COLLECTIVES = {
+    "allreduce_": "all_reduce",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "_allgather_base_": "all_gather",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "alltoall_base_": "all_to_all",
+}
 """Process-group ops (`c10d::`, what reaches gloo or NCCL) counted, by the name shown."""
-AC_SETTINGS = {"none": ("none", False), "full": ("full", False), "selective": ("selective", False),
-               "lowrank": ("none", True)}
+AC_SETTINGS = {
+    "none": ("none", False),
+    "full": ("full", False),
+    "selective": ("selective", False),
+    "lowrank": ("none", True),
+}
 """AC mode -> ([activation_checkpoint] mode, [boost] lowrank_ac); selective is op-level."""
 
 
@@ -110,11 +119,15 @@ class CompileRow:
         """No graph break, eager's values within 1e-5 in both passes, eager's collectives
         or fewer, and with Inductor a warm pass that really read the cache."""
         passes = (self.cold, self.warm)
-        return (not self.error
-                and all(p.graph_breaks == 0 and p.max_rel_error <= 1e-5 for p in passes)
-                and all(collectives_verdict(p.eager_collectives, p.compiled_collectives) != "DIFFER"
-                        for p in passes)
-                and (self.backend != "inductor" or self.warm.cache_hits > 0))
+        return (
+            not self.error
+            and all(p.graph_breaks == 0 and p.max_rel_error <= 1e-5 for p in passes)
+            and all(
+                collectives_verdict(p.eager_collectives, p.compiled_collectives) != "DIFFER"
+                for p in passes
+            )
+            and (self.backend != "inductor" or self.warm.cache_hits > 0)
+        )
 
 
 # ---- one rank ----------------------------------------------------------------------------
@@ -122,8 +135,16 @@ def _model(cfg: MatrixConfig, strategy: str):
     from boost_titan.boost_llama import BoostTransformer, flavor_args
 
     arch = "fullrank" if strategy == "megatron" else cfg.arch
-    args = flavor_args("debug", vocab_size=cfg.vocab_size, arch=arch, dim=cfg.dim, n_heads=cfg.n_heads,
-                       n_kv_heads=cfg.n_kv_heads, ffn_dim=cfg.ffn_dim, n_layers=cfg.n_layers)
+    args = flavor_args(
+        "debug",
+        vocab_size=cfg.vocab_size,
+        arch=arch,
+        dim=cfg.dim,
+        n_heads=cfg.n_heads,
+        n_kv_heads=cfg.n_kv_heads,
+        ffn_dim=cfg.ffn_dim,
+        n_layers=cfg.n_layers,
+    )
     torch.manual_seed(0)
     model = BoostTransformer(args)
     model.init_weights()
@@ -131,7 +152,9 @@ def _model(cfg: MatrixConfig, strategy: str):
     with torch.no_grad():  # norm weights and biases far from their initial 1 and 0
         for param in model.parameters():
             noise = torch.rand(param.shape, generator=generator)
-            param.copy_(0.5 + noise) if param.dim() == 1 else param.add_((noise - 0.5) * 0.2 * param.abs().mean())
+            param.copy_(0.5 + noise) if param.dim() == 1 else param.add_(
+                (noise - 0.5) * 0.2 * param.abs().mean()
+            )
     return model
 
 
@@ -140,11 +163,22 @@ def _job(strategy: str, arch: str, ac: str, compiled: bool, backend: str):
     from boost_titan.config.cli import parse_job_config
 
     mode, lowrank = AC_SETTINGS[ac]
-    args = ["--boost.arch", arch, "--boost.tp_strategy", strategy,
-            "--activation_checkpoint.mode", mode, "--activation_checkpoint.selective_ac_option", "op",
-            "--compile.backend", backend, "--training.mixed_precision_param", "float32",
-            "--boost.lowrank_ac" if lowrank else "--boost.no_lowrank_ac",
-            "--compile.enable" if compiled else "--compile.no_enable"]
+    args = [
+        "--boost.arch",
+        arch,
+        "--boost.tp_strategy",
+        strategy,
+        "--activation_checkpoint.mode",
+        mode,
+        "--activation_checkpoint.selective_ac_option",
+        "op",
+        "--compile.backend",
+        backend,
+        "--training.mixed_precision_param",
+        "float32",
+        "--boost.lowrank_ac" if lowrank else "--boost.no_lowrank_ac",
+        "--compile.enable" if compiled else "--compile.no_enable",
+    ]
     return parse_job_config(args)
 
 
@@ -184,7 +218,9 @@ def _grads(model) -> dict[str, torch.Tensor]:
     out = {}
     for name, p in model.named_parameters():
         g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        out[name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")] = g.detach().clone()
+        out[name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")] = (
+            g.detach().clone()
+        )
     return out
 
 
@@ -250,7 +286,9 @@ def _cell(cfg: MatrixConfig, dims, strategy: str, ac: str, tokens, labels) -> Pa
     return result
 
 
-def _worker(rank: int, tp: int, port: int, cfg: MatrixConfig, cells: list[tuple[str, str]], out: str) -> None:
+def _worker(
+    rank: int, tp: int, port: int, cfg: MatrixConfig, cells: list[tuple[str, str]], out: str
+) -> None:
     from torchtitan.distributed import ParallelDims
 
     from boost_titan.runtime.device import use_cpu_if_no_accelerator
@@ -260,10 +298,14 @@ def _worker(rank: int, tp: int, port: int, cfg: MatrixConfig, cells: list[tuple[
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=tp)
     try:
-        dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, etp=1, world_size=tp)
+        dims = ParallelDims(
+            dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, etp=1, world_size=tp
+        )
         dims.build_mesh()
         generator = torch.Generator().manual_seed(1)
-        tokens, labels = torch.randint(0, cfg.vocab_size, (2, cfg.batch, cfg.seq_len), generator=generator)
+        tokens, labels = torch.randint(
+            0, cfg.vocab_size, (2, cfg.batch, cfg.seq_len), generator=generator
+        )
         results = [asdict(_cell(cfg, dims, strategy, ac, tokens, labels)) for strategy, ac in cells]
         if rank == 0:
             torch.save(results, out)
@@ -277,12 +319,15 @@ def cells_of(strategies: list[str], acs: list[str]) -> list[tuple[str, str]]:
     for name, value, choices in (("strategy", strategies, STRATEGIES), ("AC mode", acs, AC_MODES)):
         unknown = [v for v in value if v not in choices]
         if unknown:
-            raise ConfigError(f"unknown {name} {', '.join(unknown)}; choose from {', '.join(choices)}")
+            raise ConfigError(
+                f"unknown {name} {', '.join(unknown)}; choose from {', '.join(choices)}"
+            )
     return [(s, ac) for s in strategies for ac in acs if not (s == "megatron" and ac == "lowrank")]
 
 
-def matrix(cfg: MatrixConfig, tps: list[int], cells: list[tuple[str, str]],
-           cache_dir: str | None = None) -> list[CompileRow]:
+def matrix(
+    cfg: MatrixConfig, tps: list[int], cells: list[tuple[str, str]], cache_dir: str | None = None
+) -> list[CompileRow]:
     """Every cell at every TP degree, in a cold then a warm pass (one spawn of `tp`
     processes per degree and pass) against one compile cache folder: `cache_dir`, else a
     new temporary folder."""
@@ -290,7 +335,9 @@ def matrix(cfg: MatrixConfig, tps: list[int], cells: list[tuple[str, str]],
 
     for tp in tps:
         if tp < 1 or cfg.n_kv_heads % tp or cfg.dim % tp:
-            raise ConfigError(f"--tp {tp} does not divide the model's {cfg.n_kv_heads} kv heads and dim {cfg.dim}")
+            raise ConfigError(
+                f"--tp {tp} does not divide the model's {cfg.n_kv_heads} kv heads and dim {cfg.dim}"
+            )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cache = cache_dir or os.path.join(tmp, "compile-cache")
@@ -299,12 +346,28 @@ def matrix(cfg: MatrixConfig, tps: list[int], cells: list[tuple[str, str]],
             for name in PASSES:
                 out = os.path.join(tmp, f"tp{tp}-{name}.pt")
                 with _env(TORCHINDUCTOR_CACHE_DIR=cache):
-                    mp.start_processes(_worker, args=(tp, _free_port(), cfg, cells, out), nprocs=tp,
-                                       join=True, start_method="spawn")
+                    mp.start_processes(
+                        _worker,
+                        args=(tp, _free_port(), cfg, cells, out),
+                        nprocs=tp,
+                        join=True,
+                        start_method="spawn",
+                    )
                 results[name] = torch.load(out, weights_only=False)
-            for (strategy, ac), cold, warm in zip(cells, results["cold"], results["warm"]):
-                rows.append(CompileRow(cfg.arch, strategy, ac, tp, cfg.backend,
-                                       PassResult(**cold), PassResult(**warm)))
+            for (strategy, ac), cold, warm in zip(
+                cells, results["cold"], results["warm"], strict=True
+            ):
+                rows.append(
+                    CompileRow(
+                        cfg.arch,
+                        strategy,
+                        ac,
+                        tp,
+                        cfg.backend,
+                        PassResult(**cold),
+                        PassResult(**warm),
+                    )
+                )
     return rows
 
 
@@ -335,9 +398,11 @@ def collectives_verdict(eager: dict[str, int], compiled: dict[str, int]) -> str:
 
 
 def format_rows(rows: list[CompileRow]) -> str:
-    lines = ["| strategy | AC | TP | graph breaks | max rel. error vs eager, cold / warm | warm cache hits "
-             "| collectives per step, eager / compiled | compile s, cold / warm | compiled / eager step |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| strategy | AC | TP | graph breaks | max rel. error vs eager, cold / warm | warm cache hits "
+        "| collectives per step, eager / compiled | compile s, cold / warm | compiled / eager step |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r.error:
             lines.append(f"| {r.strategy} | {r.ac} | {r.tp} | {r.error} | | | | | |")
@@ -346,24 +411,41 @@ def format_rows(rows: list[CompileRow]) -> str:
         verdict = collectives_verdict(cold.eager_collectives, cold.compiled_collectives)
         if warm.compiled_collectives != cold.compiled_collectives:
             verdict += " (warm: " + _counts(warm.compiled_collectives) + ")"
-        lines.append(f"| {r.strategy} | {r.ac} | {r.tp} | {cold.graph_breaks} | "
-                     f"{cold.max_rel_error:.1e} / {warm.max_rel_error:.1e} | {warm.cache_hits} | "
-                     f"{verdict}: {_counts(cold.eager_collectives)} / {_counts(cold.compiled_collectives)} | "
-                     f"{cold.compile_s:.1f} / {warm.compile_s:.1f} | {cold.step_ratio:.2f} |")
+        lines.append(
+            f"| {r.strategy} | {r.ac} | {r.tp} | {cold.graph_breaks} | "
+            f"{cold.max_rel_error:.1e} / {warm.max_rel_error:.1e} | {warm.cache_hits} | "
+            f"{verdict}: {_counts(cold.eager_collectives)} / {_counts(cold.compiled_collectives)} | "
+            f"{cold.compile_s:.1f} / {warm.compile_s:.1f} | {cold.step_ratio:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arch", default="cola", choices=("cola", "svd", "lax"),
-                        help="low-rank arch of btp/vanilla; megatron trains the fullrank twin")
-    parser.add_argument("--strategy", default=",".join(STRATEGIES), help="comma list of " + ", ".join(STRATEGIES))
-    parser.add_argument("--ac", default=",".join(AC_MODES), help="comma list of " + ", ".join(AC_MODES))
+    parser.add_argument(
+        "--arch",
+        default="cola",
+        choices=("cola", "svd", "lax"),
+        help="low-rank arch of btp/vanilla; megatron trains the fullrank twin",
+    )
+    parser.add_argument(
+        "--strategy", default=",".join(STRATEGIES), help="comma list of " + ", ".join(STRATEGIES)
+    )
+    parser.add_argument(
+        "--ac", default=",".join(AC_MODES), help="comma list of " + ", ".join(AC_MODES)
+    )
     parser.add_argument("--tp", default="1,2,4", help="comma list of TP degrees")
-    parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"),
-                        help="inductor (TorchTitan's; cached, so the warm pass reads the cache) or "
-                             "aot_eager (tracing only, nothing cached)")
-    parser.add_argument("--cache-dir", metavar="PATH",
-                        help="compile cache folder of both passes (default: a new temporary one)")
+    parser.add_argument(
+        "--backend",
+        default="inductor",
+        choices=("inductor", "aot_eager"),
+        help="inductor (TorchTitan's; cached, so the warm pass reads the cache) or "
+        "aot_eager (tracing only, nothing cached)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        metavar="PATH",
+        help="compile cache folder of both passes (default: a new temporary one)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed steps of each, interleaved")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
 
@@ -385,6 +467,8 @@ def run(ns: argparse.Namespace) -> int:
         Path(ns.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     ok = all(r.ok() for r in rows)
     warm = "; with Inductor the warm pass read the cache" if cfg.backend == "inductor" else ""
-    print(f"\n{'every cell' if ok else 'NOT every cell'} compiles without a graph break, equals eager "
-          f"within 1e-5 on a cold and a warm cache and issues eager's collectives or fewer{warm}")
+    print(
+        f"\n{'every cell' if ok else 'NOT every cell'} compiles without a graph break, equals eager "
+        f"within 1e-5 on a cold and a warm cache and issues eager's collectives or fewer{warm}"
+    )
     return 0 if ok else 1

@@ -139,7 +139,11 @@ def collective_time(kind: str, nbytes: int, ranks: int, gpu: GpuProfile) -> floa
     full = nbytes * ranks if kind == "all_gather" else nbytes
     bus_bytes = (ranks - 1) / ranks * full * (2 if kind == "all_reduce" else 1)
     simple = NCCL.base_s + steps * NCCL.hop_s + bus_bytes / gpu.bus_bw(ranks)
-    ll = NCCL.ll_base_s + steps * NCCL.ll_hop_s + bus_bytes / (gpu.bus_bw(ranks) * NCCL.ll_bandwidth_fraction)
+    ll = (
+        NCCL.ll_base_s
+        + steps * NCCL.ll_hop_s
+        + bus_bytes / (gpu.bus_bw(ranks) * NCCL.ll_bandwidth_fraction)
+    )
     return min(simple, ll)
 
 

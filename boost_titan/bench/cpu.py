@@ -76,8 +76,13 @@ class CpuConfig:
     def model_args(self, strategy: str) -> BoostModelArgs:
         full_rank = strategy == "megatron"
         args = BoostModelArgs(
-            dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads, ffn_dim=self.ffn_dim,
-            vocab_size=self.vocab_size, rank=self.rank, max_seq_len=self.seq_len,
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            ffn_dim=self.ffn_dim,
+            vocab_size=self.vocab_size,
+            rank=self.rank,
+            max_seq_len=self.seq_len,
             arch="fullrank" if full_rank else self.arch,
         )
         args.validate()
@@ -133,7 +138,12 @@ class _Trainee:
     """A model under one strategy's plan, its optimizer and one timed step."""
 
     def __init__(
-        self, cfg: CpuConfig, strategy: str, mesh: DeviceMesh, compiled: bool = False, chunks: int = 1
+        self,
+        cfg: CpuConfig,
+        strategy: str,
+        mesh: DeviceMesh,
+        compiled: bool = False,
+        chunks: int = 1,
     ) -> None:
         args = cfg.model_args(strategy)
         torch.manual_seed(0)
@@ -224,7 +234,9 @@ def _worker(rank: int, port: int, cfg: CpuConfig, strategies: tuple[str, ...], o
             for run in (runs if cfg.profile_steps else ())
         }
         if rank == 0:
-            Path(out).write_text(json.dumps({"times": times, "profiles": profiles, "first_ms": first_ms}))
+            Path(out).write_text(
+                json.dumps({"times": times, "profiles": profiles, "first_ms": first_ms})
+            )
     finally:
         dist.destroy_process_group()
 
@@ -246,12 +258,17 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> 
             if values[name] % cfg.tp:
                 raise ConfigError(f"{name} {values[name]} is not divisible by tp {cfg.tp}")
     if cfg.repeats < 1 or cfg.warmup < 0 or cfg.profile_steps < 0 or cfg.overlap_chunks < 1:
-        raise ConfigError("--repeats and --overlap-chunks must be >= 1, --warmup and --profile >= 0")
+        raise ConfigError(
+            "--repeats and --overlap-chunks must be >= 1, --warmup and --profile >= 0"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.json")
         mp.start_processes(
-            _worker, args=(_free_port(), cfg, strategies, out), nprocs=cfg.tp,
-            join=True, start_method="spawn",
+            _worker,
+            args=(_free_port(), cfg, strategies, out),
+            nprocs=cfg.tp,
+            join=True,
+            start_method="spawn",
         )
         result = json.loads(Path(out).read_text())
     records = [_record(cfg, s, result["times"][s]) for s in strategies]
@@ -260,19 +277,25 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> 
         if cfg.compile:
             compiled = result["times"][f"{r.strategy}:compiled"]
             r.compiled_step_ms = compiled
-            r.compile_s = max(result["first_ms"][r.strategy] - statistics.median(compiled), 0.0) / 1e3
-            r.compiled_to_eager_paired = statistics.median(c / e for c, e in zip(compiled, r.step_ms))
+            r.compile_s = (
+                max(result["first_ms"][r.strategy] - statistics.median(compiled), 0.0) / 1e3
+            )
+            r.compiled_to_eager_paired = statistics.median(
+                c / e for c, e in zip(compiled, r.step_ms, strict=True)
+            )
         if cfg.overlap_chunks > 1:
             overlapped = result["times"][f"{r.strategy}:overlap"]
             r.overlap_chunks, r.overlap_step_ms = cfg.overlap_chunks, overlapped
-            r.overlap_to_one_paired = statistics.median(o / e for o, e in zip(overlapped, r.step_ms))
+            r.overlap_to_one_paired = statistics.median(
+                o / e for o, e in zip(overlapped, r.step_ms, strict=True)
+            )
             r.overlap_profile_ms = result["profiles"].get(f"{r.strategy}:overlap")
     if "btp" in strategies:
         btp = records[strategies.index("btp")]
         for r in records:
             r.ratio_to_btp = r.step_ms_median / btp.step_ms_median
             r.ratio_to_btp_paired = statistics.median(
-                mine / theirs for mine, theirs in zip(r.step_ms, btp.step_ms)
+                mine / theirs for mine, theirs in zip(r.step_ms, btp.step_ms, strict=True)
             )
     return records
 
@@ -280,12 +303,24 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> 
 def _record(cfg: CpuConfig, strategy: str, ms: list[float]) -> CpuRecord:
     args = cfg.model_args(strategy)
     return CpuRecord(
-        strategy=strategy, arch=args.arch, tp=cfg.tp, seq_len=cfg.seq_len,
-        micro_batch=cfg.micro_batch, dtype="fp32", dim=cfg.dim, rank=cfg.rank,
-        n_heads=cfg.n_heads, ffn_dim=cfg.ffn_dim, n_layers=cfg.n_layers,
-        vocab_size=cfg.vocab_size, group_linears=cfg.group_linears(strategy), warmup=cfg.warmup,
+        strategy=strategy,
+        arch=args.arch,
+        tp=cfg.tp,
+        seq_len=cfg.seq_len,
+        micro_batch=cfg.micro_batch,
+        dtype="fp32",
+        dim=cfg.dim,
+        rank=cfg.rank,
+        n_heads=cfg.n_heads,
+        ffn_dim=cfg.ffn_dim,
+        n_layers=cfg.n_layers,
+        vocab_size=cfg.vocab_size,
+        group_linears=cfg.group_linears(strategy),
+        warmup=cfg.warmup,
         repeats=cfg.repeats,
-        step_ms_median=statistics.median(ms), step_ms_min=min(ms), step_ms_max=max(ms),
+        step_ms_median=statistics.median(ms),
+        step_ms_min=min(ms),
+        step_ms_max=max(ms),
         step_ms=ms,
     )
 
@@ -293,23 +328,57 @@ def _record(cfg: CpuConfig, strategy: str, ms: list[float]) -> CpuRecord:
 # ---- command line ------------------------------------------------------------------------
 def add_args(parser: argparse.ArgumentParser) -> None:
     defaults = CpuConfig()
-    for name in ("dim", "rank", "n_heads", "ffn_dim", "n_layers", "vocab_size", "seq_len",
-                 "micro_batch", "tp", "repeats", "warmup"):
+    for name in (
+        "dim",
+        "rank",
+        "n_heads",
+        "ffn_dim",
+        "n_layers",
+        "vocab_size",
+        "seq_len",
+        "micro_batch",
+        "tp",
+        "repeats",
+        "warmup",
+    ):
         flag = FLAGS.get(name, "--" + name.replace("_", "-"))
         parser.add_argument(flag, dest=name, type=int, default=getattr(defaults, name))
-    parser.add_argument("--arch", default=defaults.arch, choices=("cola", "svd"),
-                        help="low-rank arch of btp/vanilla; megatron trains the fullrank twin")
-    parser.add_argument("--strategy", default=",".join(STRATEGIES),
-                        help="comma list of btp, vanilla, megatron (interleaved)")
-    parser.add_argument("--profile", dest="profile_steps", type=int, default=0, metavar="N",
-                        help="after timing, profile N more steps per strategy and split rank "
-                             "0's step into gemm / attention / comm / other")
-    parser.add_argument("--overlap-chunks", dest="overlap_chunks", type=int, default=1, metavar="K",
-                        help="also time each strategy with its all-reduces in K overlapped blocks")
-    parser.add_argument("--compile", action="store_true",
-                        help="also time each strategy with its blocks under torch.compile (Inductor)")
-    parser.add_argument("--json", metavar="PATH|-",
-                        help="write the records as a JSON list ('-': stdout only)")
+    parser.add_argument(
+        "--arch",
+        default=defaults.arch,
+        choices=("cola", "svd"),
+        help="low-rank arch of btp/vanilla; megatron trains the fullrank twin",
+    )
+    parser.add_argument(
+        "--strategy",
+        default=",".join(STRATEGIES),
+        help="comma list of btp, vanilla, megatron (interleaved)",
+    )
+    parser.add_argument(
+        "--profile",
+        dest="profile_steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after timing, profile N more steps per strategy and split rank "
+        "0's step into gemm / attention / comm / other",
+    )
+    parser.add_argument(
+        "--overlap-chunks",
+        dest="overlap_chunks",
+        type=int,
+        default=1,
+        metavar="K",
+        help="also time each strategy with its all-reduces in K overlapped blocks",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time each strategy with its blocks under torch.compile (Inductor)",
+    )
+    parser.add_argument(
+        "--json", metavar="PATH|-", help="write the records as a JSON list ('-': stdout only)"
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -322,32 +391,44 @@ def run(ns: argparse.Namespace) -> int:
         return 0
     if ns.json:
         Path(ns.json).write_text(text)
-    print(f"{'strategy':>8} {'arch':>8} {'median ms':>9} {'min':>7} {'max':>7} "
-          f"{'x btp':>6} {'paired':>6}")
+    print(
+        f"{'strategy':>8} {'arch':>8} {'median ms':>9} {'min':>7} {'max':>7} "
+        f"{'x btp':>6} {'paired':>6}"
+    )
     for r in records:
         ratios = [
             f"{x:.2f}" if x is not None else "-" for x in (r.ratio_to_btp, r.ratio_to_btp_paired)
         ]
-        print(f"{r.strategy:>8} {r.arch:>8} {r.step_ms_median:>9.1f} {r.step_ms_min:>7.1f} "
-              f"{r.step_ms_max:>7.1f} {ratios[0]:>6} {ratios[1]:>6}")
+        print(
+            f"{r.strategy:>8} {r.arch:>8} {r.step_ms_median:>9.1f} {r.step_ms_min:>7.1f} "
+            f"{r.step_ms_max:>7.1f} {ratios[0]:>6} {ratios[1]:>6}"
+        )
     if cfg.compile:
         print("\ntorch.compile (Inductor, fullgraph, per block), interleaved with the eager steps:")
-        print(f"{'strategy':>8} {'compile s':>9} {'median ms':>9} {'min':>7} {'max':>7} {'x eager':>7}")
+        print(
+            f"{'strategy':>8} {'compile s':>9} {'median ms':>9} {'min':>7} {'max':>7} {'x eager':>7}"
+        )
         for r in records:
             ms = r.compiled_step_ms
-            print(f"{r.strategy:>8} {r.compile_s:>9.1f} {statistics.median(ms):>9.1f} {min(ms):>7.1f} "
-                  f"{max(ms):>7.1f} {r.compiled_to_eager_paired:>7.2f}")
+            print(
+                f"{r.strategy:>8} {r.compile_s:>9.1f} {statistics.median(ms):>9.1f} {min(ms):>7.1f} "
+                f"{max(ms):>7.1f} {r.compiled_to_eager_paired:>7.2f}"
+            )
     if cfg.overlap_chunks > 1:
         k = cfg.overlap_chunks
         print(f"\nall-reduces in 1 vs {k} overlapped blocks ([boost] overlap_chunks), interleaved:")
-        print(f"{'strategy':>8} {'1: ms':>8} {f'{k}: ms':>8} {f'x {k}/1':>7} {'1: comm ms':>10} "
-              f"{f'{k}: comm ms':>10} {'comm x':>7}")
+        print(
+            f"{'strategy':>8} {'1: ms':>8} {f'{k}: ms':>8} {f'x {k}/1':>7} {'1: comm ms':>10} "
+            f"{f'{k}: comm ms':>10} {'comm x':>7}"
+        )
         for r in records:
             comm = [p["comm"] if p else None for p in (r.profile_ms, r.overlap_profile_ms)]
             cells = [f"{c:>10.1f}" if c is not None else f"{'-':>10}" for c in comm]
             ratio = f"{comm[1] / comm[0]:>7.2f}" if None not in comm else f"{'-':>7}"
-            print(f"{r.strategy:>8} {r.step_ms_median:>8.1f} {statistics.median(r.overlap_step_ms):>8.1f} "
-                  f"{r.overlap_to_one_paired:>7.2f} {cells[0]} {cells[1]} {ratio}")
+            print(
+                f"{r.strategy:>8} {r.step_ms_median:>8.1f} {statistics.median(r.overlap_step_ms):>8.1f} "
+                f"{r.overlap_to_one_paired:>7.2f} {cells[0]} {cells[1]} {ratio}"
+            )
     profiled = [r for r in records if r.profile_ms]
     if profiled:
         kinds = ("step", *PROFILE_KINDS, "other")

@@ -26,9 +26,15 @@ CASTS = ("eager", "fused")
 """How float8 casts run: torchao's eager kernels, or fused by torch.compile."""
 CONVERTER = "quantize.linear.float8"
 """TorchTitan's `model.converters` entry that turns float8 on."""
-PROJECTION_MODULES = {"q": "attention.wq", "k": "attention.wk", "v": "attention.wv",
-                      "o": "attention.wo", "gate": "feed_forward.w1", "up": "feed_forward.w3",
-                      "down": "feed_forward.w2"}
+PROJECTION_MODULES = {
+    "q": "attention.wq",
+    "k": "attention.wk",
+    "v": "attention.wv",
+    "o": "attention.wo",
+    "gate": "feed_forward.w1",
+    "up": "feed_forward.w3",
+    "down": "feed_forward.w2",
+}
 """Module path of each projection inside a block (`boost_llama/model.py`)."""
 LOW_RANK_FACTORS = {"A": "down", "B": "up"}
 """Child module of a low-rank projection holding each factor (`LowRankLinear`)."""
@@ -42,8 +48,9 @@ def module_fqns(layer: int, members: tuple[str, ...], factor: str) -> list[str]:
 
 
 @functools.cache
-def skip_reason(n: int, k: int, fqns: tuple[str, ...], recipe: str,
-                filter_fqns: tuple[str, ...]) -> str | None:
+def skip_reason(
+    n: int, k: int, fqns: tuple[str, ...], recipe: str, filter_fqns: tuple[str, ...]
+) -> str | None:
     """None when the runtime runs the per-rank GEMM with weight [n, k] of modules `fqns`
     in float8, else why not; ConfigError (one line) for a recipe or filter it refuses."""
     from boost_titan.parallelize.float8 import gemm_skip_reason, group_skip_reason

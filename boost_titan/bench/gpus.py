@@ -141,11 +141,14 @@ head dim 128, seq 4k lies inside the quoted 50-73 % forward band)."""
 
 GPUS: dict[str, GpuProfile] = {
     # DGX A100: 8 GPUs per node behind NVSwitches [HGX].
-    "a100": GpuProfile(name="A100-80GB-SXM, 8 per node (NVSwitch)", gpus_per_node=8, nvswitch=True, **_A100),
+    "a100": GpuProfile(
+        name="A100-80GB-SXM, 8 per node (NVSwitch)", gpus_per_node=8, nvswitch=True, **_A100
+    ),
     # The paper's nodes [BOOST]: 4 GPUs per node, the 4-GPU HGX board, each pair joined by
     # 4 links: TP2 gets 4 links (80 GB/s), TP4 all 12 (capped at 235 GB/s).
-    "a100-hgx4": GpuProfile(name="A100-80GB-SXM, 4 per node (HGX, no switch)", gpus_per_node=4,
-                            nvswitch=False, **_A100),
+    "a100-hgx4": GpuProfile(
+        name="A100-80GB-SXM, 4 per node (HGX, no switch)", gpus_per_node=4, nvswitch=False, **_A100
+    ),
 }
 GPUS["h100"] = GpuProfile(
     # [H100] DGX H100, 8 per node behind NVSwitches: 989 TFLOP/s BF16 dense, 1,979 FP8

@@ -28,13 +28,25 @@ from boost_titan.config.errors import ConfigError
 
 TITAN_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"name": "llama3", "flavor": "debugmodel", "converters": []},
-    "training": {"local_batch_size": 8, "global_batch_size": -1, "seq_len": 2048, "steps": 10000,
-                 "dtype": "float32", "mixed_precision_param": "bfloat16",
-                 "mixed_precision_reduce": "float32"},
-    "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": -1,
-                    "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1,
-                    "context_parallel_degree": 1, "pipeline_parallel_microbatch_size": 1,
-                    "pipeline_parallel_schedule": "1F1B", "disable_loss_parallel": False},
+    "training": {
+        "local_batch_size": 8,
+        "global_batch_size": -1,
+        "seq_len": 2048,
+        "steps": 10000,
+        "dtype": "float32",
+        "mixed_precision_param": "bfloat16",
+        "mixed_precision_reduce": "float32",
+    },
+    "parallelism": {
+        "data_parallel_replicate_degree": 1,
+        "data_parallel_shard_degree": -1,
+        "tensor_parallel_degree": 1,
+        "pipeline_parallel_degree": 1,
+        "context_parallel_degree": 1,
+        "pipeline_parallel_microbatch_size": 1,
+        "pipeline_parallel_schedule": "1F1B",
+        "disable_loss_parallel": False,
+    },
     "activation_checkpoint": {"mode": "selective", "selective_ac_option": "2"},
     "compile": {"enable": False, "components": ["model", "loss"]},
     "quantize.linear.float8": {"recipe_name": None, "filter_fqns": [], "emulate": False},
@@ -78,8 +90,10 @@ def _read(path: str) -> SimpleNamespace:
         for key, value in values.items():
             kind = type(defaults[key]) if defaults[key] is not None else str
             if value is not None and type(value) is not kind:
-                raise ConfigError(f"{section}.{key} = {value!r} in {path} must be of type "
-                                  f"{kind.__name__}; fix the TOML")
+                raise ConfigError(
+                    f"{section}.{key} = {value!r} in {path} must be of type "
+                    f"{kind.__name__}; fix the TOML"
+                )
         setattr(job, section.rpartition(".")[2], SimpleNamespace(**values))
     return job
 
@@ -91,15 +105,19 @@ def _precision(job: SimpleNamespace, fsdp: bool, path: str) -> tuple[str, bool]:
     t = job.training
     for key in ("dtype", "mixed_precision_param"):
         if getattr(t, key) not in DTYPES:
-            raise ConfigError(f"training.{key} = {getattr(t, key)!r} in {path} is not modelled; "
-                              f"use one of {', '.join(DTYPES)}")
+            raise ConfigError(
+                f"training.{key} = {getattr(t, key)!r} in {path} is not modelled; "
+                f"use one of {', '.join(DTYPES)}"
+            )
     precision = Precision.of(t)
     if precision.weights == "float32":
         return DTYPES[precision.compute], True
     compute = precision.compute if fsdp else precision.weights
     if compute != precision.weights:
-        raise ConfigError(f"bf16 weights computed in {compute} (FSDP upcast) are not modelled; "
-                          "set training.mixed_precision_param = \"bfloat16\"")
+        raise ConfigError(
+            f"bf16 weights computed in {compute} (FSDP upcast) are not modelled; "
+            'set training.mixed_precision_param = "bfloat16"'
+        )
     return "bf16", False
 
 
@@ -107,14 +125,18 @@ def _float8(job: SimpleNamespace, path: str) -> tuple[str | None, tuple[str, ...
     converters = job.model.converters
     unknown = [c for c in converters if c != float8.CONVERTER]
     if unknown:
-        raise ConfigError(f"model.converters {unknown[0]!r} in {path} is not modelled; the model "
-                          f"prices {float8.CONVERTER} only")
+        raise ConfigError(
+            f"model.converters {unknown[0]!r} in {path} is not modelled; the model "
+            f"prices {float8.CONVERTER} only"
+        )
     if not converters:
         return None, ()
     f8 = job.float8
     if f8.emulate:
-        raise ConfigError(f"[quantize.linear.float8] emulate in {path} dequantises every GEMM "
-                          "(a CPU test mode); the model prices real float8 GEMMs: drop emulate")
+        raise ConfigError(
+            f"[quantize.linear.float8] emulate in {path} dequantises every GEMM "
+            "(a CPU test mode); the model prices real float8 GEMMs: drop emulate"
+        )
     recipe = f8.recipe_name or "tensorwise"  # TorchTitan: no recipe_name = tensorwise
     return recipe, tuple(f8.filter_fqns)
 
@@ -122,11 +144,15 @@ def _float8(job: SimpleNamespace, path: str) -> tuple[str | None, tuple[str, ...
 def _ac(job: SimpleNamespace, path: str) -> str:
     mode, option = job.activation_checkpoint.mode, job.activation_checkpoint.selective_ac_option
     if mode not in AC:
-        raise ConfigError(f"activation_checkpoint.mode {mode!r} in {path} is not modelled; "
-                          f"use one of {', '.join(AC)}")
+        raise ConfigError(
+            f"activation_checkpoint.mode {mode!r} in {path} is not modelled; "
+            f"use one of {', '.join(AC)}"
+        )
     if mode == "selective" and str(option) != "2":
-        raise ConfigError(f"activation_checkpoint.selective_ac_option {option!r} in {path} is not "
-                          "modelled; the model prices \"2\" (every 2nd block)")
+        raise ConfigError(
+            f"activation_checkpoint.selective_ac_option {option!r} in {path} is not "
+            'modelled; the model prices "2" (every 2nd block)'
+        )
     if mode == "none" and job.boost.lowrank_ac:
         return "lowrank"
     return AC[mode]
@@ -141,19 +167,24 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
 
     job = _read(path)
     if job.model.name != BOOST_MODEL:
-        raise ConfigError(f"model.name {job.model.name!r} in {path}: the model prices "
-                          f"{BOOST_MODEL}; set model.name = \"{BOOST_MODEL}\"")
+        raise ConfigError(
+            f"model.name {job.model.name!r} in {path}: the model prices "
+            f'{BOOST_MODEL}; set model.name = "{BOOST_MODEL}"'
+        )
     world, degrees = resolve_world(job, nproc)
     check_batch(job, degrees)
     if degrees["cp"] > 1:
         raise ConfigError("context parallelism is not modelled; set context_parallel_degree = 1")
     p, t = job.parallelism, job.training
     if degrees["pp"] > 1 and p.pipeline_parallel_schedule != SCHEDULE:
-        raise ConfigError(f"pipeline_parallel_schedule {p.pipeline_parallel_schedule!r} is not "
-                          f"modelled; the model prices {SCHEDULE}")
+        raise ConfigError(
+            f"pipeline_parallel_schedule {p.pipeline_parallel_schedule!r} is not "
+            f"modelled; the model prices {SCHEDULE}"
+        )
     if p.disable_loss_parallel:
-        raise ConfigError("disable_loss_parallel is not modelled; the model prices loss "
-                          "parallelism")
+        raise ConfigError(
+            "disable_loss_parallel is not modelled; the model prices loss parallelism"
+        )
     dp = degrees["dp_shard"] * degrees["dp_replicate"]
     local, seq = t.local_batch_size, t.seq_len
     global_batch = t.global_batch_size if t.global_batch_size > 0 else local * dp
@@ -162,31 +193,53 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
     if degrees["pp"] > 1:
         micro = p.pipeline_parallel_microbatch_size
         if accumulation > 1:
-            raise ConfigError("with pipeline parallelism the model prices one schedule per step: "
-                              "set global_batch_size = local_batch_size x data-parallel degree")
+            raise ConfigError(
+                "with pipeline parallelism the model prices one schedule per step: "
+                "set global_batch_size = local_batch_size x data-parallel degree"
+            )
         microbatches = local // micro
     strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
     dtype, master = _precision(job, degrees["dp_shard"] > 1, path)
     recipe, filters = _float8(job, path)
     compiled = job.compile.enable and "model" in job.compile.components
-    plan = Plan(strategy=strategy, tp=degrees["tp"], pp=degrees["pp"], seq_len=seq,
-                micro_batch=micro, microbatches=microbatches, dtype=dtype, ac=_ac(job, path),
-                rmsnorm=job.boost.rmsnorm, group_linears=job.boost.group_linears,
-                overlap_chunks=job.boost.overlap_chunks,
-                master_weights=master, float8=recipe, float8_filter=filters,
-                float8_casts="fused" if compiled else "eager")
+    plan = Plan(
+        strategy=strategy,
+        tp=degrees["tp"],
+        pp=degrees["pp"],
+        seq_len=seq,
+        micro_batch=micro,
+        microbatches=microbatches,
+        dtype=dtype,
+        ac=_ac(job, path),
+        rmsnorm=job.boost.rmsnorm,
+        group_linears=job.boost.group_linears,
+        overlap_chunks=job.boost.overlap_chunks,
+        master_weights=master,
+        float8=recipe,
+        float8_filter=filters,
+        float8_casts="fused" if compiled else "eager",
+    )
     flavor = job.model.flavor
     args = model_args(flavor, job.boost.arch, strategy)
     if job.boost.rank or job.boost.lax_base != args.lax_base:
-        args = flavor_shape(flavor, arch=args.arch, rank=job.boost.rank,
-                            lax_base=job.boost.lax_base, vocab_size=args.vocab_size)
+        args = flavor_shape(
+            flavor,
+            arch=args.arch,
+            rank=job.boost.rank,
+            lax_base=job.boost.lax_base,
+            vocab_size=args.vocab_size,
+        )
         args.validate()
     check(args, plan)
     layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "one device"
-    summary = (f"{path}: {flavor} {args.arch}, {strategy}, {world} process{'es' * (world > 1)} "
-               f"({layout}), micro-batch {micro} x {microbatches}, seq {seq}, {plan.precision}")
+    summary = (
+        f"{path}: {flavor} {args.arch}, {strategy}, {world} process{'es' * (world > 1)} "
+        f"({layout}), micro-batch {micro} x {microbatches}, seq {seq}, {plan.precision}"
+    )
     notices = ()
     if dp > 1:
-        notices = (f"notice: priced per data-parallel replica; the data-parallel traffic over "
-                   f"{dp} replicas is not modelled",)
+        notices = (
+            f"notice: priced per data-parallel replica; the data-parallel traffic over "
+            f"{dp} replicas is not modelled",
+        )
     return JobPlan(flavor, args, plan, summary, notices)

@@ -138,9 +138,13 @@ def model_args(flavor: str, arch: str, strategy: str) -> ModelShape:
 
 def check(args: ModelShape, plan: Plan) -> None:
     """Raise ConfigError (one line, with the fix) for a plan the model cannot describe."""
-    choices = {"strategy": (plan.strategy, STRATEGIES), "ac": (plan.ac, AC_MODES),
-               "dtype": (plan.dtype, tuple(DTYPE_BYTES)), "rmsnorm": (plan.rmsnorm, RMSNORM_MODES),
-               "float8 casts": (plan.float8_casts, float8.CASTS)}
+    choices = {
+        "strategy": (plan.strategy, STRATEGIES),
+        "ac": (plan.ac, AC_MODES),
+        "dtype": (plan.dtype, tuple(DTYPE_BYTES)),
+        "rmsnorm": (plan.rmsnorm, RMSNORM_MODES),
+        "float8 casts": (plan.float8_casts, float8.CASTS),
+    }
     for option, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"unknown {option} {value!r}; choose one of {', '.join(allowed)}")
@@ -160,7 +164,9 @@ def check(args: ModelShape, plan: Plan) -> None:
             "use --ac full or selective"
         )
     if not 1 <= plan.tp <= 8:
-        raise ConfigError(f"tp {plan.tp} must be 1..8: tensor parallelism stays inside one NVLink node")
+        raise ConfigError(
+            f"tp {plan.tp} must be 1..8: tensor parallelism stays inside one NVLink node"
+        )
     if not 1 <= plan.pp <= args.n_layers:
         raise ConfigError(f"pp {plan.pp} must be 1..{args.n_layers} (the number of layers)")
     if min(plan.seq_len, plan.micro_batch, plan.microbatches) < 1:
@@ -169,7 +175,9 @@ def check(args: ModelShape, plan: Plan) -> None:
     for name in REGISTRY[plan.strategy].divisible:
         if sizes[name] % plan.tp:
             size = sizes[name]
-            raise ConfigError(f"{name} {size} is not divisible by tp {plan.tp}; pick a tp that divides it")
+            raise ConfigError(
+                f"{name} {size} is not divisible by tp {plan.tp}; pick a tp that divides it"
+            )
 
 
 def _grouped(plan: Plan) -> bool:
@@ -209,13 +217,17 @@ def layer_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], l
     shapes, groups, r = args.projection_shapes(), _groups(plan), args.effective_rank
     if plan.strategy == "megatron":
         fwd = [_all_reduce("o", shapes["o"][1]), _all_reduce("down", shapes["down"][1])]
-        bwd = [_all_reduce("gate_up", shapes["gate"][0], _firsts(plan, ("gate", "up"), "")),
-               _all_reduce("qkv", shapes["q"][0], _firsts(plan, ("q", "k", "v"), ""))]
+        bwd = [
+            _all_reduce("gate_up", shapes["gate"][0], _firsts(plan, ("gate", "up"), "")),
+            _all_reduce("qkv", shapes["q"][0], _firsts(plan, ("q", "k", "v"), "")),
+        ]
         return fwd, bwd
     if plan.strategy == "vanilla":
         fwd = [_all_reduce(f"{p}.B", shapes[p][1]) for p in PROJECTIONS]
-        bwd = [_all_reduce(f"{_group_name(g)}.A", shapes[g[0]][0], _firsts(plan, g, ".A"))
-               for g in reversed(SHARED_INPUTS)]
+        bwd = [
+            _all_reduce(f"{_group_name(g)}.A", shapes[g[0]][0], _firsts(plan, g, ".A"))
+            for g in reversed(SHARED_INPUTS)
+        ]
         return fwd, bwd
     norms = {"q": "attention_norm", "gate": "ffn_norm"}
     fwd, bwd = [], []
@@ -227,7 +239,9 @@ def layer_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], l
             stat = 1
         fwd.append(_all_reduce(f"{name}.A", r * len(group) + stat))
     for group in reversed(groups):
-        bwd.append(_all_reduce(f"{_group_name(group)}.B", r * len(group), tuple(f"{p}.B" for p in group)))
+        bwd.append(
+            _all_reduce(f"{_group_name(group)}.B", r * len(group), tuple(f"{p}.B" for p in group))
+        )
         if group[0] in NORM_FED and plan.rmsnorm == "sync":
             bwd.append(_all_reduce(norms[group[0]], 1))
     return fwd, bwd
@@ -255,7 +269,11 @@ def step_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], li
     d = args.dim
     loss = [_all_reduce(f"loss.{stat}", 1) for stat in ("max", "sumexp", "target")]
     if plan.strategy == "btp":
-        fwd = [_all_reduce("final_norm", 1), Collective("all_gather", "final_gather", d // plan.tp), *loss]
+        fwd = [
+            _all_reduce("final_norm", 1),
+            Collective("all_gather", "final_gather", d // plan.tp),
+            *loss,
+        ]
         bwd = [Collective("reduce_scatter", "final_gather", d), _all_reduce("final_norm", 1)]
         return fwd, bwd
     return loss, [_all_reduce("lm_head", d, ("lm_head",))]
@@ -401,8 +419,10 @@ def saved_activations(args: ModelShape, plan: Plan) -> dict[str, int]:
         if grouped:
             members = SHARED_INPUTS[0] if first == "q" else SHARED_INPUTS[2]
             if args.low_rank:
-                rows, cols = n * args.effective_rank // (tp if plan.strategy == "vanilla" else 1), \
-                    shapes[first][0] // (tp if plan.strategy == "btp" else 1)
+                rows, cols = (
+                    n * args.effective_rank // (tp if plan.strategy == "vanilla" else 1),
+                    shapes[first][0] // (tp if plan.strategy == "btp" else 1),
+                )
             else:
                 rows, cols = sum(shapes[p][1] for p in members) // tp, shapes[first][0]
             items[f"{_group_name(members)}.concat_weights"] = rows * cols * b
@@ -557,8 +577,11 @@ def float8_cast_streams(
 ) -> dict[str, tuple[list[Stream], list[Stream]]]:
     """The float8 casts of one block per micro-batch, (forward, backward) kernels for each
     forward GEMM named in `selected`."""
-    return {g.name: float8.cast_streams(g, plan.float8, plan.float8_casts, plan.dtype_bytes)
-            for g in layer_gemms(args, plan) if g.name in selected}
+    return {
+        g.name: float8.cast_streams(g, plan.float8, plan.float8_casts, plan.dtype_bytes)
+        for g in layer_gemms(args, plan)
+        if g.name in selected
+    }
 
 
 def block_time(
@@ -578,12 +601,15 @@ def block_time(
 
     gemm_fwd = {g.name: seconds(g, g.name in selected) for g in gemms}
     input_grads = sum(seconds(g.backward()[0], g.name in selected) for g in gemms)
-    weight_grads = {g.name: seconds(g.backward()[1], weight_grad_f8 and g.name in selected)
-                    for g in gemms}
+    weight_grads = {
+        g.name: seconds(g.backward()[1], weight_grad_f8 and g.name in selected) for g in gemms
+    }
     attention = attention_flops(args, plan)
     attn_fwd = costs.attention_time(attention, plan.dtype, gpu)
     attn_bwd = costs.attention_time(attention, plan.dtype, gpu, backward=True)
-    fwd_streams, bwd_streams = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
+    fwd_streams, bwd_streams = block_streams(
+        layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes
+    )
     casts = float8_cast_streams(args, plan, selected)
     cast_fwd = [s for fwd, _ in casts.values() for s in fwd]
     cast_bwd = [s for _, bwd in casts.values() for s in bwd]
@@ -591,8 +617,12 @@ def block_time(
     mem_bwd = costs.stream_time(bwd_streams, gpu, plan.tokens) + costs.stream_time(cast_bwd, gpu)
     mem_weights = costs.stream_time(weight_streams(args, plan), gpu)
     fwd_c, bwd_c = layer_collectives(args, plan)
-    comm_fwd = sum(chunked_exposed(gemm_fwd[c.name], c, plan, gpu) if c.name in gemm_fwd
-                   else _collective_time(c, plan, gpu) for c in fwd_c)
+    comm_fwd = sum(
+        chunked_exposed(gemm_fwd[c.name], c, plan, gpu)
+        if c.name in gemm_fwd
+        else _collective_time(c, plan, gpu)
+        for c in fwd_c
+    )
     comm_bwd, hidden = overlapped(bwd_c, weight_grads, plan, gpu)
     parts = {
         "gemm": sum(gemm_fwd.values()) + input_grads + sum(weight_grads.values()),
@@ -602,15 +632,22 @@ def block_time(
         "comm_hidden": hidden,
     }
     b_gemms = sum(t for name, t in gemm_fwd.items() if name.endswith(".B"))
-    a_casts = costs.stream_time([s for name, (fwd, _) in casts.items() if not name.endswith(".B")
-                                 for s in fwd], gpu)
-    replay = _recomputed(plan, sum(gemm_fwd.values()), b_gemms, attn_fwd, mem_fwd, comm_fwd,
-                         a_casts)
+    a_casts = costs.stream_time(
+        [s for name, (fwd, _) in casts.items() if not name.endswith(".B") for s in fwd], gpu
+    )
+    replay = _recomputed(
+        plan, sum(gemm_fwd.values()), b_gemms, attn_fwd, mem_fwd, comm_fwd, a_casts
+    )
     return {k: v + replay.get(k, 0.0) for k, v in parts.items()}
 
 
 def _recomputed(
-    plan: Plan, gemm_fwd: float, b_gemms: float, attn_fwd: float, mem_fwd: float, comm_fwd: float,
+    plan: Plan,
+    gemm_fwd: float,
+    b_gemms: float,
+    attn_fwd: float,
+    mem_fwd: float,
+    comm_fwd: float,
     a_casts: float,
 ) -> dict[str, float]:
     """Extra backward seconds per block by class: full replays the forward with its
@@ -621,13 +658,23 @@ def _recomputed(
         return {}
     if plan.ac in ("full", "selective"):
         share = 0.5 if plan.ac == "selective" else 1.0
-        return {"gemm": share * gemm_fwd, "attention": share * attn_fwd,
-                "memory": share * mem_fwd, "comm": share * comm_fwd}
-    return {"gemm": b_gemms, "attention": attn_fwd, "memory": mem_fwd - a_casts,
-            "comm": comm_fwd if plan.strategy == "vanilla" else 0.0}
+        return {
+            "gemm": share * gemm_fwd,
+            "attention": share * attn_fwd,
+            "memory": share * mem_fwd,
+            "comm": share * comm_fwd,
+        }
+    return {
+        "gemm": b_gemms,
+        "attention": attn_fwd,
+        "memory": mem_fwd - a_casts,
+        "comm": comm_fwd if plan.strategy == "vanilla" else 0.0,
+    }
 
 
-def ends_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> tuple[dict[str, float], dict[str, float]]:
+def ends_time(
+    args: ModelShape, plan: Plan, gpu: GpuProfile
+) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per micro-batch of the model's ends, by class: (embedding, on the first
     stage; final norm + lm_head + cross-entropy + their collectives, on the last)."""
     b, t, btp = plan.dtype_bytes, plan.tokens, plan.strategy == "btp"
@@ -635,7 +682,9 @@ def ends_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> tuple[dict[str, 
     emb_fwd, emb_bwd = embedding_streams(residual, b)
     grad_bytes = STATE_BYTES[plan.state][1]
     zero_grad = Stream("embedding.zero_grad", args.vocab_size * residual * grad_bytes)
-    embedding = {"memory": costs.stream_time(emb_fwd + emb_bwd, gpu, t) + costs.stream_time([zero_grad], gpu)}
+    embedding = {
+        "memory": costs.stream_time(emb_fwd + emb_bwd, gpu, t) + costs.stream_time([zero_grad], gpu)
+    }
 
     head = Gemm("lm_head", t, args.vocab_size // plan.tp, args.dim)
     dx, dw = head.backward()
@@ -682,8 +731,8 @@ def _stage_layers(args: ModelShape, plan: Plan) -> list[int]:
 
 def _stage_blocks(args: ModelShape, plan: Plan) -> list[range]:
     """Block indices of each pipeline stage."""
-    ends = [sum(_stage_layers(args, plan)[:s + 1]) for s in range(plan.pp)]
-    return [range(end - n, end) for end, n in zip(ends, _stage_layers(args, plan))]
+    ends = [sum(_stage_layers(args, plan)[: s + 1]) for s in range(plan.pp)]
+    return [range(end - n, end) for end, n in zip(ends, _stage_layers(args, plan), strict=True)]
 
 
 def _selections(args: ModelShape, plan: Plan, blocks: range) -> dict[frozenset[str], int]:
@@ -755,12 +804,16 @@ def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> Perf
     profiles = {g: gpu_profile(g) for g in gpus}
     for name, profile in profiles.items():
         if plan.tp > profile.gpus_per_node:
-            raise ConfigError(f"tp {plan.tp} exceeds the {profile.gpus_per_node} GPUs per node of profile "
-                              f"{name}; tensor parallelism stays inside one node, lower --tp or pick another --gpu")
+            raise ConfigError(
+                f"tp {plan.tp} exceeds the {profile.gpus_per_node} GPUs per node of profile "
+                f"{name}; tensor parallelism stays inside one node, lower --tp or pick another --gpu"
+            )
         if plan.float8 and not profile.has_float8:
             able = ", ".join(g for g, p in GPUS.items() if p.has_float8)
-            raise ConfigError(f"GPU profile {name} has no float8 tensor cores (float8 needs "
-                              f"SM89+); pick a --gpu among {able}")
+            raise ConfigError(
+                f"GPU profile {name} has no float8 tensor cores (float8 needs "
+                f"SM89+); pick a --gpu among {able}"
+            )
     t, db = plan.tokens, plan.dtype_bytes
     selections = _selections(args, plan, range(args.n_layers))
     fwd, bwd = layer_collectives(args, plan)
@@ -768,9 +821,18 @@ def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> Perf
     flops = layer_flops(args, plan)
     times = {g: step_time(args, plan, profile) for g, profile in profiles.items()}
     return PerfRecord(
-        flavor=flavor, arch=args.arch, strategy=plan.strategy, tp=plan.tp, pp=plan.pp,
-        seq_len=plan.seq_len, micro_batch=plan.micro_batch, microbatches=plan.microbatches,
-        dtype=plan.dtype, ac=plan.ac, rmsnorm=plan.rmsnorm, group_linears=plan.group_linears,
+        flavor=flavor,
+        arch=args.arch,
+        strategy=plan.strategy,
+        tp=plan.tp,
+        pp=plan.pp,
+        seq_len=plan.seq_len,
+        micro_batch=plan.micro_batch,
+        microbatches=plan.microbatches,
+        dtype=plan.dtype,
+        ac=plan.ac,
+        rmsnorm=plan.rmsnorm,
+        group_linears=plan.group_linears,
         collectives_per_layer_fwd=len(fwd),
         collectives_per_layer_bwd=len(bwd),
         comm_bytes_per_layer_fwd=sum(c.bytes(t, db) for c in fwd),
@@ -790,26 +852,45 @@ def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> Perf
         predicted_step_s={g: parts["step"] for g, parts in times.items()},
         time_breakdown_s={g: {k: parts[k] for k in TIME_PARTS} for g, parts in times.items()},
         hidden_comm_s={g: parts["comm_hidden"] for g, parts in times.items()},
-        memory_kernels_s={g: memory_kernels(args, plan, profile) for g, profile in profiles.items()},
+        memory_kernels_s={
+            g: memory_kernels(args, plan, profile) for g, profile in profiles.items()
+        },
         speedup_gpu=gpus[0],
         precision=plan.precision,
-        float8_gemms={"float8": sum(len(s) * n for s, n in selections.items()),
-                      "total": len(layer_gemms(args, plan)) * args.n_layers} if plan.float8 else {},
+        float8_gemms={
+            "float8": sum(len(s) * n for s, n in selections.items()),
+            "total": len(layer_gemms(args, plan)) * args.n_layers,
+        }
+        if plan.float8
+        else {},
         float8_skipped={k: v for k, v in float8_selection(args, plan, 0).items() if v},
     )
 
 
 def add_speedups(records: list[PerfRecord]) -> None:
     """Fill predicted_speedup between records that differ only in strategy (and arch)."""
+
     def key(r: PerfRecord) -> tuple:
-        return (r.flavor, r.tp, r.pp, r.seq_len, r.micro_batch, r.microbatches, r.precision,
-                r.ac, r.rmsnorm, r.group_linears, r.speedup_gpu)
+        return (
+            r.flavor,
+            r.tp,
+            r.pp,
+            r.seq_len,
+            r.micro_batch,
+            r.microbatches,
+            r.precision,
+            r.ac,
+            r.rmsnorm,
+            r.group_linears,
+            r.speedup_gpu,
+        )
 
     for r in records:
         mine = r.predicted_step_s[r.speedup_gpu]
         r.predicted_speedup = {
             o.strategy: o.predicted_step_s[o.speedup_gpu] / mine
-            for o in records if key(o) == key(r) and o.strategy != r.strategy
+            for o in records
+            if key(o) == key(r) and o.strategy != r.strategy
         }
 
 
@@ -819,7 +900,9 @@ def sweep(
     """Records for every flavor x tp x strategy (other Plan fields from `plan`), with speedups."""
     records = [
         evaluate(f, model_args(f, arch, s), Plan(strategy=s, tp=tp, **plan), gpus)
-        for f in flavors for tp in tps for s in strategies
+        for f in flavors
+        for tp in tps
+        for s in strategies
     ]
     add_speedups(records)
     return records

@@ -15,10 +15,16 @@ from boost_titan.bench.records import (
 )
 from boost_titan.boost_llama.strategies import STRATEGIES
 
-STYLE = dict(zip(STRATEGIES, ("tab:blue", "tab:red", "tab:green")))
+STYLE = dict(zip(STRATEGIES, ("tab:blue", "tab:red", "tab:green"), strict=True))
 """A colour per strategy of the registry (baseline first)."""
-PART_COLOURS = {"gemm": "tab:blue", "memory": "tab:orange", "attention": "tab:purple",
-                "optimizer": "tab:gray", "comm": "tab:red", "bubble": "tab:olive"}
+PART_COLOURS = {
+    "gemm": "tab:blue",
+    "memory": "tab:orange",
+    "attention": "tab:purple",
+    "optimizer": "tab:gray",
+    "comm": "tab:red",
+    "bubble": "tab:olive",
+}
 TOLERANCE_BAND = 0.15
 
 
@@ -46,8 +52,11 @@ def write_plot(records: list[PerfRecord], path: str | Path) -> None:
     x = range(len(flavors))
     fig, (comm, speed) = plt.subplots(1, 2, figsize=(11, 4.2))
     for strategy, color in STYLE.items():
-        volume = [(by[f, strategy].comm_bytes_per_layer_fwd + by[f, strategy].comm_bytes_per_layer_bwd) / MIB
-                  for f in flavors]
+        volume = [
+            (by[f, strategy].comm_bytes_per_layer_fwd + by[f, strategy].comm_bytes_per_layer_bwd)
+            / MIB
+            for f in flavors
+        ]
         comm.plot(x, volume, "o-", color=color, label=strategy)
     comm.set(ylabel="MiB per layer per rank (fwd + bwd)", title="TP communication volume")
     _speedup_curves(speed, records, flavors)
@@ -66,10 +75,19 @@ def write_plot(records: list[PerfRecord], path: str | Path) -> None:
 
 def _speedup_curves(ax, records: list[PerfRecord], flavors: list[str]) -> None:
     by = {(r.flavor, r.strategy): r for r in records}
-    for gpu, dash in zip(records[0].predicted_step_s, ("-", "--", ":")):
+    for gpu, dash in zip(records[0].predicted_step_s, ("-", "--", ":"), strict=True):
         for other in (s for s in STYLE if s != "btp"):
-            ratio = [by[f, other].predicted_step_s[gpu] / by[f, "btp"].predicted_step_s[gpu] for f in flavors]
-            ax.plot(range(len(flavors)), ratio, "o" + dash, color=STYLE[other], label=f"btp vs {other} ({gpu})")
+            ratio = [
+                by[f, other].predicted_step_s[gpu] / by[f, "btp"].predicted_step_s[gpu]
+                for f in flavors
+            ]
+            ax.plot(
+                range(len(flavors)),
+                ratio,
+                "o" + dash,
+                color=STYLE[other],
+                label=f"btp vs {other} ({gpu})",
+            )
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set(ylabel="predicted step-time ratio", title="BTP speedup")
 
@@ -87,28 +105,51 @@ def write_validation_plot(
     speedup over model sizes with the published points at their sizes."""
     plt = _pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(17, 9))
-    names = [config_name(r.flavor, r.tp, r.pp) + f"\n{r.micro_batch}x{r.microbatches}" for r in rows]
+    names = [
+        config_name(r.flavor, r.tp, r.pp) + f"\n{r.micro_batch}x{r.microbatches}" for r in rows
+    ]
     x = range(len(rows))
 
     ax = axes[0, 0]
     for s, c in STYLE.items():
         ax.plot(x, [r.predicted_s[s] for r in rows], "-", color=c, marker="o", label=f"{s} (model)")
-        ax.plot(x, [r.paper_s[s] for r in rows], "s", color=c, mfc="none", ms=9, label=f"{s} (paper)")
+        ax.plot(
+            x, [r.paper_s[s] for r in rows], "s", color=c, mfc="none", ms=9, label=f"{s} (paper)"
+        )
     ax.set(ylabel="seconds per iteration", title="Iteration time: model vs published")
 
     ax = axes[0, 1]
     for key, other in (("btp_vs_megatron", "megatron"), ("btp_vs_vanilla", "vanilla")):
         paper = [r.paper_speedup[key] for r in rows]
-        ax.fill_between(x, [p * (1 - TOLERANCE_BAND) for p in paper], [p * (1 + TOLERANCE_BAND) for p in paper],
-                        color=STYLE[other], alpha=0.12)
-        ax.plot(x, [r.predicted_speedup[key] for r in rows], "-o", color=STYLE[other], label=f"btp vs {other} (model)")
-        ax.plot(x, paper, "s", color=STYLE[other], mfc="none", ms=9, label=f"btp vs {other} (paper, +-15 %)")
+        ax.fill_between(
+            x,
+            [p * (1 - TOLERANCE_BAND) for p in paper],
+            [p * (1 + TOLERANCE_BAND) for p in paper],
+            color=STYLE[other],
+            alpha=0.12,
+        )
+        ax.plot(
+            x,
+            [r.predicted_speedup[key] for r in rows],
+            "-o",
+            color=STYLE[other],
+            label=f"btp vs {other} (model)",
+        )
+        ax.plot(
+            x,
+            paper,
+            "s",
+            color=STYLE[other],
+            mfc="none",
+            ms=9,
+            label=f"btp vs {other} (paper, +-15 %)",
+        )
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set(ylabel="speedup (other / BTP)", title="BTP speedup: model vs published")
 
     ax = axes[0, 2]
     bars, labels = [], []
-    for r, name in zip(rows, names):
+    for r, name in zip(rows, names, strict=True):
         for s in STYLE:
             bars.append(r.predicted_breakdown_s[s])
             labels.append(f"{name.split(chr(10))[0]}\n{s}")
@@ -116,38 +157,84 @@ def write_validation_plot(
     for part, colour in PART_COLOURS.items():
         heights = [b[part] for b in bars]
         ax.bar(range(len(bars)), heights, bottom=bottom, color=colour, label=part)
-        bottom = [b + h for b, h in zip(bottom, heights)]
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set_xticks(range(len(bars)), labels, fontsize=6, rotation=90)
     ax.set(ylabel="seconds per iteration", title="Where the predicted time goes")
 
     ax = axes[1, 0]
     width = 0.38
     for i, r in enumerate(comm):
-        ax.bar(i - width / 2, r.predicted_s * 1e3, width, color=STYLE[r.strategy], label="model" * (i == 0))
-        ax.bar(i + width / 2, r.paper_s * 1e3, width, color="white", edgecolor=STYLE[r.strategy], hatch="//",
-               label="paper" * (i == 0))
+        ax.bar(
+            i - width / 2,
+            r.predicted_s * 1e3,
+            width,
+            color=STYLE[r.strategy],
+            label="model" * (i == 0),
+        )
+        ax.bar(
+            i + width / 2,
+            r.paper_s * 1e3,
+            width,
+            color="white",
+            edgecolor=STYLE[r.strategy],
+            hatch="//",
+            label="paper" * (i == 0),
+        )
     ax.set_xticks(range(len(comm)), [r.strategy for r in comm])
-    ax.set(ylabel="ms per layer (forward)", title="Communication ablation, 7B, batch 4, TP4 (model | paper)")
+    ax.set(
+        ylabel="ms per layer (forward)",
+        title="Communication ablation, 7B, batch 4, TP4 (model | paper)",
+    )
 
     ax = axes[1, 1]
     for i, r in enumerate(gemm):
-        ax.bar(i - width / 2, 100 * r.predicted_utilisation, width, color=STYLE[r.strategy], label="model" * (i == 0))
-        ax.bar(i + width / 2, 100 * r.paper_utilisation, width, color="white", edgecolor=STYLE[r.strategy],
-               hatch="//", label="paper" * (i == 0))
+        ax.bar(
+            i - width / 2,
+            100 * r.predicted_utilisation,
+            width,
+            color=STYLE[r.strategy],
+            label="model" * (i == 0),
+        )
+        ax.bar(
+            i + width / 2,
+            100 * r.paper_utilisation,
+            width,
+            color="white",
+            edgecolor=STYLE[r.strategy],
+            hatch="//",
+            label="paper" * (i == 0),
+        )
     ax.set_xticks(range(len(gemm)), [f"{r.strategy}\n{r.part}" for r in gemm], fontsize=8)
-    ax.set(ylabel="GEMM utilisation, % of peak", title="GEMM ablation, 7B, batch 4, TP4 (model | paper)")
+    ax.set(
+        ylabel="GEMM utilisation, % of peak",
+        title="GEMM ablation, 7B, batch 4, TP4 (model | paper)",
+    )
 
     ax = axes[1, 2]
     flavors = list(dict.fromkeys(r.flavor for r in sweep))
     _speedup_curves(ax, sweep, flavors)
     base = sweep[0]
     for r in rows:
-        same = (r.tp, r.pp, r.micro_batch, r.microbatches) == (base.tp, base.pp, base.micro_batch, base.microbatches)
+        same = (r.tp, r.pp, r.micro_batch, r.microbatches) == (
+            base.tp,
+            base.pp,
+            base.micro_batch,
+            base.microbatches,
+        )
         if r.flavor in flavors and same:
             for key, other in (("btp_vs_megatron", "megatron"), ("btp_vs_vanilla", "vanilla")):
-                ax.plot(flavors.index(r.flavor), r.paper_speedup[key], "s", color=STYLE[other], mfc="none", ms=9)
+                ax.plot(
+                    flavors.index(r.flavor),
+                    r.paper_speedup[key],
+                    "s",
+                    color=STYLE[other],
+                    mfc="none",
+                    ms=9,
+                )
     ax.set_xticks(range(len(flavors)), flavors)
-    ax.set_title(f"BTP speedup by size, TP{base.tp}, {base.micro_batch}x{base.microbatches} (squares: paper)")
+    ax.set_title(
+        f"BTP speedup by size, TP{base.tp}, {base.micro_batch}x{base.microbatches} (squares: paper)"
+    )
 
     for ax in (axes[0, 0], axes[0, 1]):
         ax.set_xticks(list(x), names, fontsize=8)
@@ -155,7 +242,9 @@ def write_validation_plot(
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     gpu = next(iter(sweep[0].predicted_step_s))
-    fig.suptitle(f"Performance model vs the BOOST authors' measurements (CoLA, seq 4096, GPU profile {gpu})",
-                 fontsize=11)
+    fig.suptitle(
+        f"Performance model vs the BOOST authors' measurements (CoLA, seq 4096, GPU profile {gpu})",
+        fontsize=11,
+    )
     _save(fig, path)
     plt.close(fig)

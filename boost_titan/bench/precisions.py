@@ -25,8 +25,11 @@ PRECISIONS: dict[str, dict] = {
     "bf16": {"dtype": "bf16"},
     "float8 eager casts": {"float8": "tensorwise"},
     "float8 compiled casts": {"float8": "tensorwise", "float8_casts": "fused"},
-    "float8 compiled + auto filter": {"float8": "tensorwise", "float8_casts": "fused",
-                                      "float8_filter": AUTO_FILTER},
+    "float8 compiled + auto filter": {
+        "float8": "tensorwise",
+        "float8_casts": "fused",
+        "float8_filter": AUTO_FILTER,
+    },
 }
 """Column name -> Plan fields (over bf16 with master weights)."""
 
@@ -73,8 +76,14 @@ def format_precision_rows(rows: list[PrecisionRow]) -> str:
                 cells.append("n/a (no float8)")
                 continue
             count = r.float8_gemms.get(column)
-            cells.append(f"{seconds:.3f}" + (f" ({count['float8']}/{count['total']} GEMMs)"
-                                             if count and count["float8"] < count["total"] else ""))
+            cells.append(
+                f"{seconds:.3f}"
+                + (
+                    f" ({count['float8']}/{count['total']} GEMMs)"
+                    if count and count["float8"] < count["total"]
+                    else ""
+                )
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -118,7 +118,10 @@ class ValidationRow:
     @staticmethod
     def _speedups(seconds: dict[str, float]) -> dict[str, float]:
         btp = seconds["btp"]
-        return {"btp_vs_megatron": seconds["megatron"] / btp, "btp_vs_vanilla": seconds["vanilla"] / btp}
+        return {
+            "btp_vs_megatron": seconds["megatron"] / btp,
+            "btp_vs_vanilla": seconds["vanilla"] / btp,
+        }
 
     @property
     def paper_speedup(self) -> dict[str, float]:
@@ -187,80 +190,141 @@ class ConstantRow:
 def _render(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [header, ["-" * w for w in widths], *rows]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in lines
+    )
 
 
 def format_records(records: list[PerfRecord]) -> str:
     """A readable table: one row per record."""
     gpus = list(records[0].predicted_step_s) if records else []
     header = [
-        "flavor", "arch", "strategy", "tp", "pp", "coll f/b", "comm MiB f/b",
-        "GFLOP fwd", "act MiB", "params/rank M", "mem GiB",
-        *[f"step s {g}" for g in gpus], "speedup vs",
+        "flavor",
+        "arch",
+        "strategy",
+        "tp",
+        "pp",
+        "coll f/b",
+        "comm MiB f/b",
+        "GFLOP fwd",
+        "act MiB",
+        "params/rank M",
+        "mem GiB",
+        *[f"step s {g}" for g in gpus],
+        "speedup vs",
     ]
     rows = []
     for r in records:
         speedup = ", ".join(f"{k} x{v:.2f}" for k, v in r.predicted_speedup.items())
-        rows.append([
-            r.flavor, r.arch, r.strategy, str(r.tp), str(r.pp),
-            f"{r.collectives_per_layer_fwd}/{r.collectives_per_layer_bwd}",
-            f"{r.comm_bytes_per_layer_fwd / MIB:.1f}/{r.comm_bytes_per_layer_bwd / MIB:.1f}",
-            f"{r.flops_per_layer / 1e9:.1f}",
-            f"{r.activation_bytes_per_layer / MIB:.1f}",
-            f"{r.params_per_rank / 1e6:.1f}",
-            f"{r.memory_bytes_per_rank['total'] / 2**30:.1f}",
-            *[f"{r.predicted_step_s[g]:.3f}" for g in gpus],
-            speedup or "-",
-        ])
+        rows.append(
+            [
+                r.flavor,
+                r.arch,
+                r.strategy,
+                str(r.tp),
+                str(r.pp),
+                f"{r.collectives_per_layer_fwd}/{r.collectives_per_layer_bwd}",
+                f"{r.comm_bytes_per_layer_fwd / MIB:.1f}/{r.comm_bytes_per_layer_bwd / MIB:.1f}",
+                f"{r.flops_per_layer / 1e9:.1f}",
+                f"{r.activation_bytes_per_layer / MIB:.1f}",
+                f"{r.params_per_rank / 1e6:.1f}",
+                f"{r.memory_bytes_per_rank['total'] / 2**30:.1f}",
+                *[f"{r.predicted_step_s[g]:.3f}" for g in gpus],
+                speedup or "-",
+            ]
+        )
     return _render(header, rows)
 
 
 def format_validation(rows: list[ValidationRow], gpu: str) -> str:
     """Paper vs model: seconds per iteration and BTP speedups (model's deviation in %)."""
     header = [
-        "config", "batch", "paper s fr/van/btp", f"model s ({gpu}) fr/van/btp",
-        "btp/fr paper", "btp/fr model", "btp/van paper", "btp/van model",
+        "config",
+        "batch",
+        "paper s fr/van/btp",
+        f"model s ({gpu}) fr/van/btp",
+        "btp/fr paper",
+        "btp/fr model",
+        "btp/van paper",
+        "btp/van model",
     ]
     table = []
     for row in rows:
         ps, ms = row.paper_speedup, row.predicted_speedup
-        table.append([
-            config_name(row.flavor, row.tp, row.pp), f"{row.micro_batch}x{row.microbatches}",
-            "/".join(f"{row.paper_s[s]:.2f}" for s in STRATEGIES),
-            "/".join(f"{row.predicted_s[s]:.2f}" for s in STRATEGIES),
-            *[cell for key in ("btp_vs_megatron", "btp_vs_vanilla")
-              for cell in (f"{ps[key]:.2f}", f"{ms[key]:.2f} ({ms[key] / ps[key] - 1:+.0%})")],
-        ])
+        table.append(
+            [
+                config_name(row.flavor, row.tp, row.pp),
+                f"{row.micro_batch}x{row.microbatches}",
+                "/".join(f"{row.paper_s[s]:.2f}" for s in STRATEGIES),
+                "/".join(f"{row.predicted_s[s]:.2f}" for s in STRATEGIES),
+                *[
+                    cell
+                    for key in ("btp_vs_megatron", "btp_vs_vanilla")
+                    for cell in (f"{ps[key]:.2f}", f"{ms[key]:.2f} ({ms[key] / ps[key] - 1:+.0%})")
+                ],
+            ]
+        )
     return _render(header, table)
 
 
 def format_gemm_ablation(rows: list[GemmAblationRow]) -> str:
     """GEMM utilisation and time of one low-rank pair, model vs published."""
     header = ["strategy", "pair", "GFLOP", "util model", "util paper", "ms model", "ms paper"]
-    return _render(header, [
-        [r.strategy, r.part, f"{r.flops / 1e9:.1f}", f"{r.predicted_utilisation:.0%}",
-         f"~{r.paper_utilisation:.0%}", f"{r.predicted_s * 1e3:.2f}", f"~{r.paper_s * 1e3:.2f}"]
-        for r in rows
-    ])
+    return _render(
+        header,
+        [
+            [
+                r.strategy,
+                r.part,
+                f"{r.flops / 1e9:.1f}",
+                f"{r.predicted_utilisation:.0%}",
+                f"~{r.paper_utilisation:.0%}",
+                f"{r.predicted_s * 1e3:.2f}",
+                f"~{r.paper_s * 1e3:.2f}",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def format_comm_ablation(rows: list[CommAblationRow]) -> str:
     """One layer's forward TP communication, model vs published."""
-    header = ["strategy", "collectives", "MiB model", "MiB paper", "ms model", "ms paper", "model vs paper"]
-    return _render(header, [
-        [r.strategy, str(r.collectives), f"{r.predicted_bytes / MIB:.1f}", f"{r.paper_bytes / MIB:.0f}",
-         f"{r.predicted_s * 1e3:.2f}", f"~{r.paper_s * 1e3:.2f}", f"{r.predicted_s / r.paper_s - 1:+.0%}"]
-        for r in rows
-    ])
+    header = [
+        "strategy",
+        "collectives",
+        "MiB model",
+        "MiB paper",
+        "ms model",
+        "ms paper",
+        "model vs paper",
+    ]
+    return _render(
+        header,
+        [
+            [
+                r.strategy,
+                str(r.collectives),
+                f"{r.predicted_bytes / MIB:.1f}",
+                f"{r.paper_bytes / MIB:.0f}",
+                f"{r.predicted_s * 1e3:.2f}",
+                f"~{r.paper_s * 1e3:.2f}",
+                f"{r.predicted_s / r.paper_s - 1:+.0%}",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def format_switches(rows: list[SwitchRow]) -> str:
     """BTP's predicted step with each product switch at its default and flipped."""
     header = ["config", "switch", "default s", "flipped s", "predicted speedup"]
-    return _render(header, [
-        [r.config, r.switch, f"{r.default_s:.3f}", f"{r.flipped_s:.3f}", f"x{r.speedup:.3f}"]
-        for r in rows
-    ])
+    return _render(
+        header,
+        [
+            [r.config, r.switch, f"{r.default_s:.3f}", f"{r.flipped_s:.3f}", f"x{r.speedup:.3f}"]
+            for r in rows
+        ],
+    )
 
 
 def format_memory_kernels(records: list[PerfRecord], top: int = 4) -> str:
@@ -269,9 +333,22 @@ def format_memory_kernels(records: list[PerfRecord], top: int = 4) -> str:
     for r in records:
         for gpu, kernels in r.memory_kernels_s.items():
             step = r.predicted_step_s[gpu]
-            rows.append([r.flavor, r.strategy, str(r.tp), gpu, ", ".join(
-                f"{name} {s:.3f} ({s / step:.0%})" for name, s in list(kernels.items())[:top])])
-    return _render(["flavor", "strategy", "tp", "gpu", "largest memory-bound kernels, s per step (share)"], rows)
+            rows.append(
+                [
+                    r.flavor,
+                    r.strategy,
+                    str(r.tp),
+                    gpu,
+                    ", ".join(
+                        f"{name} {s:.3f} ({s / step:.0%})"
+                        for name, s in list(kernels.items())[:top]
+                    ),
+                ]
+            )
+    return _render(
+        ["flavor", "strategy", "tp", "gpu", "largest memory-bound kernels, s per step (share)"],
+        rows,
+    )
 
 
 def format_breakdown(records: list[PerfRecord]) -> str:
@@ -282,9 +359,18 @@ def format_breakdown(records: list[PerfRecord]) -> str:
     for r in records:
         for gpu, split in r.time_breakdown_s.items():
             step = r.predicted_step_s[gpu]
-            rows.append([r.flavor, r.strategy, str(r.tp), str(r.pp), gpu, f"{step:.3f}",
-                         *[f"{split[p]:.3f} ({split[p] / step:.0%})" for p in parts],
-                         f"{r.hidden_comm_s[gpu]:.3f}"])
+            rows.append(
+                [
+                    r.flavor,
+                    r.strategy,
+                    str(r.tp),
+                    str(r.pp),
+                    gpu,
+                    f"{step:.3f}",
+                    *[f"{split[p]:.3f} ({split[p] / step:.0%})" for p in parts],
+                    f"{r.hidden_comm_s[gpu]:.3f}",
+                ]
+            )
     return _render(header, rows)
 
 

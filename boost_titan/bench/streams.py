@@ -100,12 +100,17 @@ def _norm_backward(name: str, w: Widths, mode: str, b: int) -> list[Stream]:
     its eager chain."""
     r = w.residual
     if mode == "sync":
-        return [Stream(f"{name}.bwd", r * SYNC_NORM_BACKWARD.bytes(b), SYNC_NORM_BACKWARD.launches(b))]
+        return [
+            Stream(f"{name}.bwd", r * SYNC_NORM_BACKWARD.bytes(b), SYNC_NORM_BACKWARD.launches(b))
+        ]
     streams = [Stream(f"{name}.bwd", 5 * r * b, 2)]
     if mode == "online":
         latents = NORM_CONSUMERS[name] * w.latent
-        streams += [Stream(f"{name}.grad_rescale", 2 * latents * b),
-                    Stream(f"{name}.grad_dot_out", 4 * latents * b, 2), Stream(f"{name}.coef", 0, 5)]
+        streams += [
+            Stream(f"{name}.grad_rescale", 2 * latents * b),
+            Stream(f"{name}.grad_dot_out", 4 * latents * b, 2),
+            Stream(f"{name}.coef", 0, 5),
+        ]
     return streams
 
 
@@ -113,7 +118,9 @@ def _silu(name: str, width: int, count: int, b: int, backward: bool) -> list[Str
     """SiLU on `count` tensors of `width`: forward reads and writes, backward reads input
     and grad and writes the grad."""
     per = (3 if backward else 2) * width * b
-    return [Stream(f"{name}.silu" + (".bwd" if backward else ""), count * per, count)] if count else []
+    return (
+        [Stream(f"{name}.silu" + (".bwd" if backward else ""), count * per, count)] if count else []
+    )
 
 
 def _consumer_grads(name: str, w: Widths, widths: tuple[int, ...], b: int) -> Stream:
@@ -132,8 +139,10 @@ def block_streams(w: Widths, norm_mode: str, b: int) -> tuple[list[Stream], list
     `norm_mode`: replicated (megatron, vanilla, and any plan at TP1), online or sync (BTP)."""
     r, f, lat = w.residual, w.ffn, w.latent
     # what each of a norm's consumers writes per rank: its latent, or its full-rank output
-    firsts = {"attention_norm": (lat,) * 3 if lat else (w.q, w.kv, w.kv),
-              "ffn_norm": (lat,) * 2 if lat else (f, f)}
+    firsts = {
+        "attention_norm": (lat,) * 3 if lat else (w.q, w.kv, w.kv),
+        "ffn_norm": (lat,) * 2 if lat else (f, f),
+    }
     silu = int(w.silu_latents and lat > 0)
     rotated = w.q + w.kv  # RoPE'd queries and keys
 
@@ -176,10 +185,17 @@ def head_streams(
     """Per token: final norm and cross-entropy over `logits` per rank (forward,
     backward). `final_norm_mode` is replicated or sync (BTP)."""
     if final_norm_mode == "sync":
-        norm_fwd = Stream("final_norm", residual * SYNC_NORM_FORWARD.bytes(b), SYNC_NORM_FORWARD.launches(b))
-        norm_bwd = Stream("final_norm.bwd", residual * SYNC_NORM_BACKWARD.bytes(b), SYNC_NORM_BACKWARD.launches(b))
+        norm_fwd = Stream(
+            "final_norm", residual * SYNC_NORM_FORWARD.bytes(b), SYNC_NORM_FORWARD.launches(b)
+        )
+        norm_bwd = Stream(
+            "final_norm.bwd", residual * SYNC_NORM_BACKWARD.bytes(b), SYNC_NORM_BACKWARD.launches(b)
+        )
     else:
-        norm_fwd, norm_bwd = Stream("final_norm", 2 * residual * b), Stream("final_norm.bwd", 5 * residual * b, 2)
+        norm_fwd, norm_bwd = (
+            Stream("final_norm", 2 * residual * b),
+            Stream("final_norm.bwd", 5 * residual * b, 2),
+        )
     fwd = [norm_fwd, Stream("cross_entropy", logits * (b + CE_FORWARD_BYTES), 4)]
     bwd = [Stream("cross_entropy.bwd", logits * (b + CE_BACKWARD_BYTES), 4), norm_bwd]
     return fwd, bwd

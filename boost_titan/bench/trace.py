@@ -244,8 +244,13 @@ class TraceRecord(LayerRecord):
 
 def _entries(calls: list[CollectiveCall], tokens: int) -> list[dict]:
     return [
-        {"kind": c.kind, "elements_per_token": c.elements_per_token(tokens), "bytes": c.nbytes,
-         "shape": list(c.shape), "dtype": str(c.dtype).removeprefix("torch.")}
+        {
+            "kind": c.kind,
+            "elements_per_token": c.elements_per_token(tokens),
+            "bytes": c.nbytes,
+            "shape": list(c.shape),
+            "dtype": str(c.dtype).removeprefix("torch."),
+        }
         for c in calls
     ]
 
@@ -273,9 +278,17 @@ def trace(flavor: str, args: BoostModelArgs, plan: perfmodel.Plan) -> TraceRecor
     t = plan.tokens
     fwd, bwd = layer.forward.calls, layer.backward.calls
     return TraceRecord(
-        flavor=flavor, arch=args.arch, strategy=plan.strategy, tp=plan.tp, pp=plan.pp,
-        seq_len=plan.seq_len, micro_batch=plan.micro_batch, dtype=plan.dtype, ac=plan.ac,
-        rmsnorm=plan.rmsnorm, group_linears=plan.group_linears,
+        flavor=flavor,
+        arch=args.arch,
+        strategy=plan.strategy,
+        tp=plan.tp,
+        pp=plan.pp,
+        seq_len=plan.seq_len,
+        micro_batch=plan.micro_batch,
+        dtype=plan.dtype,
+        ac=plan.ac,
+        rmsnorm=plan.rmsnorm,
+        group_linears=plan.group_linears,
         collectives_per_layer_fwd=len(fwd),
         collectives_per_layer_bwd=len(bwd),
         comm_bytes_per_layer_fwd=sum(c.nbytes for c in fwd),
@@ -308,14 +321,21 @@ def compare(
     m, t = asdict(measured), asdict(model)
     problems = [
         f"{name}: trace {m[name]} model {t[name]}"
-        for name in ("collectives_per_layer_fwd", "collectives_per_layer_bwd",
-                     "comm_bytes_per_layer_fwd", "comm_bytes_per_layer_bwd", "params_per_rank")
+        for name in (
+            "collectives_per_layer_fwd",
+            "collectives_per_layer_bwd",
+            "comm_bytes_per_layer_fwd",
+            "comm_bytes_per_layer_bwd",
+            "params_per_rank",
+        )
         if m[name] != t[name]
     ]
-    fields = {"collectives_fwd": ("kind", "elements_per_token", "bytes"),
-              "collectives_bwd": ("kind", "elements_per_token", "bytes"),
-              "step_collectives_fwd": ("kind", "elements_per_token"),
-              "step_collectives_bwd": ("kind", "elements_per_token")}
+    fields = {
+        "collectives_fwd": ("kind", "elements_per_token", "bytes"),
+        "collectives_bwd": ("kind", "elements_per_token", "bytes"),
+        "step_collectives_fwd": ("kind", "elements_per_token"),
+        "step_collectives_bwd": ("kind", "elements_per_token"),
+    }
     for name, keys in fields.items():
         traced, modelled = _multiset(m[name], *keys), _multiset(t[name], *keys)
         if traced != modelled:
@@ -323,8 +343,10 @@ def compare(
                 f"{name}: trace-only {dict(traced - modelled)} model-only {dict(modelled - traced)}"
             )
     recompute = perfmodel.attention_flops(args, plan) // 2
-    for name, expected in (("flops_per_layer", model.flops_per_layer),
-                           ("flops_per_layer_bwd", model.flops_per_layer_bwd + recompute)):
+    for name, expected in (
+        ("flops_per_layer", model.flops_per_layer),
+        ("flops_per_layer_bwd", model.flops_per_layer_bwd + recompute),
+    ):
         if abs(m[name] - expected) > FLOP_TOLERANCE * expected:
             problems.append(f"{name}: trace {m[name]:.4g} model {expected:.4g}")
     gap = activation_gap(measured.activation_bytes_per_layer, model.activation_bytes_per_layer)
@@ -355,10 +377,14 @@ def trace_compared(
 # ---- command line ------------------------------------------------------------------------
 def add_args(parser: argparse.ArgumentParser) -> None:
     """trace's own options (the model/plan options come from `add_plan_args`)."""
-    parser.add_argument("--compare", action="store_true",
-                        help="check against the analytic model; exit 1 on any mismatch")
-    parser.add_argument("--json", metavar="PATH|-",
-                        help="write the records as a JSON list ('-': stdout only)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="check against the analytic model; exit 1 on any mismatch",
+    )
+    parser.add_argument(
+        "--json", metavar="PATH|-", help="write the records as a JSON list ('-': stdout only)"
+    )
 
 
 def run(ns: argparse.Namespace, sweep: dict) -> int:
@@ -373,8 +399,11 @@ def run(ns: argparse.Namespace, sweep: dict) -> int:
             for strategy in strategies:
                 args = perfmodel.model_args(flavor, arch, strategy)
                 plan = perfmodel.Plan(strategy=strategy, tp=tp, **sweep)
-                records.append(trace_compared(flavor, args, plan, gpus[0]) if ns.compare
-                               else trace(flavor, args, plan))
+                records.append(
+                    trace_compared(flavor, args, plan, gpus[0])
+                    if ns.compare
+                    else trace(flavor, args, plan)
+                )
     if ns.json != "-":
         print(format_traces(records))
     text = json.dumps([r.to_json() for r in records], indent=1)
@@ -390,9 +419,11 @@ def format_traces(records: list[TraceRecord], timing: bool = True) -> str:
     the trace) and what disagrees with the model. `timing`: the trace's own seconds."""
     mib = 2**20
     seconds = f" {'trace s':>7}" if timing else ""
-    lines = [f"{'flavor':>6} {'arch':>8} {'strategy':>8} {'tp':>2} {'coll f/b':>8} "
-             f"{'comm MiB f/b':>15} {'GFLOP fwd':>9} {'act MiB':>8} {'model act MiB':>15} "
-             f"{'params/rank M':>13}{seconds}  model"]
+    lines = [
+        f"{'flavor':>6} {'arch':>8} {'strategy':>8} {'tp':>2} {'coll f/b':>8} "
+        f"{'comm MiB f/b':>15} {'GFLOP fwd':>9} {'act MiB':>8} {'model act MiB':>15} "
+        f"{'params/rank M':>13}{seconds}  model"
+    ]
     for r in records:
         verdict = "-" if r.model_mismatches is None else "; ".join(r.model_mismatches) or "agrees"
         act = "-"
@@ -404,16 +435,21 @@ def format_traces(records: list[TraceRecord], timing: bool = True) -> str:
             f"{r.collectives_per_layer_fwd:>3}/{r.collectives_per_layer_bwd:<4} "
             f"{r.comm_bytes_per_layer_fwd / mib:>7.1f}/{r.comm_bytes_per_layer_bwd / mib:<7.1f} "
             f"{r.flops_per_layer / 1e9:>9.1f} {r.activation_bytes_per_layer / mib:>8.1f} {act:>15} "
-            f"{r.params_per_rank / 1e6:>13.1f}" + (f" {r.trace_s:>7.2f}" if timing else "")
+            f"{r.params_per_rank / 1e6:>13.1f}"
+            + (f" {r.trace_s:>7.2f}" if timing else "")
             + f"  {verdict}"
         )
     gaps: dict[str, float] = {}
     for r in records:
         if r.model_activation_bytes_per_layer is not None:
-            gap = abs(activation_gap(r.activation_bytes_per_layer, r.model_activation_bytes_per_layer))
+            gap = abs(
+                activation_gap(r.activation_bytes_per_layer, r.model_activation_bytes_per_layer)
+            )
             gaps[r.strategy] = max(gaps.get(r.strategy, 0.0), gap)
     if gaps:
         worst = ", ".join(f"{k} {v:.2%}" for k, v in gaps.items())
-        lines.append(f"activation bytes, largest |model - trace| / trace: {worst} "
-                     f"(limit {ACTIVATION_TOLERANCE:.0%})")
+        lines.append(
+            f"activation bytes, largest |model - trace| / trace: {worst} "
+            f"(limit {ACTIVATION_TOLERANCE:.0%})"
+        )
     return "\n".join(lines)

@@ -71,28 +71,49 @@ GEMM_ABLATION = {
     "btp": {"attention": (0.70, 0.16e-3), "mlp": (0.75, 0.50e-3)},
 }
 """Published (GEMM utilisation, time) of one low-rank pair's forward GEMMs, 7B, batch 4."""
-COMM_ABLATION = {"megatron": (256 * 2**20, 2.01e-3), "vanilla": (1328 * 2**20, 9.87e-3), "btp": (224 * 2**20, 1.85e-3)}
+COMM_ABLATION = {
+    "megatron": (256 * 2**20, 2.01e-3),
+    "vanilla": (1328 * 2**20, 9.87e-3),
+    "btp": (224 * 2**20, 1.85e-3),
+}
 """Published (bytes, seconds) of one layer's forward TP communication, 7B, batch 4, TP4."""
 ABLATION_PLAN = {"tp": 4, "seq_len": 4096, "micro_batch": 4}
 
 
 def paper_plan(row: PaperRow, strategy: str, ac: str = "none") -> pm.Plan:
-    return pm.Plan(strategy=strategy, tp=row.tp, pp=row.pp, seq_len=4096, micro_batch=row.micro_batch,
-                   microbatches=row.microbatches, ac=ac)
+    return pm.Plan(
+        strategy=strategy,
+        tp=row.tp,
+        pp=row.pp,
+        seq_len=4096,
+        micro_batch=row.micro_batch,
+        microbatches=row.microbatches,
+        ac=ac,
+    )
 
 
 def validation_rows(gpu: str = PAPER_GPU, ac: str = "none") -> list[ValidationRow]:
     """The model's seconds per iteration next to the published ones, in the paper's setup."""
     rows = []
     for row in PAPER_ROWS:
-        records = {s: pm.evaluate(row.flavor, pm.model_args(row.flavor, "cola", s), paper_plan(row, s, ac), [gpu])
-                   for s in row.seconds}
-        rows.append(ValidationRow(
-            flavor=row.flavor, tp=row.tp, pp=row.pp, micro_batch=row.micro_batch,
-            microbatches=row.microbatches, paper_s=dict(row.seconds),
-            predicted_s={s: r.predicted_step_s[gpu] for s, r in records.items()},
-            predicted_breakdown_s={s: r.time_breakdown_s[gpu] for s, r in records.items()},
-        ))
+        records = {
+            s: pm.evaluate(
+                row.flavor, pm.model_args(row.flavor, "cola", s), paper_plan(row, s, ac), [gpu]
+            )
+            for s in row.seconds
+        }
+        rows.append(
+            ValidationRow(
+                flavor=row.flavor,
+                tp=row.tp,
+                pp=row.pp,
+                micro_batch=row.micro_batch,
+                microbatches=row.microbatches,
+                paper_s=dict(row.seconds),
+                predicted_s={s: r.predicted_step_s[gpu] for s, r in records.items()},
+                predicted_breakdown_s={s: r.time_breakdown_s[gpu] for s, r in records.items()},
+            )
+        )
     return rows
 
 
@@ -100,7 +121,12 @@ def low_rank_pair(strategy: str, part: str, flavor: str = "7B") -> list[Gemm]:
     """The authors' GEMM benchmark: one low-rank pair's forward on one of TP4's GPUs,
     batch 4 x seq 4096 tokens; attention d -> r -> d, MLP d -> r -> d_ff."""
     args = pm.model_args(flavor, "cola", strategy)
-    tokens, tp, d, r = ABLATION_PLAN["micro_batch"] * ABLATION_PLAN["seq_len"], ABLATION_PLAN["tp"], args.dim, args.effective_rank
+    tokens, tp, d, r = (
+        ABLATION_PLAN["micro_batch"] * ABLATION_PLAN["seq_len"],
+        ABLATION_PLAN["tp"],
+        args.dim,
+        args.effective_rank,
+    )
     d_out = d if part == "attention" else args.ffn_dim
     if strategy == "vanilla":
         return [Gemm("A", tokens, r // tp, d), Gemm("B", tokens, d_out, r // tp)]
@@ -114,8 +140,17 @@ def gemm_ablation(gpu: str = PAPER_GPU) -> list[GemmAblationRow]:
             gemms = low_rank_pair(strategy, part)
             seconds = sum(costs.gemm_time(g, "bf16", 2, profile) for g in gemms)
             flops = sum(g.flops for g in gemms)
-            rows.append(GemmAblationRow(strategy, part, flops, flops / (seconds * profile.peak_flops["bf16"]),
-                                        seconds, paper_util, paper_s))
+            rows.append(
+                GemmAblationRow(
+                    strategy,
+                    part,
+                    flops,
+                    flops / (seconds * profile.peak_flops["bf16"]),
+                    seconds,
+                    paper_util,
+                    paper_s,
+                )
+            )
     return rows
 
 
@@ -126,12 +161,18 @@ def comm_ablation(gpu: str = PAPER_GPU) -> list[CommAblationRow]:
         plan = pm.Plan(strategy=strategy, **ABLATION_PLAN)
         fwd, _ = pm.layer_collectives(pm.model_args("7B", "cola", strategy), plan)
         nbytes = [c.bytes(plan.tokens, plan.dtype_bytes) for c in fwd]
-        seconds = sum(costs.collective_time(c.kind, n, plan.tp, profile) for c, n in zip(fwd, nbytes))
+        seconds = sum(
+            costs.collective_time(c.kind, n, plan.tp, profile)
+            for c, n in zip(fwd, nbytes, strict=True)
+        )
         rows.append(CommAblationRow(strategy, len(fwd), sum(nbytes), seconds, paper_bytes, paper_s))
     return rows
 
 
-SWITCHES = {"grouping on vs off": {"group_linears": False}, "online vs sync RMSNorm": {"rmsnorm": "sync"}}
+SWITCHES = {
+    "grouping on vs off": {"group_linears": False},
+    "online vs sync RMSNorm": {"rmsnorm": "sync"},
+}
 
 
 def switch_rows(gpu: str = PAPER_GPU) -> list[SwitchRow]:
@@ -143,8 +184,14 @@ def switch_rows(gpu: str = PAPER_GPU) -> list[SwitchRow]:
         base = pm.evaluate(row.flavor, args, default, [gpu]).predicted_step_s[gpu]
         for switch, change in SWITCHES.items():
             flipped = pm.evaluate(row.flavor, args, dataclasses.replace(default, **change), [gpu])
-            rows.append(SwitchRow(config_name(row.flavor, row.tp, row.pp), switch, base,
-                                  flipped.predicted_step_s[gpu]))
+            rows.append(
+                SwitchRow(
+                    config_name(row.flavor, row.tp, row.pp),
+                    switch,
+                    base,
+                    flipped.predicted_step_s[gpu],
+                )
+            )
     return rows
 
 
@@ -155,30 +202,68 @@ def constant_rows(gpu: str = PAPER_GPU) -> list[ConstantRow]:
     e = costs.mainloop_efficiency(p)
     m, n, k = p.mamf_shape
     rows = [
-        ConstantRow(" / ".join(p.peak_flops) + " peak", " / ".join(
-            f"{flops / 1e12:g}" for flops in p.peak_flops.values()) + " TFLOP/s", "datasheet"),
-        ConstantRow("max achievable bf16 matmul", f"{p.mamf_flops / 1e12:g} TFLOP/s at {m}x{n}x{k}", "[MAMF]"),
+        ConstantRow(
+            " / ".join(p.peak_flops) + " peak",
+            " / ".join(f"{flops / 1e12:g}" for flops in p.peak_flops.values()) + " TFLOP/s",
+            "datasheet",
+        ),
+        ConstantRow(
+            "max achievable bf16 matmul",
+            f"{p.mamf_flops / 1e12:g} TFLOP/s at {m}x{n}x{k}",
+            "[MAMF]",
+        ),
         ConstantRow("SMs", str(p.sm_count), "datasheet"),
         ConstantRow("GEMM tiles", ", ".join(f"{a}x{b}" for a, b in GEMM_TILES), "[GEMM]"),
         ConstantRow("GEMM epilogue overlapped", str(p.epilogue_overlapped), "[GEMM] / [CUTL]"),
-        ConstantRow("-> GEMM main loop", f"{e:.3f} of peak", "derived: reproduces [MAMF] at its shape"),
-        ConstantRow("-> epilogue cost", f"{costs.epilogue_k(p, 'bf16', 2, e):.0f} steps of k (bf16)",
-                    "derived: b * peak * main loop / (2 * sustained HBM)"),
-        ConstantRow("HBM bandwidth", f"{p.hbm_bw / 1e12:g} TB/s x {p.hbm_efficiency:.3f} sustained", "datasheet, [COPY]"),
-        ConstantRow("flash attention fwd / bwd", f"{p.attention_fwd_efficiency:g} / {p.attention_bwd_efficiency:g} of peak",
-                    "[FA2] / [FA3]"),
+        ConstantRow(
+            "-> GEMM main loop", f"{e:.3f} of peak", "derived: reproduces [MAMF] at its shape"
+        ),
+        ConstantRow(
+            "-> epilogue cost",
+            f"{costs.epilogue_k(p, 'bf16', 2, e):.0f} steps of k (bf16)",
+            "derived: b * peak * main loop / (2 * sustained HBM)",
+        ),
+        ConstantRow(
+            "HBM bandwidth",
+            f"{p.hbm_bw / 1e12:g} TB/s x {p.hbm_efficiency:.3f} sustained",
+            "datasheet, [COPY]",
+        ),
+        ConstantRow(
+            "flash attention fwd / bwd",
+            f"{p.attention_fwd_efficiency:g} / {p.attention_bwd_efficiency:g} of peak",
+            "[FA2] / [FA3]",
+        ),
         ConstantRow("kernel launch", f"{p.launch_s * 1e6:g} us", "[GRAPH]"),
-        ConstantRow("NVLink", f"{p.nvlink_links} links x {p.nvlink_link_bw / 1e9:g} GB/s, cap {p.nccl_bus_cap / 1e9:g} GB/s, "
-                    f"{p.gpus_per_node} GPUs per node, " + ("NVSwitch" if p.nvswitch else "no switch"),
-                    "[HGX], [NCCL]" + (", [BOOST]" if gpu == PAPER_GPU else "")),
-        ConstantRow("-> bus bandwidth TP2 / TP4 / TP8", " / ".join(
-            f"{p.bus_bw(t) / 1e9:g}" if t <= p.gpus_per_node else "-" for t in (2, 4, 8)) + " GB/s", "derived"),
-        ConstantRow("ring latency Simple / LL", f"{NCCL.base_s * 1e6:g} + {NCCL.hop_s * 1e6:g} / "
-                    f"{NCCL.ll_base_s * 1e6:g} + {NCCL.ll_hop_s * 1e6:g} us per step, LL at "
-                    f"{NCCL.ll_bandwidth_fraction:g} of the bandwidth", "[NCCL]"),
-        ConstantRow("inter-node", f"{p.net_bw / 1e9:g} GB/s per GPU, + {NCCL.net_hop_s * 1e6:g} us", "[NCCL]"),
-        ConstantRow("AdamW + clipping", f"{pm.ADAMW_BYTES_PER_PARAM['bf16']} + "
-                    f"{pm.CLIP_GRAD_PASSES} x grad bytes per parameter", "counted"),
+        ConstantRow(
+            "NVLink",
+            f"{p.nvlink_links} links x {p.nvlink_link_bw / 1e9:g} GB/s, cap {p.nccl_bus_cap / 1e9:g} GB/s, "
+            f"{p.gpus_per_node} GPUs per node, " + ("NVSwitch" if p.nvswitch else "no switch"),
+            "[HGX], [NCCL]" + (", [BOOST]" if gpu == PAPER_GPU else ""),
+        ),
+        ConstantRow(
+            "-> bus bandwidth TP2 / TP4 / TP8",
+            " / ".join(f"{p.bus_bw(t) / 1e9:g}" if t <= p.gpus_per_node else "-" for t in (2, 4, 8))
+            + " GB/s",
+            "derived",
+        ),
+        ConstantRow(
+            "ring latency Simple / LL",
+            f"{NCCL.base_s * 1e6:g} + {NCCL.hop_s * 1e6:g} / "
+            f"{NCCL.ll_base_s * 1e6:g} + {NCCL.ll_hop_s * 1e6:g} us per step, LL at "
+            f"{NCCL.ll_bandwidth_fraction:g} of the bandwidth",
+            "[NCCL]",
+        ),
+        ConstantRow(
+            "inter-node",
+            f"{p.net_bw / 1e9:g} GB/s per GPU, + {NCCL.net_hop_s * 1e6:g} us",
+            "[NCCL]",
+        ),
+        ConstantRow(
+            "AdamW + clipping",
+            f"{pm.ADAMW_BYTES_PER_PARAM['bf16']} + "
+            f"{pm.CLIP_GRAD_PASSES} x grad bytes per parameter",
+            "counted",
+        ),
     ]
     return rows
 

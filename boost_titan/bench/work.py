@@ -36,7 +36,10 @@ class Gemm:
         return dx, Gemm(f"{self.name}.dW", self.k, self.n, self.m)
 
     def to_json(self, dtype_bytes: int) -> dict:
-        return dataclasses.asdict(self) | {"flops": self.flops, "intensity": self.intensity(dtype_bytes)}
+        return dataclasses.asdict(self) | {
+            "flops": self.flops,
+            "intensity": self.intensity(dtype_bytes),
+        }
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,11 @@ class Collective:
         return tokens * self.elements_per_token * dtype_bytes
 
     def to_json(self, tokens: int, dtype_bytes: int) -> dict:
-        entry = {"kind": self.kind, "name": self.name, "elements_per_token": self.elements_per_token}
+        entry = {
+            "kind": self.kind,
+            "name": self.name,
+            "elements_per_token": self.elements_per_token,
+        }
         return entry | {"bytes": self.bytes(tokens, dtype_bytes), "behind": list(self.behind)}
 
 

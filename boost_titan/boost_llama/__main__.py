@@ -1,13 +1,15 @@
 """Print the flavor table: shapes and parameter counts, full-rank vs low-rank.
 
-    python -m boost_titan.boost_llama
+python -m boost_titan.boost_llama
 """
 
 from .shapes import FLAVORS, flavor_shape, param_count
 
 
 def main() -> None:
-    print("| flavor | layers | heads | d | d_ff | r | full-rank params | CoLA/SVD params | ratio | LaX params |")
+    print(
+        "| flavor | layers | heads | d | d_ff | r | full-rank params | CoLA/SVD params | ratio | LaX params |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in FLAVORS:
         vocab = FLAVORS[name].vocab_size or 4096  # debug: the default tokenizer's vocab

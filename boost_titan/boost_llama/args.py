@@ -33,7 +33,9 @@ class BoostModelArgs(ModelShape, BaseModelArgs):
         self.arch = boost.arch
         self.lax_base = boost.lax_base
         if boost.rank < 0:
-            raise ConfigError(f"[boost] rank {boost.rank} is negative; use 0 for the flavor default")
+            raise ConfigError(
+                f"[boost] rank {boost.rank} is negative; use 0 for the flavor default"
+            )
         if boost.rank:
             self.rank = boost.rank
         seq_len = job_config.training.seq_len

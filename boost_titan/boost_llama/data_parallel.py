@@ -70,7 +70,9 @@ def apply_data_parallel(
     if parallel_dims.fsdp_enabled:
         return
     if replicate:
-        logger.info("Applied HSDP with a 1-rank shard dim for mixed precision (gradients "
-                    f"all-reduced in {training.mixed_precision_reduce} over dp_replicate)")
+        logger.info(
+            "Applied HSDP with a 1-rank shard dim for mixed precision (gradients "
+            f"all-reduced in {training.mixed_precision_reduce} over dp_replicate)"
+        )
     else:
         logger.info("Applied FSDP2 on a 1-rank mesh for mixed precision (no collective)")

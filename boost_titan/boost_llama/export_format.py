@@ -28,15 +28,21 @@ def config_of(args: ModelShape, dtype: torch.dtype) -> dict[str, Any]:
     if args.arch == "lax":
         config["lax_base"] = args.lax_base
     config.update(
-        dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads, n_kv_heads=args.kv_heads,
+        dim=args.dim,
+        n_layers=args.n_layers,
+        n_heads=args.n_heads,
+        n_kv_heads=args.kv_heads,
         ffn_dim=args.ffn_dim,
-    )  # fmt: skip
+    )
     if args.low_rank:
         config["rank"] = args.effective_rank
     config.update(
-        vocab_size=args.vocab_size, norm_eps=args.norm_eps, rope_theta=args.rope_theta,
-        max_seq_len=args.max_seq_len, dtype=str(dtype).removeprefix("torch."),
-    )  # fmt: skip
+        vocab_size=args.vocab_size,
+        norm_eps=args.norm_eps,
+        rope_theta=args.rope_theta,
+        max_seq_len=args.max_seq_len,
+        dtype=str(dtype).removeprefix("torch."),
+    )
     return config
 
 
@@ -46,20 +52,37 @@ def args_of(config: dict[str, Any], source: str = CONFIG) -> ModelShape:
         raise ConfigError(
             f"{source} is not a {MODEL_NAME} export; export with python -m boost_titan.export"
         )
-    for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rank", "vocab_size",
-                 "max_seq_len", "norm_eps", "rope_theta"):  # fmt: skip
+    for name in (
+        "dim",
+        "n_layers",
+        "n_heads",
+        "n_kv_heads",
+        "ffn_dim",
+        "rank",
+        "vocab_size",
+        "max_seq_len",
+        "norm_eps",
+        "rope_theta",
+    ):
         value = config.get(name, 1)
         kind = float if name in ("norm_eps", "rope_theta") else int
         if isinstance(value, bool) or not isinstance(value, (int, kind)) or value <= 0:
             raise ConfigError(f"{source} has {name} {value!r}, not a positive number; export again")
     try:
         args = ModelShape(
-            arch=config["arch"], lax_base=config.get("lax_base", "cola"), dim=config["dim"],
-            n_layers=config["n_layers"], n_heads=config["n_heads"], n_kv_heads=config["n_kv_heads"],
-            ffn_dim=config["ffn_dim"], rank=config.get("rank", 0), vocab_size=config["vocab_size"],
-            norm_eps=config["norm_eps"], rope_theta=config["rope_theta"],
+            arch=config["arch"],
+            lax_base=config.get("lax_base", "cola"),
+            dim=config["dim"],
+            n_layers=config["n_layers"],
+            n_heads=config["n_heads"],
+            n_kv_heads=config["n_kv_heads"],
+            ffn_dim=config["ffn_dim"],
+            rank=config.get("rank", 0),
+            vocab_size=config["vocab_size"],
+            norm_eps=config["norm_eps"],
+            rope_theta=config["rope_theta"],
             max_seq_len=config["max_seq_len"],
-        )  # fmt: skip
+        )
     except KeyError as e:
         raise ConfigError(f"{source} lacks {e.args[0]!r}; export the checkpoint again") from None
     args.validate()
@@ -81,5 +104,7 @@ def first_shape_mismatch(
     expected: dict[str, tuple[int, ...]], stored: dict[str, tuple[int, ...]]
 ) -> str | None:
     """The first key (sorted) missing from one side or with another shape; None if equal."""
-    return next((k for k in sorted(expected.keys() | stored.keys())
-                 if expected.get(k) != stored.get(k)), None)
+    return next(
+        (k for k in sorted(expected.keys() | stored.keys()) if expected.get(k) != stored.get(k)),
+        None,
+    )

@@ -45,7 +45,9 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         apply_plan(model, parallel_dims.get_mesh("tp"), plan, overlap_chunks=boost.overlap_chunks)
         details = f", {boost.rmsnorm} RMSNorm" * (strategy == "btp")
         details += f", grouping {boost.group_linears}"
-        details += f", all-reduces in {boost.overlap_chunks} overlapped blocks" * (boost.overlap_chunks > 1)
+        details += f", all-reduces in {boost.overlap_chunks} overlapped blocks" * (
+            boost.overlap_chunks > 1
+        )
         logger.info(f"Applied {strategy} tensor parallelism (TP={parallel_dims.tp}{details})")
     apply_job_float8(model, job_config)  # on the plan's per-rank GEMMs, before AC and compile
 
@@ -74,4 +76,3 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
 
     apply_data_parallel(model, parallel_dims, job_config, compile_model)
     return model
-

@@ -97,6 +97,7 @@ class ModelShape:
                 f"use 1..{self.dim} (or 0 for the default d/4 = {self.dim // 4})"
             )
 
+
 # ---- closed-form sizes ------------------------------------------------------------
 def projection_params(args: ModelShape, name: str, layer_id: int) -> int:
     """Parameters of one projection: d_in*d_out (full) or r*(d_in+d_out) (+ LaX gate/norm)."""
@@ -123,9 +124,7 @@ PAPER_VOCAB = 32000
 
 
 def _flavor(dim: int, n_layers: int, n_heads: int, ffn_dim: int, **kw) -> ModelShape:
-    return ModelShape(
-        dim=dim, n_layers=n_layers, n_heads=n_heads, ffn_dim=ffn_dim, **kw
-    )
+    return ModelShape(dim=dim, n_layers=n_layers, n_heads=n_heads, ffn_dim=ffn_dim, **kw)
 
 
 FLAVORS: dict[str, ModelShape] = {
@@ -147,7 +146,5 @@ FLAVORS: dict[str, ModelShape] = {
 def flavor_shape(flavor: str, **overrides) -> ModelShape:
     """A fresh copy of a flavor's shape with `overrides` applied."""
     if flavor not in FLAVORS:
-        raise ConfigError(
-            f"unknown model.flavor {flavor!r}; choose one of {', '.join(FLAVORS)}"
-        )
+        raise ConfigError(f"unknown model.flavor {flavor!r}; choose one of {', '.join(FLAVORS)}")
     return dataclasses.replace(FLAVORS[flavor], **overrides)

@@ -37,8 +37,13 @@ def _compared(args: ModelShape) -> dict[str, Any]:
     fields = {"arch": args.arch}
     if args.arch == "lax":
         fields["lax_base"] = args.lax_base
-    fields.update(dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
-                  n_kv_heads=args.kv_heads, ffn_dim=args.ffn_dim)  # fmt: skip
+    fields.update(
+        dim=args.dim,
+        n_layers=args.n_layers,
+        n_heads=args.n_heads,
+        n_kv_heads=args.kv_heads,
+        ffn_dim=args.ffn_dim,
+    )
     if args.low_rank:
         fields["rank"] = args.effective_rank
     fields.update(vocab_size=args.vocab_size, norm_eps=args.norm_eps, rope_theta=args.rope_theta)
@@ -50,7 +55,9 @@ def _fix(name: str, exported: ModelShape) -> str:
     if name in _FIX:
         return _FIX[name].format(getattr(exported, name))
     sizes = ("dim", "n_layers", "n_heads", "ffn_dim", "norm_eps", "rope_theta")
-    same = [f for f, a in FLAVORS.items() if all(getattr(a, n) == getattr(exported, n) for n in sizes)]
+    same = [
+        f for f, a in FLAVORS.items() if all(getattr(a, n) == getattr(exported, n) for n in sizes)
+    ]
     return f"--model.flavor {same[0]}" if same else "a model.flavor of the export's sizes"
 
 
@@ -72,9 +79,7 @@ def check_export_files(path: str, option: str = "checkpoint.initial_load_path") 
             )
 
 
-def check_export(
-    path: str, args: ModelShape, option: str = "checkpoint.initial_load_path"
-) -> None:
+def check_export(path: str, args: ModelShape, option: str = "checkpoint.initial_load_path") -> None:
     """Raise ConfigError unless the export at `path` holds exactly the model `args` builds
     (errors name `path` as the value of `option`)."""
     from safetensors import safe_open
@@ -135,5 +140,3 @@ class BoostStateDictAdapter(BaseStateDictAdapter):
             )
         check_export(path, self.model_args)
         return HuggingFaceStorageReader(path)
-
-

@@ -46,12 +46,27 @@ _HEADS = ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
-        Strategy("megatron", False, _HEADS, "megatron_plan",
-                 "full-rank Megatron TP (column q/k/v/gate/up, row o/down)"),
-        Strategy("vanilla", True, (*_HEADS, "rank"), "vanilla_plan",
-                 "naive low-rank TP (A column along r, B row)"),
-        Strategy("btp", True, (*_HEADS, "dim"), "btp_plan",
-                 "bottleneck-aware TP (A row + all-reduce at r, B column)"),
+        Strategy(
+            "megatron",
+            False,
+            _HEADS,
+            "megatron_plan",
+            "full-rank Megatron TP (column q/k/v/gate/up, row o/down)",
+        ),
+        Strategy(
+            "vanilla",
+            True,
+            (*_HEADS, "rank"),
+            "vanilla_plan",
+            "naive low-rank TP (A column along r, B row)",
+        ),
+        Strategy(
+            "btp",
+            True,
+            (*_HEADS, "dim"),
+            "btp_plan",
+            "bottleneck-aware TP (A row + all-reduce at r, B column)",
+        ),
     )
 }
 """Baseline first: megatron, vanilla, btp."""
@@ -62,8 +77,14 @@ AUTO = "auto"
 
 def sizes(args: ModelShape) -> dict[str, int]:
     """The model's sizes a strategy may shard, by their [boost] / flavor names."""
-    return {"dim": args.dim, "n_heads": args.n_heads, "n_kv_heads": args.kv_heads,
-            "ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size, "rank": args.effective_rank}
+    return {
+        "dim": args.dim,
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.kv_heads,
+        "ffn_dim": args.ffn_dim,
+        "vocab_size": args.vocab_size,
+        "rank": args.effective_rank,
+    }
 
 
 def strategy_names(*, auto: bool = False) -> tuple[str, ...]:

@@ -74,7 +74,9 @@ def load_toml(path: str) -> dict[str, Any]:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} not found; pass an existing --job.config_file") from None
+        raise ConfigError(
+            f"config file {path} not found; pass an existing --job.config_file"
+        ) from None
     except IsADirectoryError:
         raise ConfigError(f"config file {path} is a directory; pass a .toml file") from None
     except tomllib.TOMLDecodeError as e:

@@ -14,13 +14,13 @@ file, validation (`stdlib_validation`) reads only those.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict
 import functools
 import hashlib
 import os
 import random
 import sysconfig
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -111,23 +111,25 @@ def local_files(path: str, field: str = "training.dataset_path") -> list[Path]:
     p = Path(path).expanduser()
     if not p.exists():
         raise ConfigError(
-            f"{field} {path} does not exist; "
-            f"point it at a {_SUFFIXES} file or a directory of them"
+            f"{field} {path} does not exist; point it at a {_SUFFIXES} file or a directory of them"
         )
     if p.is_file() and p.suffix.lower() not in BUILDERS:
         raise ConfigError(
-            f"{field} {path} has unsupported extension {p.suffix!r}; "
-            f"use a {_SUFFIXES} file"
+            f"{field} {path} has unsupported extension {p.suffix!r}; use a {_SUFFIXES} file"
         )
-    found = [p] if p.is_file() else sorted(
-        f for f in p.rglob("*")
-        if f.is_file() and f.suffix.lower() in BUILDERS and not f.name.startswith(".")
+    found = (
+        [p]
+        if p.is_file()
+        else sorted(
+            f
+            for f in p.rglob("*")
+            if f.is_file() and f.suffix.lower() in BUILDERS and not f.name.startswith(".")
+        )
     )
     files = [f for f in found if f.stat().st_size > 0]
     if not files:
         raise ConfigError(
-            f"{field} {path} holds no documents (no non-empty {_SUFFIXES} file); "
-            "add some text"
+            f"{field} {path} holds no documents (no non-empty {_SUFFIXES} file); add some text"
         )
     return files
 
@@ -233,6 +235,9 @@ def build_dataloader(
     stream = HuggingFaceTextDataset(name, path, tokenizer, training.seq_len, infinite=True)
     rows = GlobalOrderRows(stream, dp_rank, dp_world_size, training.local_batch_size)
     return ParallelAwareDataloader(
-        rows, dp_rank=dp_rank, dp_world_size=dp_world_size,
-        **asdict(training.dataloader), batch_size=training.local_batch_size,
-    )  # fmt: skip
+        rows,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        **asdict(training.dataloader),
+        batch_size=training.local_batch_size,
+    )

@@ -46,7 +46,8 @@ def probe_text(path: Path, size: int) -> None:
         codecs.getincrementaldecoder("utf-8")().decode(data, final=whole)
     except UnicodeDecodeError as e:
         raise _fail(
-            path, f"is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})",
+            path,
+            f"is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})",
             "convert it to UTF-8 or remove it",
         ) from None
 
@@ -56,15 +57,24 @@ def _check_documents(path: Path, records: list[tuple[str, Any]]) -> None:
     one has a "text"."""
     for where, record in records:
         if not isinstance(record, dict):
-            raise _fail(path, f"{where} is a JSON {type(record).__name__}, not an object",
-                        'store one {"text": ...} object per document')  # fmt: skip
+            raise _fail(
+                path,
+                f"{where} is a JSON {type(record).__name__}, not an object",
+                'store one {"text": ...} object per document',
+            )
         text = record.get("text")
         if text is not None and not isinstance(text, str):
-            raise _fail(path, f'{where} has a "text" of type {type(text).__name__}',
-                        "store each document as a string")  # fmt: skip
+            raise _fail(
+                path,
+                f'{where} has a "text" of type {type(text).__name__}',
+                "store each document as a string",
+            )
     if records and not any(isinstance(record.get("text"), str) for _, record in records):
-        raise _fail(path, f'has no "text" field in its first {len(records)} records',
-                    'store each document as "text"')  # fmt: skip
+        raise _fail(
+            path,
+            f'has no "text" field in its first {len(records)} records',
+            'store each document as "text"',
+        )
 
 
 def probe_json(path: Path, size: int) -> None:
@@ -109,11 +119,15 @@ def probe_parquet(path: Path, size: int) -> None:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise _fail(path, f"is not a readable parquet file ({reason})") from None
     if field is None:
-        raise _fail(path, f'has no "text" column (found {parquet.schema_arrow.names})',
-                    'store each document in a "text" column')  # fmt: skip
+        raise _fail(
+            path,
+            f'has no "text" column (found {parquet.schema_arrow.names})',
+            'store each document in a "text" column',
+        )
     if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
-        raise _fail(path, f'has a "text" column of type {field.type}',
-                    "store each document as a string")  # fmt: skip
+        raise _fail(
+            path, f'has a "text" column of type {field.type}', "store each document as a string"
+        )
 
 
 PROBES = {"json": probe_json, "parquet": probe_parquet, "text": probe_text}

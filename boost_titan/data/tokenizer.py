@@ -52,7 +52,9 @@ LLAMA3_PATTERN = (
 _MAX_RUN = 25_000
 _LONG_RUN = re.compile(r"\s{%d,}|\S{%d,}" % (_MAX_RUN, _MAX_RUN))
 """tiktoken's regex overflows its backtracking stack on longer runs of (non-)whitespace."""
-_HINT = "give a dir with tokenizer.json or a tiktoken tokenizer.model, a *.tiktoken file, or 'default'"
+_HINT = (
+    "give a dir with tokenizer.json or a tiktoken tokenizer.model, a *.tiktoken file, or 'default'"
+)
 
 
 # ---- default tokenizer: trained once, cached ----------------------------------------
@@ -103,8 +105,12 @@ def prepare_default_assets() -> Path:
         ) from e
     try:
         train_default_tokenizer().save(str(tmp / "tokenizer.json"))
-        config = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN,
-                  "add_bos_token": True, "add_eos_token": True}
+        config = {
+            "bos_token": BOS_TOKEN,
+            "eos_token": EOS_TOKEN,
+            "add_bos_token": True,
+            "add_eos_token": True,
+        }
         (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
         os.rename(tmp, target)
     except OSError as e:
@@ -146,7 +152,7 @@ def _cut_long_runs(text: str) -> list[str]:
         for i in range(run.start() + _MAX_RUN, run.end(), _MAX_RUN)
     ]
     bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=True)]
 
 
 class TiktokenTokenizer(BaseTokenizer):
@@ -191,7 +197,9 @@ class DefaultAssetsWarningFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not any(message == f"HF assets path {path} does not exist!" for path in DEFAULT_ASSETS)
+        return not any(
+            message == f"HF assets path {path} does not exist!" for path in DEFAULT_ASSETS
+        )
 
 
 # ---- selection ----------------------------------------------------------------------
@@ -234,7 +242,7 @@ def build_tokenizer(job_config: JobConfig) -> BaseTokenizer:
     return load_tokenizer(job_config.model.hf_assets_path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _vocab_size(assets: str) -> int:
     if locate_tokenizer(assets)[0] == "default":
         return DEFAULT_VOCAB_SIZE  # known without training it

@@ -173,8 +173,10 @@ def main(steps: int = 10) -> dict:
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
     if rank == 0:
-        print(f"TP={world}: verify passed; all-reduces per block: {forward} forward, "
-              f"{backward} backward")
+        print(
+            f"TP={world}: verify passed; all-reduces per block: {forward} forward, "
+            f"{backward} backward"
+        )
         print("loss: " + " ".join(f"{x:.3f}" for x in losses))
     return {"forward": forward, "backward": backward, "losses": losses}
 

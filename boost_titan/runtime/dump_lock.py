@@ -33,8 +33,11 @@ class DumpFolderLock:
         """Take the lock and record this process in it, or raise ConfigError naming the
         job that holds it."""
         fd = self._locked_fd()
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         self._fd = fd

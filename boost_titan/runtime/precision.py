@@ -47,12 +47,16 @@ class Precision:
                 return "fp32"
             if self.reduce == "float32":
                 return f"{NAMES[self.compute]} compute, fp32 master weights and gradient reductions"
-            return (f"{NAMES[self.compute]} compute, fp32 master weights, "
-                    f"{NAMES[self.reduce]} gradient reductions")
+            return (
+                f"{NAMES[self.compute]} compute, fp32 master weights, "
+                f"{NAMES[self.reduce]} gradient reductions"
+            )
         upcast = fsdp and self.compute != self.weights
         compute = f", {NAMES[self.compute]} compute" if upcast else ""
-        return (f"{NAMES[self.weights]} weights, gradients and optimizer state "
-                f"(training.dtype, no fp32 master copy){compute}")
+        return (
+            f"{NAMES[self.weights]} weights, gradients and optimizer state "
+            f"(training.dtype, no fp32 master copy){compute}"
+        )
 
 
 def no_autocast(*_args, **_kwargs) -> contextlib.AbstractContextManager[None]:

@@ -63,7 +63,7 @@ class Fault:
         self.step, self.point = step, point
 
     @classmethod
-    def from_env(cls, rank: int, world_size: int, env=os.environ) -> "Fault | None":
+    def from_env(cls, rank: int, world_size: int, env=os.environ) -> Fault | None:
         """The fault this rank must inject in this attempt, if any; installs the save hook."""
         if not env.get("BOOST_TITAN_FAULT_STEP"):
             return None

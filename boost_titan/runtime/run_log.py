@@ -68,10 +68,14 @@ class RunLog:
         self.validations.append((step, loss, tokens))
         self.validation_seconds += seconds
         self._pending_pause += seconds  # training time only if another step follows
-        self._append({
-            "step": step, "validation_loss": loss, "validation_perplexity": perplexity(loss),
-            "validation_tokens": tokens,
-        })  # fmt: skip
+        self._append(
+            {
+                "step": step,
+                "validation_loss": loss,
+                "validation_perplexity": perplexity(loss),
+                "validation_tokens": tokens,
+            }
+        )
 
     def _append(self, row: dict) -> None:
         if self.path is not None:
@@ -97,7 +101,8 @@ class RunLog:
         if not self.validations:
             return None
         (first_step, first_loss, _), (last_step, last_loss, tokens) = (
-            self.validations[0], self.validations[-1]
+            self.validations[0],
+            self.validations[-1],
         )
         change = f"{first_loss:.4f} (step {first_step}) -> " * (len(self.validations) > 1)
         runs = len(self.validations)

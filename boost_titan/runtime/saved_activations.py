@@ -184,7 +184,7 @@ class PeakSavedActivations:
         try:
             yield self
         finally:
-            for (owner, name), method in zip(self.calls, previous):
+            for (owner, name), method in zip(self.calls, previous, strict=True):
                 if method is None:
                     delattr(owner, name)  # the class's method again
                 else:

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -136,7 +137,9 @@ class BoostTrainer(Trainer):
                 loss = loss * global_valid_tokens
         detached = loss.detach()
         # Under loss parallel the loss is a replicated DTensor.
-        self.step_losses.append(detached.full_tensor() if isinstance(detached, DTensor) else detached)
+        self.step_losses.append(
+            detached.full_tensor() if isinstance(detached, DTensor) else detached
+        )
         return loss
 
     def clip_grad_norm_(self, parameters, max_norm, **kwargs) -> torch.Tensor:
@@ -165,7 +168,9 @@ class BoostTrainer(Trainer):
         loss = self.global_step_loss()
         if not math.isfinite(loss):
             kept = latest_checkpoint(self.checkpointer.folder) if self.checkpointer.enable else None
-            resume = f"rerun to resume from {kept}" if kept else "rerun (no checkpoint was saved yet)"
+            resume = (
+                f"rerun to resume from {kept}" if kept else "rerun (no checkpoint was saved yet)"
+            )
             raise TrainingDiverged(
                 f"loss became {loss} at step {self.step}; stopped without checkpointing it; "
                 f"lower --optimizer.lr or raise --lr_scheduler.warmup_steps, then {resume}"

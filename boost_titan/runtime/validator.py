@@ -145,9 +145,14 @@ class BoostValidator(BaseValidator):
             return
         validation = job_config.validation
         self.batches = build_validation_batches(
-            data, tokenizer, validation.seq_len, validation.local_batch_size, validation.steps,
-            dp_rank=dp_rank, dp_degree=dp_world_size,
-        )  # fmt: skip
+            data,
+            tokenizer,
+            validation.seq_len,
+            validation.local_batch_size,
+            validation.steps,
+            dp_rank=dp_rank,
+            dp_degree=dp_world_size,
+        )
         logger.info(
             f"Validation on {data.describe()}: {self.batches.tokens:,} tokens in "
             f"{len(self.batches)} batches of {validation.local_batch_size} x {validation.seq_len} "
@@ -161,7 +166,10 @@ class BoostValidator(BaseValidator):
         )
 
     def batch_loss(
-        self, model_parts: list[nn.Module], input_dict: dict[str, torch.Tensor], labels: torch.Tensor
+        self,
+        model_parts: list[nn.Module],
+        input_dict: dict[str, torch.Tensor],
+        labels: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed loss (zero off the last PP stage) and scored tokens of one batch."""
         inputs = input_dict["input"]
