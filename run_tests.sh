@@ -3,5 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/bootstrap_venv.sh
-python -c "import pytest" 2>/dev/null || python -m pip install --quiet pytest
 exec python -m pytest "$@"

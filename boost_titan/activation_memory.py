@@ -5,7 +5,7 @@ transformer block under an activation-checkpointing mode, on fake tensors (so a 
 layer at seq 2048 costs nothing) with a fake process group emulating TP ranks, and counts
 forward/backward FLOPs and backward collectives. `F.rms_norm` keeps what its fused CUDA
 kernel keeps (input and fp32 rstd), not the two fp32 copies of CPU's decomposition
-(`bench.trace.fused_rms_norm_saves`), as in `bench trace`.
+(`bench.measure.trace.fused_rms_norm_saves`), as in `bench trace`.
 
     python -m boost_titan.activation_memory --flavor 1B --seq-len 2048 [--tp 4] [--json]
 """
@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from boost_titan.bench.flops import CPU_SDPA_FLOPS
+from boost_titan.bench.measure.flops import CPU_SDPA_FLOPS
 from boost_titan.boost_llama import (
     FLAVORS,
     BoostModelArgs,
@@ -168,7 +168,7 @@ def measure_layer(
     real ones with `fake=False`, for small shapes)."""
     check_layer_args(args, tp=tp, seq_len=seq_len, strategy=strategy)
     args = dataclasses.replace(args, n_layers=2, vocab_size=args.vocab_size or 128)
-    from boost_titan.bench.trace import default_dtype, fused_rms_norm_saves
+    from boost_titan.bench.measure.trace import default_dtype, fused_rms_norm_saves
 
     tensors = FakeTensorMode() if fake else contextlib.nullcontext()
     with _fake_tp_mesh(tp) as mesh, tensors, default_dtype(dtype), fused_rms_norm_saves():

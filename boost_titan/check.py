@@ -33,7 +33,8 @@ from boost_titan.runtime.precision import Precision
 FINISHED = 4
 """Exit status for a job that has nothing left to train."""
 
-HELP = f"""usage: python -m boost_titan.check [--nproc N] --job.config_file FILE [--section.key VALUE ...]
+HELP = f"""usage: python -m boost_titan.check [--nproc N] --job.config_file FILE
+                                   [--section.key VALUE ...]
 
 Validate a training job before any worker starts: the same arguments as
 `python -m boost_titan.train` (the TOML and its overrides; list them with
@@ -152,7 +153,8 @@ def check_output_folder(folder: str) -> None:
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise ConfigError(
-            f"output folder {folder} is not writable ({reason}); set --job.dump_folder to a writable path"
+            f"output folder {folder} is not writable ({reason}); "
+            "set --job.dump_folder to a writable path"
         ) from None
     finally:
         for path in made:  # deepest first; a folder someone filled meanwhile stays
@@ -361,7 +363,8 @@ def check(args: list[str]) -> str:
     precision = Precision.of(job.training).describe(fsdp=fsdp)
     return (
         f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
-        f"{job.boost.tp_strategy} -> {strategy}) on {world} process{'es' if world > 1 else ''} ({layout}), "
+        f"{job.boost.tp_strategy} -> {strategy}) "
+        f"on {world} process{'es' if world > 1 else ''} ({layout}), "
         f"{precision}, seq_len {job.training.seq_len}, {job.training.steps} steps{start}, "
         f"outputs in {job.job.dump_folder}"
     )

@@ -130,7 +130,8 @@ def run(ns) -> dict[str, Any]:
     source = locate_from(ns)
     if ns.seq_len > source.args.max_seq_len:
         raise ConfigError(
-            f"--seq-len {ns.seq_len} exceeds the model's maximum {source.args.max_seq_len}; lower it"
+            f"--seq-len {ns.seq_len} exceeds the model's maximum "
+            f"{source.args.max_seq_len}; lower it"
         )
     tokenizer = load_tokenizer_for(ns.tokenizer, source.args)
     data = data_at(ns.dataset_path, "--dataset-path")

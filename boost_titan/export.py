@@ -70,7 +70,8 @@ def model_metadata(checkpoint: str) -> dict[str, TensorStorageMetadata]:
         newest = latest_checkpoint(checkpoint) or latest_checkpoint(run_folder)
         hint = f"did you mean {newest}?" if newest else "use a complete step-N folder"
         raise ConfigError(
-            f"--checkpoint {checkpoint} has no DCP .metadata (incomplete or not a checkpoint); {hint}"
+            f"--checkpoint {checkpoint} has no DCP .metadata "
+            f"(incomplete or not a checkpoint); {hint}"
         )
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 

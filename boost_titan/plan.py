@@ -1,7 +1,7 @@
 """Print a TP plan as a table: every module it shards, how, and its collectives.
 
     python -m boost_titan.plan --strategy btp --flavor debug [--arch cola] [--tp 2]
-    python -m boost_titan.plan --model mypkg.models:build --layout mypkg.models:LAYOUT --strategy btp
+    python -m boost_titan.plan --model mypkg.model:build --layout mypkg.model:LAYOUT --strategy btp
 
 With `--flavor`, our `boost_llama` model (built on the meta device: any size is instant);
 with `--model MODULE:FUNCTION` (called without arguments) and `--layout MODULE:NAME`, any

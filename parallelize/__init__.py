@@ -12,7 +12,9 @@ Modules: `plans` (layouts, plan builders, apply), `styles` (single-module styles
 check of how the model uses a group's output), `verify`, `describe`, `norms` (sharded
 RMSNorms, online and sync), `comm` (autograd-aware collectives), `lowrank_ac` (low-rank
 activation checkpointing), `compile_cache` (compile cache keys that name the rank),
-`float8` (which per-rank GEMMs of an applied plan run in float8: `apply_float8`).
+`float8` (which per-rank GEMMs of an applied plan run in float8: `apply_float8`), `debug`
+(`record_collectives`: every collective a piece of code issues, checked against torch's
+`CommDebugMode`).
 """
 
 from .compile_cache import key_compile_caches_by_rank

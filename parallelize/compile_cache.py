@@ -57,14 +57,28 @@ def key_compile_caches_by_rank(*meshes: DeviceMesh) -> str:
     compiled call; calling it again replaces the previous rank part. Returns the tag.
 
     Args:
-        meshes: the device meshes whose collectives or coordinates compiled graphs may use
-            (`apply_plan` passes its TP mesh; a trainer passes all of its meshes).
+        *meshes (DeviceMesh): the device meshes whose collectives or coordinates compiled
+            graphs may use (`apply_plan` passes its TP mesh; a trainer passes all of its
+            meshes).
+
+    Returns:
+        str: the new ``torch.compiler.config.cache_key_tag``: a tag already set by the
+        user, then this rank and, per mesh dimension of more than one rank, its process
+        group's name and ranks.
 
     Example::
 
-        >>> mesh = init_device_mesh("cuda", (2,))
-        >>> key_compile_caches_by_rank(mesh)
-        'boost-titan-rank:1;0=[0, 1]'
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from boost_titan.parallelize import key_compile_caches_by_rank
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))  # under torchrun: ("cuda", (tp,))
+        >>> key_compile_caches_by_rank(mesh)  # a 1-rank mesh has no group to name
+        'boost-titan-rank:0;'
+        >>> torch.compiler.config.cache_key_tag
+        'boost-titan-rank:0;'
+        >>> dist.destroy_process_group()
     """
     user_tag = torch.compiler.config.cache_key_tag.split(TAG_MARK)[0]
     torch.compiler.config.cache_key_tag = user_tag + rank_cache_tag(list(meshes))

@@ -64,7 +64,38 @@ def format_collectives(calls: Sequence[Collective]) -> str:
 
 
 def plan_table(model: nn.Module, plan: Plan, tp: int, *, markdown: bool = False) -> str:
-    """The plan as a text (or markdown) table, one line per plan key."""
+    """The plan as a text (or markdown) table, one line per plan key.
+
+    For each key (with its number of matches): the style, the weight placements, the
+    activation layouts in and out, and the collectives one call issues forward and
+    backward (elements per token of each rank's buffer). Computed on the unsharded model
+    for a TP degree: nothing is applied, no process group is needed.
+
+    Args:
+        model (nn.Module): the unsharded model.
+        plan (Plan): FQN pattern -> style, e.g. from `btp_plan`.
+        tp (int): the TP degree to describe.
+        markdown (bool): a markdown table instead of aligned text. Default: False.
+
+    Returns:
+        str: the table.
+
+    Raises:
+        PlanError: the plan does not fit the model (see `resolve_plan`).
+
+    Example::
+
+        >>> from torch import nn
+        >>> from boost_titan.parallelize import ColumnParallel, RowParallel, plan_table
+        >>> mlp = nn.Sequential(
+        ...     nn.Linear(16, 64, bias=False), nn.ReLU(), nn.Linear(64, 16, bias=False)
+        ... )
+        >>> print(plan_table(mlp, {"0": ColumnParallel(), "2": RowParallel()}, tp=2))
+        module  style           weights      in          out         forward        backward
+        ------  --------------  -----------  ----------  ----------  -------------  -------------
+        0       ColumnParallel  weight S(0)  replicated  sharded     -              all-reduce 16
+        2       RowParallel     weight S(1)  sharded     replicated  all-reduce 16  -
+    """
     header = ("module", "style", "weights", "in", "out", "forward", "backward")
     lines = [header]
     for row in plan_rows(model, plan, tp):

@@ -71,8 +71,29 @@ RMSNORM_MODES = ("online", "sync")
 class NormGroup:
     """A pre-norm and the modules that read its output, as paths relative to a block.
 
-    Consumers are low-rank pairs (modules with `down` and `up` nn.Linear children) when
-    `low_rank`, else nn.Linear modules.
+    The styles of the norm and of its consumers' linears share one NormGroup; the plan
+    builders make one per entry of `ModelLayout.shared_inputs`.
+
+    Args:
+        norm (str): path of the norm (RMSNorm-like) inside a block.
+        consumers (Sequence[str]): paths of every module that reads the norm's output.
+        low_rank (bool): the consumers are low-rank pairs (modules with `down` and `up`
+            nn.Linear children); else nn.Linear modules.
+
+    Raises:
+        PlanError: `consumers` is empty.
+
+    Example::
+
+        >>> from boost_titan.parallelize import NormGroup, PlanError
+        >>> group = NormGroup("ln2", ("mlp.gate_proj", "mlp.up_proj"), low_rank=True)
+        >>> group.first(0), group.second(1)  # a consumer's first linear, a pair's up
+        ('mlp.gate_proj.down', 'mlp.up_proj.up')
+        >>> try:
+        ...     NormGroup("ln2", (), low_rank=True)
+        ... except PlanError as e:
+        ...     print(e)
+        norm 'ln2' has no consumers; list the modules that read it
     """
 
     def __init__(self, norm: str, consumers: Sequence[str], *, low_rank: bool) -> None:
@@ -365,10 +386,40 @@ class BottleneckGroupNorm(_GroupNorm):
     """BTP for a pre-norm and its low-rank consumers (see the module docstring).
 
     In: the hidden state, sharded. Out: the consumers' replicated latents A_p norm(x),
-    side by side. `rmsnorm="online"`: the statistic rides in the (first) down all-reduce;
-    `"sync"`: it is all-reduced on its own, forward and backward. `grouped`: one GEMM and
-    one all-reduce for the whole group; else one per consumer. `defer`: allow the deferred
-    backward all-reduce when the group's pairs are self-contained.
+    side by side (the downs' styles, `GroupMember` with ``sharding="row"``, hand each its
+    own; the ups are `GroupUp`). Applied by `apply_plan`, which links the group's modules.
+
+    Args:
+        spec (NormGroup): the norm and its low-rank consumers.
+        rmsnorm (str): ``"online"``: the statistic rides in the (first) down all-reduce;
+            ``"sync"``: it is all-reduced on its own, forward and backward.
+            Default: ``"online"``.
+        grouped (bool): one GEMM and one all-reduce for the whole group; else one per
+            consumer. Default: True.
+        defer (bool): allow the deferred backward all-reduce (one for all the ups' input
+            grads) when the group's pairs are self-contained. Default: True.
+
+    Raises:
+        ValueError: `rmsnorm` is neither ``"online"`` nor ``"sync"``.
+
+    Example::
+
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
+        >>> from boost_titan.parallelize import (
+        ...     BottleneckGroupNorm, GroupMember, GroupUp, NormGroup, apply_plan, btp_plan
+        ... )
+        >>> plan = btp_plan(LAYOUT, loss_parallel=False)
+        >>> group = NormGroup("ln2", ("mlp.gate_proj", "mlp.up_proj"), low_rank=True)
+        >>> plan["blocks.*.ln2"] = BottleneckGroupNorm(group, rmsnorm="sync")  # by hand
+        >>> for i, pair in enumerate(group.consumers):
+        ...     plan[f"blocks.*.{pair}.down"] = GroupMember(group, i, sharding="row")
+        ...     plan[f"blocks.*.{pair}.up"] = GroupUp(group, i)
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))  # under torchrun: ("cuda", (tp,))
+        >>> model = apply_plan(Decoder(), mesh, plan, verify=True)  # equals the unsharded
+        >>> dist.destroy_process_group()
     """
 
     placements = {"weight": Shard(0)}
@@ -464,13 +515,37 @@ class BottleneckGroupNorm(_GroupNorm):
 class ReplicatedGroupNorm(_GroupNorm):
     """Megatron / vanilla for a pre-norm and its column-parallel consumers.
 
-    In: replicated. The norm runs replicated. `grouped` (or `gather_latents`): the
-    consumers' first GEMMs run here as one `comm.column_linears` (one GEMM on the
-    concatenated weight shards when grouped) and the output holds their sharded results
-    side by side; else the output is the norm output and each consumer runs its own GEMM.
-    Backward: one all-reduce of the norm output's grad for the whole group.
-    `gather_latents` (vanilla LaX, whose r x r crossing needs whole latents): each
-    consumer's latent is all-gathered, so the output holds replicated latents.
+    In: replicated. The norm runs replicated. Backward: one all-reduce of the norm
+    output's grad for the whole group. The consumers' first linears are `GroupMember`
+    with ``sharding="column"``. Applied by `apply_plan`, which links the group's modules.
+
+    Args:
+        spec (NormGroup): the norm and its consumers (nn.Linear, or low-rank pairs).
+        grouped (bool): the consumers' first GEMMs run here as one GEMM on their
+            concatenated weight shards and the output holds their sharded results side
+            by side; else the output is the norm output and each consumer runs its own
+            GEMM. Default: True.
+        gather_latents (bool): vanilla LaX, whose r x r crossing needs whole latents: the
+            first GEMMs run here and each latent is all-gathered, so the output holds
+            replicated latents. Default: False.
+
+    Example::
+
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
+        >>> from boost_titan.parallelize import (
+        ...     GroupMember, NormGroup, ReplicatedGroupNorm, apply_plan, vanilla_plan
+        ... )
+        >>> plan = vanilla_plan(LAYOUT, loss_parallel=False)
+        >>> group = NormGroup("ln1", ("attn.q_proj", "attn.k_proj", "attn.v_proj"), low_rank=True)
+        >>> plan["blocks.*.ln1"] = ReplicatedGroupNorm(group, grouped=False)  # by hand
+        >>> for i, pair in enumerate(group.consumers):
+        ...     plan[f"blocks.*.{pair}.down"] = GroupMember(group, i, sharding="column")
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))  # under torchrun: ("cuda", (tp,))
+        >>> model = apply_plan(Decoder(), mesh, plan, verify=True)  # equals the unsharded
+        >>> dist.destroy_process_group()
     """
 
     def __init__(
@@ -571,12 +646,32 @@ def _spans(widths: Sequence[int]) -> list[tuple[int, int]]:
 class GroupMember(_Bound, TPStyle):
     """The first linear of a norm group's consumer (a pair's down, or a full linear).
 
-    `sharding="row"` (BTP downs: weight Shard(1)) or `"column"` (megatron / vanilla:
-    weight and bias Shard(0)). In: the group's output. Out: this consumer's columns of it
-    (replicated latent in BTP, sharded output in megatron / vanilla), or, when the group
-    output is the plain norm output, this linear's own column-parallel GEMM of it (its
-    input grad is reduced by the group). No collective of its own. `head_dim`: the
-    outputs are attention heads (a megatron q/k/v), which must split evenly.
+    In: the group's output. Out: this consumer's columns of it (replicated latent in BTP,
+    sharded output in megatron / vanilla), or, when the group output is the plain norm
+    output, this linear's own column-parallel GEMM of it (its input grad is reduced by the
+    group). No collective of its own. Applied by `apply_plan`, which links the group's
+    modules (examples: `BottleneckGroupNorm`, `ReplicatedGroupNorm`).
+
+    Args:
+        spec (NormGroup): the group this linear's module belongs to.
+        index (int): the consumer's position in ``spec.consumers``.
+        sharding (str): ``"row"`` (BTP downs: weight Shard(1)) or ``"column"`` (megatron
+            and vanilla: weight and bias Shard(0)).
+        head_dim (int | None): the outputs are attention heads of that size (a megatron
+            q/k/v), which must split evenly over the ranks. Default: None.
+
+    Raises:
+        ValueError: `sharding` is neither ``"row"`` nor ``"column"``.
+
+    Example::
+
+        >>> from boost_titan.examples.own_model import LAYOUT
+        >>> from boost_titan.parallelize import btp_plan, vanilla_plan
+        >>> for build in (btp_plan, vanilla_plan):
+        ...     member = build(LAYOUT)["blocks.*.attn.q_proj.down"]
+        ...     print(f"{build.__name__}: {type(member).__name__}, {member.sharding}")
+        btp_plan: GroupMember, row
+        vanilla_plan: GroupMember, column
     """
 
     def __init__(
@@ -637,8 +732,38 @@ class GroupMember(_Bound, TPStyle):
 class GroupUp(_Bound, ColumnParallel):
     """A BTP group consumer's up-projection: column-parallel on its replicated latent.
 
-    Backward: when the group is deferred, the input grad stays partial (the group reduces
-    all of them at once); else this up all-reduces it, overlapped with its weight grad.
+    Backward: when the group is deferred (`BottleneckGroupNorm`'s `defer` and every pair
+    self-contained), the input grad stays partial and the group reduces all of them at
+    once; else this up all-reduces it, overlapped with its weight grad. Applied by
+    `apply_plan`, which links the group's modules.
+
+    Args:
+        spec (NormGroup): the group this up's pair belongs to.
+        index (int): the pair's position in ``spec.consumers``.
+        head_dim (int | None): the outputs are attention heads of that size (q/k/v),
+            which must split evenly over the ranks. Default: None.
+
+    Example::
+
+        >>> import dataclasses
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from torch.distributed.tensor.debug import CommDebugMode
+        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
+        >>> from boost_titan.parallelize import apply_plan, btp_plan
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))  # under torchrun: ("cuda", (tp,))
+        >>> for defer in (True, False):  # backward all-reduces of 4 blocks and the final norm
+        ...     layout = dataclasses.replace(LAYOUT, defer_latent_grads=defer)
+        ...     model = apply_plan(Decoder(), mesh, btp_plan(layout, loss_parallel=False))
+        ...     logits = model(torch.randint(0, 256, (1, 8)))
+        ...     with CommDebugMode() as comm:
+        ...         logits.sum().backward()
+        ...     print(comm.get_comm_counts()[torch.ops.c10d_functional.all_reduce])
+        17
+        29
+        >>> dist.destroy_process_group()
     """
 
     def __init__(self, spec: NormGroup, index: int, *, head_dim: int | None = None) -> None:

@@ -68,42 +68,79 @@ from .styles import (
 )
 
 Plan = dict[str, ParallelStyle]
+"""A TP plan: FQN pattern (may use `*`) -> the ParallelStyle of the modules it matches."""
 
 
 @dataclass(frozen=True)
 class ModelLayout:
-    """Where a decoder keeps the modules a plan shards (FQNs; `blocks` may use `*`).
+    """Where a decoder keeps the modules a plan shards, as FQNs.
 
-    Paths other than `blocks`, `embedding`, `final_norm` and `head` are relative to a block.
+    `embedding`, `final_norm` and `head` are paths from the model, `blocks` a pattern that
+    may use `*`; every other path is relative to a block. The defaults are TorchTitan's
+    Llama names.
+
+    Args:
+        blocks (str): FQN pattern of the transformer blocks. Default: ``"layers.*"``.
+        shared_inputs (Mapping[str, tuple[str, ...]]): each pre-norm -> every projection
+            that reads its output. Default: ``attention_norm`` -> ``attention.wq``,
+            ``.wk``, ``.wv``; ``ffn_norm`` -> ``feed_forward.w1``, ``.w3``.
+        own_inputs (tuple[str, ...]): projections whose input is not a norm's output
+            (attention output, MLP down). Default: ``("attention.wo", "feed_forward.w2")``.
+        embedding (str): the token embedding. Default: ``"tok_embeddings"``.
+        final_norm (str): the norm before the head. Default: ``"norm"``.
+        head (str): the output projection. Default: ``"output"``.
+        head_dim (int): size of one attention head; 0 skips the head-count checks.
+            Default: 0.
+        qkv (tuple[str, ...]): projections whose outputs are attention heads.
+            Default: ``attention.wq``, ``.wk``, ``.wv``.
+        attention_out (tuple[str, ...]): projections whose inputs are attention heads.
+            Default: ``("attention.wo",)``.
+        crossing (tuple[str, ...]): LaX: children of every low-rank projection that act on
+            its latent (e.g. ``"cross"``, ``"latent_norm"``); replicated, and optional
+            (absent from the first block). Default: ``()``.
+        defer_latent_grads (bool): BTP: let a group of self-contained pairs reduce its
+            ups' input grads in one backward all-reduce (checked on the first forward).
+            Turn it off when a pair's latent is also used outside the pair (LaX hands it
+            to the next block). Default: True.
+
+    Example::
+
+        >>> from boost_titan.examples.own_model import Decoder  # ordinary PyTorch names
+        >>> from boost_titan.parallelize import ModelLayout, btp_plan, resolve_plan
+        >>> layout = ModelLayout(
+        ...     blocks="blocks.*",
+        ...     shared_inputs={
+        ...         "ln1": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+        ...         "ln2": ("mlp.gate_proj", "mlp.up_proj"),
+        ...     },
+        ...     own_inputs=("attn.o_proj", "mlp.down_proj"),
+        ...     embedding="tok",
+        ...     final_norm="ln_f",
+        ...     head="lm_head",
+        ...     head_dim=16,
+        ...     qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+        ...     attention_out=("attn.o_proj",),
+        ... )
+        >>> len(resolve_plan(Decoder(), btp_plan(layout), tp=2))  # modules the plan shards
+        67
     """
 
     blocks: str = "layers.*"
-    """FQN pattern of the transformer blocks."""
     shared_inputs: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: {
             "attention_norm": ("attention.wq", "attention.wk", "attention.wv"),
             "ffn_norm": ("feed_forward.w1", "feed_forward.w3"),
         }
     )
-    """Each pre-norm -> every projection that reads its output."""
     own_inputs: tuple[str, ...] = ("attention.wo", "feed_forward.w2")
-    """Projections whose input is not a norm's output (attention output, MLP down)."""
     embedding: str = "tok_embeddings"
     final_norm: str = "norm"
     head: str = "output"
     head_dim: int = 0
-    """Size of one attention head; 0 skips the head-count checks."""
     qkv: tuple[str, ...] = ("attention.wq", "attention.wk", "attention.wv")
-    """Projections whose outputs are attention heads."""
     attention_out: tuple[str, ...] = ("attention.wo",)
-    """Projections whose inputs are attention heads."""
     crossing: tuple[str, ...] = ()
-    """LaX: children of every low-rank projection that act on its latent (e.g. "cross",
-    "latent_norm"); replicated, and optional (absent from the first block)."""
     defer_latent_grads: bool = True
-    """BTP: let a group of self-contained pairs reduce its ups' input grads in one
-    backward all-reduce (checked on the first forward). Turn off when a pair's latent is
-    also used outside the pair (LaX hands it to the next block)."""
 
     def projections(self) -> list[str]:
         shared = [p for group in self.shared_inputs.values() for p in group]
@@ -134,10 +171,45 @@ def _crossing(layout: ModelLayout) -> Plan:
 def megatron_plan(
     layout: ModelLayout = ModelLayout(), *, group_linears: bool = True, loss_parallel: bool = True
 ) -> Plan:
-    """Full-rank Megatron TP: the residual stream is replicated; column-parallel q, k, v,
-    gate, up (run by their norm, as one GEMM with `group_linears`), row-parallel o and
-    down. Two all-reduces of d per block forward (after o and down) and two backward (the
-    norm outputs' grads)."""
+    """Full-rank Megatron TP, for models whose projections are plain nn.Linear.
+
+    The residual stream is replicated; q, k, v, gate and up are column-parallel (run by
+    their norm's style), o and down row-parallel. Two all-reduces of d per block forward
+    (after o and down) and two backward (the norm outputs' grads).
+
+    Args:
+        layout (ModelLayout): where the model keeps its modules. Default: ``ModelLayout()``.
+        group_linears (bool): a norm runs the first GEMMs of all its consumers as one GEMM
+            on their concatenated weights; else each consumer runs its own. Default: True.
+        loss_parallel (bool): the head returns vocab-sharded ``DTensor(Shard(-1))`` logits
+            for a loss-parallel cross-entropy; else logits gathered on every rank.
+            Default: True.
+
+    Returns:
+        Plan: FQN pattern -> style, for `apply_plan`.
+
+    Raises:
+        PlanError: a norm of ``layout.shared_inputs`` lists no consumers.
+
+    Example::
+
+        >>> from torch import nn
+        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
+        >>> from boost_titan.parallelize import PlanError, megatron_plan, resolve_plan
+        >>> model = Decoder()  # low-rank projections (down / up pairs): refused
+        >>> try:  # doctest: +ELLIPSIS
+        ...     resolve_plan(model, megatron_plan(LAYOUT), tp=2)
+        ... except PlanError as e:
+        ...     print(e)
+        blocks.0.attn.q_proj is a LowRank, not an nn.Linear; use a low-rank plan (btp, ...
+        >>> for block in model.blocks:  # its full-rank twin: each pair becomes one nn.Linear
+        ...     for part in (block.attn, block.mlp):
+        ...         for name, pair in list(part.named_children()):
+        ...             d_in, d_out = pair.down.in_features, pair.up.out_features
+        ...             setattr(part, name, nn.Linear(d_in, d_out, bias=False))
+        >>> len(resolve_plan(model, megatron_plan(LAYOUT), tp=2))  # modules the plan shards
+        39
+    """
     plan: Plan = {
         layout.embedding: Replicated(),
         layout.final_norm: Replicated(),
@@ -161,11 +233,41 @@ def vanilla_plan(
     group_linears: bool = True,
     loss_parallel: bool = True,
 ) -> Plan:
-    """Naive low-rank TP: each A column-parallel along r, each B row-parallel, so every
+    """Naive low-rank TP, the baseline BTP improves on.
+
+    Each A (``down``) is column-parallel along r, each B (``up``) row-parallel, so every
     low-rank projection ends in an all-reduce at its full output dim. The residual stream
     and q/k/v are replicated (attention runs on all heads on every rank). With LaX
     crossing (`layout.crossing`) the latents are all-gathered (the r x r crossing and
-    LayerNorm_r need them whole) and each B takes its slice back."""
+    LayerNorm_r need them whole) and each B takes its slice back.
+
+    Args:
+        layout (ModelLayout): where the model keeps its modules. Default: ``ModelLayout()``.
+        group_linears (bool): a norm runs the downs of all its consumers as one GEMM on
+            their concatenated weights; else each down runs its own. Default: True.
+        loss_parallel (bool): the head returns vocab-sharded ``DTensor(Shard(-1))`` logits
+            for a loss-parallel cross-entropy; else logits gathered on every rank.
+            Default: True.
+
+    Returns:
+        Plan: FQN pattern -> style, for `apply_plan`.
+
+    Raises:
+        PlanError: a norm of ``layout.shared_inputs`` lists no consumers.
+
+    Example::
+
+        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
+        >>> from boost_titan.parallelize import btp_plan, resolve_plan, vanilla_plan
+        >>> for build in (vanilla_plan, btp_plan):  # A and B of the attention output
+        ...     plan = build(LAYOUT)
+        ...     down, up = (plan[f"blocks.*.attn.o_proj.{p}"] for p in ("down", "up"))
+        ...     print(f"{build.__name__}: {type(down).__name__}, {type(up).__name__}")
+        vanilla_plan: ColumnParallel, RowParallel
+        btp_plan: RowParallel, ColumnParallel
+        >>> len(resolve_plan(Decoder(), vanilla_plan(LAYOUT), tp=2))
+        67
+    """
     crossing = bool(layout.crossing)
     plan: Plan = {
         layout.embedding: Replicated(),
@@ -194,7 +296,7 @@ def btp_plan(
     group_linears: bool = True,
     loss_parallel: bool = True,
 ) -> Plan:
-    """Bottleneck-aware TP (BOOST §3).
+    """Bottleneck-aware TP (BOOST §3): low-rank TP whose collectives run at the rank r.
 
     The residual stream stays sharded along the hidden dim through the whole network:
     the embedding is sharded along its embedding dim (local lookup, no collective), every
@@ -205,6 +307,49 @@ def btp_plan(
     a vocab-parallel lm_head with loss-parallel cross-entropy: an all-reduce of partial
     logits would move V >> d elements per token, and an all-reduce of the head's input
     grad twice the reduce-scatter's bytes.
+
+    Args:
+        layout (ModelLayout): where the model keeps its modules. Default: ``ModelLayout()``.
+        rmsnorm (str): ``"online"``: each pre-norm's statistic rides in its group's
+            all-reduce; ``"sync"``: it is all-reduced on its own. Default: ``"online"``.
+        group_linears (bool): one GEMM and one all-reduce for all consumers of a norm;
+            else one per consumer. Default: True.
+        loss_parallel (bool): the head returns vocab-sharded ``DTensor(Shard(-1))`` logits
+            for a loss-parallel cross-entropy; else logits gathered on every rank.
+            Default: True.
+
+    Returns:
+        Plan: FQN pattern -> style, for `apply_plan`.
+
+    Raises:
+        ValueError: `rmsnorm` is neither ``"online"`` nor ``"sync"``.
+        PlanError: a norm of ``layout.shared_inputs`` lists no consumers.
+
+    Example::
+
+        >>> from boost_titan.examples.own_model import LAYOUT
+        >>> from boost_titan.parallelize import btp_plan
+        >>> for key, style in btp_plan(LAYOUT).items():
+        ...     print(f"{key}: {type(style).__name__}")
+        tok: ShardedEmbedding
+        ln_f: ShardedRMSNorm
+        lm_head: ColumnParallel
+        blocks.*.ln1: BottleneckGroupNorm
+        blocks.*.attn.q_proj.down: GroupMember
+        blocks.*.attn.q_proj.up: GroupUp
+        blocks.*.attn.k_proj.down: GroupMember
+        blocks.*.attn.k_proj.up: GroupUp
+        blocks.*.attn.v_proj.down: GroupMember
+        blocks.*.attn.v_proj.up: GroupUp
+        blocks.*.ln2: BottleneckGroupNorm
+        blocks.*.mlp.gate_proj.down: GroupMember
+        blocks.*.mlp.gate_proj.up: GroupUp
+        blocks.*.mlp.up_proj.down: GroupMember
+        blocks.*.mlp.up_proj.up: GroupUp
+        blocks.*.attn.o_proj.down: RowParallel
+        blocks.*.attn.o_proj.up: ColumnParallel
+        blocks.*.mlp.down_proj.down: RowParallel
+        blocks.*.mlp.down_proj.up: ColumnParallel
     """
     plan: Plan = {
         layout.embedding: ShardedEmbedding(),
@@ -243,11 +388,36 @@ class Resolved:
 def resolve_plan(model: nn.Module, plan: Plan, tp: int) -> list[Resolved]:
     """Match every plan key against the model and check the whole plan, touching nothing.
 
-    Raises `PlanError` (one line: the FQN and the fix) for a key that matches no module
-    (LaX crossing modules are optional; parts of a pipeline stage that are None are
-    skipped), a module matched twice, tied parameters, a module the style cannot shard
-    (kind, divisibility by `tp`, heads), a norm group whose layout disagrees with the
-    model, and any parameter no style distributes.
+    `apply_plan` and `plan_table` start with it; call it to check a layout early.
+
+    Args:
+        model (nn.Module): the unsharded model.
+        plan (Plan): FQN pattern -> style, e.g. from `btp_plan`.
+        tp (int): the TP degree to check divisibility (features, heads) against.
+
+    Returns:
+        list[Resolved]: one entry per matched module, in plan order: the plan `key`, the
+        module's `fqn`, the `module` and the `style` bound to it.
+
+    Raises:
+        PlanError: one line naming the FQN and the fix, for a key that matches no module
+            (LaX crossing modules are optional; parts of a pipeline stage that are None
+            are skipped), a module matched twice, tied parameters, a module the style
+            cannot shard (kind, divisibility by `tp`, heads), a norm group whose layout
+            disagrees with the model, and any parameter no style distributes.
+
+    Example::
+
+        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
+        >>> from boost_titan.parallelize import PlanError, btp_plan, resolve_plan
+        >>> resolved = resolve_plan(Decoder(), btp_plan(LAYOUT), tp=2)
+        >>> [r.fqn for r in resolved if r.key == "blocks.*.ln1"]
+        ['blocks.0.ln1', 'blocks.1.ln1', 'blocks.2.ln1', 'blocks.3.ln1']
+        >>> try:
+        ...     resolve_plan(Decoder(), btp_plan(LAYOUT), tp=3)
+        ... except PlanError as e:
+        ...     print(e)
+        tok: weight dim 1 of size 128 does not split over TP 3; choose a TP degree that divides it
     """
     modules = dict(model.named_modules())
     resolved: list[Resolved] = []
@@ -297,18 +467,49 @@ def apply_plan(
 ) -> nn.Module:
     """Check `plan` against `model` (`resolve_plan`), then shard the model in place.
 
-    `src_data_rank`: the rank whose weights are scattered (None: each rank keeps its own
-    slice, no communication; as `parallelize_module`). `verify`: afterwards run one small
-    forward and backward on random tokens against an unsharded copy of the model and raise
-    `PlanError` on any mismatch (`verify.verify_plan`): cheap insurance for a new model.
-    `overlap_chunks`: split the tokens of each forward all-reduce that follows a GEMM
-    (row-parallel outputs, online-RMSNorm downs) and of each column-parallel input-grad
-    all-reduce into that many row blocks, each launched before the next block's GEMM, so
-    that communication runs behind computation (1: one all-reduce each).
-
-    It also makes the keys of torch.compile's caches name this rank and its TP group
-    (`compile_cache.key_compile_caches_by_rank`): compiled graphs of sharded models are
+    Each matched module's parameters become DTensors on `mesh` and its forward computes on
+    the local shards. It also makes the keys of torch.compile's caches name this rank and
+    its TP group (`key_compile_caches_by_rank`): compiled graphs of sharded models are
     rank-specific, and a warm cache shared by the ranks would otherwise mix them.
+
+    Args:
+        model (nn.Module): the unsharded model, sharded in place.
+        mesh (DeviceMesh): the 1-D TP mesh.
+        plan (Plan): FQN pattern -> style, e.g. from `btp_plan`.
+        src_data_rank (int | None): the rank whose weights are scattered; None: each rank
+            keeps its own slice, no communication (as `parallelize_module`). Default: 0.
+        verify (bool): afterwards run one small forward and backward on random tokens
+            against an unsharded copy of the model (`verify_plan`): cheap insurance for a
+            new model. Default: False.
+        overlap_chunks (int): split the tokens of each forward all-reduce that follows a
+            GEMM (row-parallel outputs, online-RMSNorm downs) and of each column-parallel
+            input-grad all-reduce into that many row blocks, each launched before the next
+            block's GEMM, so that communication runs behind computation (1: one
+            all-reduce each). Default: 1.
+
+    Returns:
+        nn.Module: `model`, sharded.
+
+    Raises:
+        PlanError: the plan does not fit the model (see `resolve_plan`), `overlap_chunks`
+            is below 1, or `verify` found a mismatch.
+
+    Example::
+
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
+        >>> from boost_titan.parallelize import apply_plan, btp_plan
+        >>> # one process here; under torchrun: init_device_mesh("cuda", (tp,))
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))
+        >>> model = apply_plan(Decoder(), mesh, btp_plan(LAYOUT, loss_parallel=False), verify=True)
+        >>> model.blocks[0].attn.q_proj.down.weight.placements
+        (Shard(dim=1),)
+        >>> model(torch.randint(0, 256, (2, 16))).shape
+        torch.Size([2, 16, 256])
+        >>> dist.destroy_process_group()
     """
     if overlap_chunks < 1:
         raise PlanError(f"overlap_chunks must be >= 1, got {overlap_chunks}")

@@ -55,7 +55,23 @@ Collective = tuple[str, int]
 
 
 class PlanError(ValueError):
-    """A plan does not fit a model; the message names the module and the fix in one line."""
+    """A plan does not fit a model; the message names the module and the fix in one line.
+
+    Raised by the plan builders, `resolve_plan`, `apply_plan`, `plan_table`,
+    `verify_plan` and, while the model runs, by the styles themselves (a module called
+    with another input than the layout says). A ValueError: catch it to report the line
+    without a traceback.
+
+    Example::
+
+        >>> from boost_titan.examples.own_model import Decoder
+        >>> from boost_titan.parallelize import PlanError, btp_plan, resolve_plan
+        >>> try:  # the default layout names TorchTitan's Llama modules
+        ...     resolve_plan(Decoder(), btp_plan(), tp=2)
+        ... except PlanError as e:
+        ...     print(e)
+        plan key 'tok_embeddings' matches no module of Decoder; fix the FQN in ModelLayout
+    """
 
 
 @dataclass(frozen=True)
@@ -237,12 +253,38 @@ def linear(x: torch.Tensor, module: nn.Linear, f8: Float8 | None = None) -> torc
 class ColumnParallel(TPStyle):
     """nn.Linear with its output features sharded (weight and bias Shard(0)).
 
-    In: replicated. Out: sharded (or replicated with `gather_output`; or a
-    `DTensor(Shard(-1))` with `output_dtensor`, for loss-parallel cross-entropy).
-    Backward: the input grad is a partial sum; `reduce_input_grad` all-reduces it here,
-    overlapped with the weight-grad GEMM. Turn it off when the producer of the input
-    reduces it (a norm group, or an all-gather whose backward reduce-scatters).
-    `head_dim`: the outputs are attention heads of that size, which must split evenly.
+    In: replicated. Out: sharded along the last dim. Backward: the input grad is a
+    partial sum. Megatron's first linear, BTP's B (``up``).
+
+    Args:
+        reduce_input_grad (bool): all-reduce the input grad here, overlapped with the
+            weight-grad GEMM. Turn it off when the producer of the input reduces it (a
+            norm group, or an all-gather whose backward reduce-scatters). Default: True.
+        gather_output (bool): all-gather the output, so it is replicated.
+            Default: False.
+        output_dtensor (bool): return the output as a ``DTensor(Shard(-1))``, for a
+            loss-parallel cross-entropy. Default: False.
+        head_dim (int | None): the outputs are attention heads of that size, which must
+            split evenly over the ranks. Default: None.
+
+    Example::
+
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> from torch import nn
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from boost_titan.parallelize import ColumnParallel, RowParallel, apply_plan
+        >>> mlp = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+        >>> x = torch.randn(4, 16)
+        >>> want = mlp(x)
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))  # under torchrun: ("cuda", (tp,))
+        >>> mlp = apply_plan(mlp, mesh, {"0": ColumnParallel(), "2": RowParallel()})
+        >>> mlp[0].weight.placements, mlp[0].bias.placements
+        ((Shard(dim=0),), (Shard(dim=0),))
+        >>> torch.allclose(mlp(x), want)
+        True
+        >>> dist.destroy_process_group()
     """
 
     placements = {"weight": Shard(0), "bias": Shard(0)}
@@ -311,10 +353,26 @@ class ColumnParallel(TPStyle):
 class RowParallel(TPStyle):
     """nn.Linear with its input features sharded (weight Shard(1), bias Replicate).
 
-    In: sharded (or replicated with `split_input`, which takes this rank's slice).
-    Out: replicated, through one all-reduce of the partial products. Backward: no
-    collective (the replicated output grad is every partial's grad). `head_dim`: the
-    inputs are attention heads of that size, which must split evenly.
+    In: sharded. Out: replicated, through one all-reduce of the partial products.
+    Backward: no collective (the replicated output grad is every partial's grad).
+    Megatron's second linear, BTP's A (``down``): there the all-reduce is r wide.
+
+    Args:
+        split_input (bool): the input is replicated; take this rank's slice of it (its
+            backward all-gathers the input grad). Default: False.
+        head_dim (int | None): the inputs are attention heads of that size, which must
+            split evenly over the ranks. Default: None.
+
+    Example::
+
+        >>> from torch import nn
+        >>> from boost_titan.parallelize import ColumnParallel, RowParallel, plan_table
+        >>> pair = nn.Sequential(nn.Linear(64, 8, bias=False), nn.Linear(8, 64, bias=False))
+        >>> print(plan_table(pair, {"0": RowParallel(), "1": ColumnParallel()}, tp=2))
+        module  style           weights      in          out         forward       backward
+        ------  --------------  -----------  ----------  ----------  ------------  ------------
+        0       RowParallel     weight S(1)  sharded     replicated  all-reduce 8  -
+        1       ColumnParallel  weight S(0)  replicated  sharded     -             all-reduce 8
     """
 
     placements = {"weight": Shard(1), "bias": Replicate()}
@@ -359,8 +417,26 @@ class Replicated(TPStyle):
 
     Supports nn.Linear, nn.Embedding, nn.LayerNorm and RMSNorm-like modules. Use it only
     where the input and its gradient are replicated too (otherwise the weight grad would
-    be partial). `optional`: the plan key may match no module (LaX's crossing modules,
-    absent from the first block).
+    be partial): the embedding and final norm of megatron and vanilla plans.
+
+    Args:
+        optional (bool): the plan key may match no module (LaX's crossing modules, absent
+            from the first block). Default: False.
+
+    Example::
+
+        >>> from torch import nn
+        >>> from boost_titan.parallelize import ColumnParallel, Replicated, plan_table
+        >>> model = nn.Sequential(
+        ...     nn.Embedding(32, 16), nn.RMSNorm(16), nn.Linear(16, 32, bias=False)
+        ... )
+        >>> plan = {"0": Replicated(), "1": Replicated(), "2": ColumnParallel(gather_output=True)}
+        >>> print(plan_table(model, plan, tp=2))
+        module  style           weights      in          out         forward        backward
+        ------  --------------  -----------  ----------  ----------  -------------  -------------
+        0       Replicated      weight R     tokens      replicated  -              -
+        1       Replicated      weight R     replicated  replicated  -              -
+        2       ColumnParallel  weight S(0)  replicated  replicated  all-gather 16  all-reduce 16
     """
 
     module_kinds = (nn.Linear, nn.Embedding, nn.LayerNorm)
@@ -402,6 +478,18 @@ class ShardedEmbedding(TPStyle):
 
     In: replicated token ids. Out: the hidden state sharded along its last dim, looked up
     locally: no collective forward or backward. This is how BTP's residual stream enters.
+    Takes no arguments.
+
+    Example::
+
+        >>> from torch import nn
+        >>> from boost_titan.parallelize import ShardedEmbedding, ShardedRMSNorm, plan_table
+        >>> model = nn.Sequential(nn.Embedding(32, 16), nn.RMSNorm(16))
+        >>> print(plan_table(model, {"0": ShardedEmbedding(), "1": ShardedRMSNorm()}, tp=2))
+        module  style             weights      in       out      forward       backward
+        ------  ----------------  -----------  -------  -------  ------------  ------------
+        0       ShardedEmbedding  weight S(1)  tokens   sharded  -             -
+        1       ShardedRMSNorm    weight S(0)  sharded  sharded  all-reduce 1  all-reduce 1
     """
 
     placements = {"weight": Shard(1)}
@@ -419,9 +507,36 @@ class ShardedEmbedding(TPStyle):
 class ShardedRMSNorm(TPStyle):
     """An RMSNorm-like module over a sharded hidden dim (weight Shard(0)), sync flavour.
 
-    In: sharded. Out: sharded; with `gather_output` replicated through one all-gather whose
-    backward is a reduce-scatter (the consumer is column-parallel, so its grad is partial).
-    Collectives: the [tokens, 1] sum of squares, all-reduced forward and backward.
+    In: sharded. Out: sharded. Collectives: the [tokens, 1] sum of squares, all-reduced
+    forward and backward. BTP's final norm.
+
+    Args:
+        gather_output (bool): make the output replicated through one all-gather whose
+            backward is a reduce-scatter (the consumer is column-parallel, so its grad is
+            partial). Default: False.
+
+    Example::
+
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> from torch import nn
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from boost_titan.parallelize import (
+        ...     ColumnParallel, ShardedEmbedding, ShardedRMSNorm, apply_plan
+        ... )
+        >>> model = nn.Sequential(nn.Embedding(32, 16), nn.RMSNorm(16), nn.Linear(16, 32))
+        >>> tokens = torch.randint(0, 32, (2, 8))
+        >>> want = model(tokens)
+        >>> plan = {  # how BTP's residual stream enters and leaves
+        ...     "0": ShardedEmbedding(),
+        ...     "1": ShardedRMSNorm(gather_output=True),
+        ...     "2": ColumnParallel(reduce_input_grad=False, gather_output=True),
+        ... }
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> model = apply_plan(model, init_device_mesh("cpu", (1,)), plan)
+        >>> torch.allclose(model(tokens), want)
+        True
+        >>> dist.destroy_process_group()
     """
 
     placements = {"weight": Shard(0)}

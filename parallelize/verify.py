@@ -91,10 +91,39 @@ def verify_plan(
     """Compare sharded `model` with unsharded `reference` on one forward and backward.
 
     The reference first takes the sharded model's weights (gathered, 1-D ones moved off
-    their values), so both start equal; the model's own values are restored afterwards. `example_input`: default random token ids [2, 16] within the first
-    nn.Embedding's vocabulary. Both run in eval mode (no dropout); gradients are cleared
-    afterwards. Returns the largest relative error; raises `PlanError` naming the first
-    output or gradient whose error exceeds `rtol`.
+    their values), so both start equal; the model's own values are restored afterwards.
+    Both run in eval mode (no dropout); gradients are cleared afterwards. `apply_plan`
+    calls it with ``verify=True``.
+
+    Args:
+        model (nn.Module): the model after `apply_plan`.
+        reference (nn.Module): an unsharded model of the same structure (its weights are
+            overwritten), e.g. a copy of `model` taken before the plan was applied.
+        example_input (torch.Tensor | None): the model's input. Default: random token ids
+            [2, 16] within the first nn.Embedding's vocabulary.
+        rtol (float): the largest relative error allowed (max abs error over max abs
+            value) for the output and each gradient. Default: 1e-3.
+
+    Returns:
+        float: the largest relative error.
+
+    Raises:
+        PlanError: naming the output or gradient with the largest error, when it exceeds
+            `rtol`; or the two cannot be compared (outputs of other shapes, a gradient in
+            one model only, no `example_input` and no nn.Embedding).
+
+    Example::
+
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
+        >>> from boost_titan.parallelize import apply_plan, btp_plan, verify_plan
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))  # under torchrun: ("cuda", (tp,))
+        >>> model = apply_plan(Decoder(), mesh, btp_plan(LAYOUT, loss_parallel=False))
+        >>> verify_plan(model, Decoder()) < 1e-5
+        True
+        >>> dist.destroy_process_group()
     """
     generator = torch.Generator().manual_seed(0)
     saved = _perturb_vectors(model, generator)

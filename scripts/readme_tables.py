@@ -1,24 +1,26 @@
-"""Regenerate the README's tables of measured and modelled figures from the project's tools.
+"""Regenerate the documentation's tables of measured and modelled figures from the project's tools.
 
-Each table lives between two marker comments in README.md::
+Each table lives between two marker comments in one page, README.md or docs/*.md::
 
     <!-- table:NAME -->
     ...generated text...
     <!-- /table -->
 
 and is replaced by what `TABLES[NAME]` prints (the same text as the command it names, less
-anything that changes from run to run: the trace's own wall-clock seconds). Everything here
-is deterministic: counts, bytes, FLOPs, activation bytes, the analytic model's seconds. The
+anything that changes from run to run: the trace's own wall-clock seconds). The pages are
+scanned for the markers, so a table moves to another page without a change here; a marker
+found on no page, twice, or with an unknown name is an error. Everything here is
+deterministic: counts, bytes, FLOPs, activation bytes, the analytic model's seconds. The
 wall-clock tables (`bench cpu`, command start-up) are measurements of one machine at one
 time and are not regenerated.
 
-    python scripts/readme_tables.py                 # rewrite README.md in place
-    python scripts/readme_tables.py --check         # exit 1 with a diff if README.md differs
+    python scripts/readme_tables.py                 # rewrite the pages in place
+    python scripts/readme_tables.py --check         # exit 1 with a diff if a page differs
     python scripts/readme_tables.py --only params,validate --check
     python scripts/readme_tables.py --list
 
 `trace-sweep` runs the full trace sweep (45 configurations, about 40 s of one core); the
-others take a few seconds each. tests/test_readme_tables.py runs `--check` for every table
+others take a few seconds each. tests/unit/test_readme_tables.py runs `--check` for every table
 but `trace-sweep`, and re-traces a subset of that one's rows.
 """
 
@@ -35,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 
 TRACE_FLAVORS = ("1B", "3B", "7B", "13B", "30B")
 TRACE_STRATEGIES = ("megatron", "vanilla", "btp")
@@ -96,7 +97,8 @@ def bench_output(*argv: str, fenced: bool = True) -> Callable[[], str]:
 def trace_rows(configs: list[tuple[str, str, int]]) -> list[str]:
     """Lines of `bench trace --compare` (without the wall-clock column) for (flavor,
     strategy, tp) configurations at the command's defaults (cola, micro-batch 1, seq 4096)."""
-    from boost_titan.bench import perfmodel, trace
+    from boost_titan.bench.measure import trace
+    from boost_titan.bench.model import perfmodel
 
     records = [
         trace.trace_compared(
@@ -119,14 +121,15 @@ def trace_table() -> str:
     rows = lines[1:-1]  # between the header and the activation summary
     agree = sum(line.endswith("  agrees") for line in rows)
     summary = f"{len(rows)} configurations, {agree} agree"
-    return f"<details><summary>output ({summary})</summary>\n\n{_fenced(chr(10).join(lines))}\n</details>"
+    body = _fenced("\n".join(lines))
+    return f"<details><summary>output ({summary})</summary>\n\n{body}\n</details>"
 
 
 def lowrank_ac_table() -> str:
     """The TP1 / TP4 table of `python -m boost_titan.activation_memory --flavor 1B
     --seq-len 2048 [--tp 4]`, and what the low-rank recompute contains."""
     from boost_titan.activation_memory import MODES, measure_layer
-    from boost_titan.bench import perfmodel
+    from boost_titan.bench.model import perfmodel
     from boost_titan.boost_llama import flavor_args
 
     args = flavor_args(AC_FLAVOR, arch="cola")
@@ -206,18 +209,40 @@ TABLES: dict[str, Table] = {
 }
 
 
-# ---- README surgery ---------------------------------------------------------------------
+# ---- the pages ------------------------------------------------------------------------
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 
 
-def blocks(text: str) -> dict[str, str]:
-    """NAME -> current text between the markers."""
+class MarkerError(ValueError):
+    """A table marker that is unknown, on two pages, or twice on one."""
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """The pages that may hold tables: README.md and docs/*.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def blocks(text: str, page: str = "README.md") -> dict[str, str]:
+    """NAME -> current text between the markers of one page."""
     found: dict[str, str] = {}
     for match in BLOCK.finditer(text):
         if match["name"] in found:
-            raise SystemExit(f"README: table {match['name']!r} is marked twice")
+            raise MarkerError(f"{page}: table {match['name']!r} is marked twice")
         found[match["name"]] = match["body"]
     return found
+
+
+def locate(root: Path = ROOT) -> dict[str, Path]:
+    """NAME -> the page that holds its table, for every marker on every page."""
+    where: dict[str, Path] = {}
+    for page in pages(root):
+        for name in blocks(page.read_text(), page.name):
+            if name not in TABLES:
+                raise MarkerError(f"{page.name}: unknown table {name!r}; --list shows them")
+            if name in where:
+                raise MarkerError(f"table {name!r} is marked in {where[name].name} and {page.name}")
+            where[name] = page
+    return where
 
 
 def render(text: str, generated: dict[str, str]) -> str:
@@ -229,7 +254,7 @@ def regenerate(names: list[str]) -> dict[str, str]:
 
 
 def check(text: str, generated: dict[str, str], path: str = "README.md") -> str:
-    """A unified diff of the committed tables against the generated ones ('' if equal)."""
+    """A unified diff of one page's committed tables against the generated ones ('' if equal)."""
     new = render(text, generated)
     return "".join(
         difflib.unified_diff(
@@ -246,10 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="do not write; exit 1 and print a diff if README.md differs",
+        help="do not write; exit 1 and print a diff if a page differs",
     )
     parser.add_argument("--only", help=f"comma list of tables ({', '.join(TABLES)})")
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="the tree whose README.md and docs/ to scan"
+    )
     parser.add_argument("--list", action="store_true", help="list the tables and their commands")
     ns = parser.parse_args(argv)
     if ns.list:
@@ -261,26 +288,42 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown table(s) {', '.join(unknown)}; --list shows them", file=sys.stderr)
         return 2
-    text = ns.readme.read_text()
-    missing = [n for n in names if n not in blocks(text)]
+    try:
+        where = locate(ns.root)
+    except MarkerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    missing = [n for n in names if n not in where]
     if missing:
-        print(f"error: {ns.readme} has no markers for {', '.join(missing)}", file=sys.stderr)
+        print(
+            f"error: no page (README.md, docs/*.md) marks table(s) {', '.join(missing)}",
+            file=sys.stderr,
+        )
         return 2
     generated = regenerate(names)
-    if ns.check:
-        diff = check(text, generated, ns.readme.name)
-        if diff:
-            print(diff, end="")
-            print(
-                f"\n{ns.readme} differs from what the tools print: run scripts/readme_tables.py",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"{ns.readme.name}: {', '.join(names)} up to date")
-        return 0
-    new = render(ns.readme.read_text(), generated)  # re-read: others may have edited meanwhile
-    ns.readme.write_text(new)
-    print(f"{ns.readme.name}: regenerated {', '.join(names)}")
+    by_page: dict[Path, list[str]] = {}
+    for name in names:
+        by_page.setdefault(where[name], []).append(name)
+    stale = []
+    for page, page_names in by_page.items():
+        label = page.relative_to(ns.root).as_posix()
+        mine = {n: generated[n] for n in page_names}
+        if ns.check:
+            diff = check(page.read_text(), mine, label)
+            if diff:
+                print(diff, end="")
+                stale.append(label)
+            else:
+                print(f"{label}: {', '.join(page_names)} up to date")
+        else:
+            page.write_text(render(page.read_text(), mine))  # read late: others may edit
+            print(f"{label}: regenerated {', '.join(page_names)}")
+    if stale:
+        print(
+            f"\n{', '.join(stale)} differ from what the tools print: run scripts/readme_tables.py",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -2,8 +2,9 @@
 
 Subcommands live in SUBCOMMANDS (name -> Subcommand(help, add_args, run)); a new one adds
 an entry. `add_plan_args` / `plans_from_args` give every subcommand the same model and
-parallelism options. Only the chosen subcommand's options are built, and `trace` / `cpu`
-import torch only when chosen, so `--help` and the analytic `model` start at once.
+parallelism options. Only the chosen subcommand's options are built, and the harnesses of
+`measure` (`trace`, `cpu`, `compile`) import torch only when chosen, so `--help` and the
+analytic `model` start at once.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
-from boost_titan.bench import perfmodel
-from boost_titan.bench.gpus import GPUS
-from boost_titan.bench.plots import write_plot
-from boost_titan.bench.records import format_records
+from boost_titan.bench.model import perfmodel
+from boost_titan.bench.model.gpus import GPUS
+from boost_titan.bench.model.plots import write_plot
+from boost_titan.bench.model.records import format_records
 from boost_titan.config import ARCHS, OVERLAP_CHUNKS, RMSNORM_MODES
 from boost_titan.config.cli import OneLineParser
 from boost_titan.config.errors import ConfigError
@@ -157,7 +158,7 @@ CONFIG_OPTIONS = (
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    from boost_titan.bench.float8 import CASTS
+    from boost_titan.bench.model.float8 import CASTS
 
     add_plan_args(parser)
     parser.add_argument(
@@ -214,7 +215,7 @@ def _config_records(ns: argparse.Namespace) -> list:
     """The record of the `--config` job (one-line notices on stderr)."""
     import os
 
-    from boost_titan.bench.job import job_plan
+    from boost_titan.bench.model.job import job_plan
 
     clash = [name for name, default in ns.plan_defaults.items() if getattr(ns, name) != default]
     if clash:
@@ -234,7 +235,7 @@ def _config_records(ns: argparse.Namespace) -> list:
 
 
 def _run_model(ns: argparse.Namespace) -> int:
-    from boost_titan.bench.records import format_breakdown, format_memory_kernels
+    from boost_titan.bench.model.records import format_breakdown, format_memory_kernels
 
     if ns.config:
         records = _config_records(ns)
@@ -272,7 +273,7 @@ def _add_precision_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_precision(ns: argparse.Namespace) -> int:
-    from boost_titan.bench import precisions
+    from boost_titan.bench.model import precisions
 
     if ns.config:
         print(precisions.format_jobs(ns.config))
@@ -283,7 +284,7 @@ def _run_precision(ns: argparse.Namespace) -> int:
 
 # ---- validate --------------------------------------------------------------------------
 def _add_validate_args(parser: argparse.ArgumentParser) -> None:
-    from boost_titan.bench.validation import PAPER_GPU
+    from boost_titan.bench.model.validation import PAPER_GPU
 
     parser.add_argument(
         "--gpu",
@@ -302,19 +303,20 @@ def _add_validate_args(parser: argparse.ArgumentParser) -> None:
 def _run_validate(ns: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from boost_titan.bench import records, validation
+    from boost_titan.bench.model import records, validation
 
     rows = validation.validation_rows(ns.gpu, ns.ac)
     gemm, comm = validation.gemm_ablation(ns.gpu), validation.comm_ablation(ns.gpu)
     switches = validation.switch_rows(ns.gpu)
     constants = validation.constant_rows(ns.gpu)
     if ns.json != "-":
-        print(f"Constants of GPU profile {ns.gpu} (sources: boost_titan/bench/gpus.py)")
+        print(f"Constants of GPU profile {ns.gpu} (sources: boost_titan/bench/model/gpus.py)")
         print(records.format_constants(constants))
+        within = sum(all(validation.within_tolerance(r).values()) for r in rows)
         print(
             f"\nSeconds per iteration, paper vs model (CoLA, seq 4096, {ns.gpu}; "
             f"model within +-{validation.TOLERANCE:.0%} of both published speedups: "
-            f"{sum(all(validation.within_tolerance(r).values()) for r in rows)} of {len(rows)} rows)"
+            f"{within} of {len(rows)} rows)"
         )
         print(records.format_validation(rows, ns.gpu))
         for (flavor, ratio), reason in validation.KNOWN_GAPS.items():
@@ -340,15 +342,15 @@ def _run_validate(ns: argparse.Namespace) -> int:
 
 # ---- plot ------------------------------------------------------------------------------
 def _add_plot_args(parser: argparse.ArgumentParser) -> None:
-    from boost_titan.bench.validation import PAPER_GPU
+    from boost_titan.bench.model.validation import PAPER_GPU
 
     parser.add_argument("--gpu", default=PAPER_GPU, choices=tuple(GPUS))
     parser.add_argument("--out", default="docs/perf_model.png")
 
 
 def _run_plot(ns: argparse.Namespace) -> int:
-    from boost_titan.bench import validation
-    from boost_titan.bench.plots import write_validation_plot
+    from boost_titan.bench.model import validation
+    from boost_titan.bench.model.plots import write_validation_plot
 
     sweep = perfmodel.sweep(
         list(PLOT_FLAVORS),
@@ -373,40 +375,40 @@ def _run_plot(ns: argparse.Namespace) -> int:
 
 # ---- trace -----------------------------------------------------------------------------
 def _add_trace_args(parser: argparse.ArgumentParser) -> None:
-    from boost_titan.bench import trace
+    from boost_titan.bench.measure import trace
 
     add_plan_args(parser)
     trace.add_args(parser)
 
 
 def _run_trace(ns: argparse.Namespace) -> int:
-    from boost_titan.bench import trace
+    from boost_titan.bench.measure import trace
 
     return trace.run(ns, plans_from_args(ns))
 
 
 # ---- cpu -------------------------------------------------------------------------------
 def _add_cpu_args(parser: argparse.ArgumentParser) -> None:
-    from boost_titan.bench import cpu
+    from boost_titan.bench.measure import cpu
 
     cpu.add_args(parser)
 
 
 def _run_cpu(ns: argparse.Namespace) -> int:
-    from boost_titan.bench import cpu
+    from boost_titan.bench.measure import cpu
 
     return cpu.run(ns)
 
 
 # ---- compile ---------------------------------------------------------------------------
 def _add_compile_args(parser: argparse.ArgumentParser) -> None:
-    from boost_titan.bench import compiled
+    from boost_titan.bench.measure import compiled
 
     compiled.add_args(parser)
 
 
 def _run_compile(ns: argparse.Namespace) -> int:
-    from boost_titan.bench import compiled
+    from boost_titan.bench.measure import compiled
 
     return compiled.run(ns)
 

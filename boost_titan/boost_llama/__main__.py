@@ -8,7 +8,8 @@ from .shapes import FLAVORS, flavor_shape, param_count
 
 def main() -> None:
     print(
-        "| flavor | layers | heads | d | d_ff | r | full-rank params | CoLA/SVD params | ratio | LaX params |"
+        "| flavor | layers | heads | d | d_ff | r | full-rank params | CoLA/SVD params | ratio "
+        "| LaX params |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in FLAVORS:

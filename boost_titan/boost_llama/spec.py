@@ -94,7 +94,8 @@ def validate_validation(job_config, args: BoostModelArgs) -> None:
         return
     if validation.freq < 1 or validation.local_batch_size < 1 or validation.seq_len < 1:
         raise ConfigError(
-            "validation.freq, local_batch_size and seq_len must be >= 1; fix the [validation] section"
+            "validation.freq, local_batch_size and seq_len must be >= 1; "
+            "fix the [validation] section"
         )
     if validation.seq_len > args.max_seq_len:
         raise ConfigError(

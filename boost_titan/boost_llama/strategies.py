@@ -98,7 +98,8 @@ def resolve_strategy(arch: str, name: str) -> Strategy:
         name = "megatron" if arch == "fullrank" else "btp"
     if name not in STRATEGIES:
         raise ConfigError(
-            f"unknown [boost] tp_strategy {name!r}; choose one of {', '.join(strategy_names(auto=True))}"
+            f"unknown [boost] tp_strategy {name!r}; choose one of "
+            f"{', '.join(strategy_names(auto=True))}"
         )
     strategy = STRATEGIES[name]
     if strategy.low_rank and arch == "fullrank":

@@ -2,9 +2,10 @@
 of train's arguments into a JobConfig with one-line errors (`cli`), and `ConfigError`
 (`errors`). Importable without torch or torchtitan.
 
-The section is merged into TorchTitan's JobConfig, loaded through `--job.custom_config_module boost_titan.config`, which `boost_titan.train`
-adds by itself. TorchTitan requires the module to define a dataclass named `JobConfig`
-whose fields are the new sections.
+The section is merged into TorchTitan's JobConfig, loaded through
+`--job.custom_config_module boost_titan.config`, which `boost_titan.train` adds by itself.
+TorchTitan requires the module to define a dataclass named `JobConfig` whose fields are the
+new sections.
 """
 
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ class Boost:
     `boost_titan.boost_llama.strategies.STRATEGIES` (megatron | vanilla | btp)."""
 
     rmsnorm: str = "online"
-    """RMSNorm in front of BTP down-projections: online (statistic rides the down all-reduce) | sync."""
+    """RMSNorm in front of BTP down-projections: online (the statistic rides the down
+    all-reduce) | sync."""
 
     group_linears: bool = True
     """Under TP, run the q/k/v and gate/up first GEMMs as one GEMM (and, in BTP, one

@@ -10,8 +10,8 @@ import os
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from boost_titan.data.corpus import build_dataloader  # noqa: E402
-from boost_titan.data.tokenizer import (  # noqa: E402
+from boost_titan.data.corpus import build_dataloader
+from boost_titan.data.tokenizer import (
     DEFAULT_TOKENIZER,
     DEFAULT_VOCAB_SIZE,
     build_tokenizer,

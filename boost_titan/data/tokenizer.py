@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -50,7 +51,7 @@ LLAMA3_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _MAX_RUN = 25_000
-_LONG_RUN = re.compile(r"\s{%d,}|\S{%d,}" % (_MAX_RUN, _MAX_RUN))
+_LONG_RUN = re.compile(rf"\s{{{_MAX_RUN},}}|\S{{{_MAX_RUN},}}")
 """tiktoken's regex overflows its backtracking stack on longer runs of (non-)whitespace."""
 _HINT = (
     "give a dir with tokenizer.json or a tiktoken tokenizer.model, a *.tiktoken file, or 'default'"
@@ -152,7 +153,7 @@ def _cut_long_runs(text: str) -> list[str]:
         for i in range(run.start() + _MAX_RUN, run.end(), _MAX_RUN)
     ]
     bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=True)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 class TiktokenTokenizer(BaseTokenizer):

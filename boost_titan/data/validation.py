@@ -88,7 +88,8 @@ def validation_data(job_config) -> ValidationData | None:
     if name == LOCAL:
         if not path:
             raise ConfigError(
-                "validation.dataset local needs a path; pass --validation.dataset_path <file or dir>"
+                "validation.dataset local needs a path; "
+                "pass --validation.dataset_path <file or dir>"
             )
         return data_at(path, "validation.dataset_path")
     return ValidationData(name, path or DATASETS[name].path)

@@ -11,9 +11,9 @@
   steps run, tokens/s, first/last loss, the last validation and where outputs went.
 - The first step run measures the activations its forwards keep for backward (peak, on
   each rank; `PeakSavedActivations`); rank 0 logs them after that step and in the summary.
-- Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun restart and
-  any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*` injects a
-  SIGKILL for testing.
+- Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun
+  restart and any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*`
+  injects a SIGKILL for testing.
 - Every rank loads the checkpoint rank 0 picks (`boost_titan.runtime.resume`).
 - Gradient clipping uses the exact fp64 global norm (`runtime.grad_norm`), the same in every
   layout; `losses.jsonl` rows carry it as `grad_norm`. TorchTitan's `train_step` finds
@@ -216,14 +216,16 @@ class BoostTrainer(Trainer):
         folder = self.checkpointer.folder
         for path in incomplete_checkpoints(folder):
             logger.warning(
-                f"skipping incomplete checkpoint {path}: no DCP .metadata (its save was interrupted)"
+                f"skipping incomplete checkpoint {path}: "
+                "no DCP .metadata (its save was interrupted)"
             )
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
         if restart > 0:
             latest = latest_checkpoint(folder)
             logger.warning(
-                f"torchrun restart {restart} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS')} after "
-                f"a worker failure; newest complete checkpoint: {latest or 'none (starting over)'}"
+                f"torchrun restart {restart} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS')} "
+                "after a worker failure; "
+                f"newest complete checkpoint: {latest or 'none (starting over)'}"
             )
 
     def output_locations(self) -> str:

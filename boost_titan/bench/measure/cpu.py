@@ -1,0 +1,435 @@
+"""Wall-clock training steps on this CPU: each TP strategy on the same small model.
+
+`tp` gloo processes (one thread each) build one model per strategy (megatron trains the
+fullrank twin) with the real TP plan and AdamW, then time whole steps (forward,
+loss-parallel cross-entropy, backward, optimizer step). Strategies are interleaved within
+every repetition, in a rotating order, so drifting machine load hits them alike; a step's
+time is that of the slowest rank. Warm-up repetitions are dropped.
+
+The full-rank baseline runs TorchTitan's llama3 layout: separate q/k/v and gate/up GEMMs
+(`group_linears=False`). Grouped, it would concatenate its large weights on every forward,
+which measured slower here; the low-rank strategies keep grouping (one GEMM and one
+all-reduce per group, BOOST's linear grouping).
+
+`--compile` also builds each strategy's model with every block under `torch.compile`
+(Inductor, fullgraph, as `[compile] enable` does) and times it interleaved with the eager
+one: compile seconds (its first step less its median step) and the compiled / eager step
+ratio come from the same run. `--overlap-chunks K` likewise adds each strategy with its
+all-reduces in K overlapped row blocks (`[boost] overlap_chunks`); with `--profile N`
+the time rank 0 spends in collectives (launching and waiting: the exposed communication)
+is reported for 1 and K blocks side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor.parallel import loss_parallel
+
+from boost_titan.bench.measure.ports import free_port
+from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
+from boost_titan.boost_llama.strategies import STRATEGIES, build_plan, sizes
+from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize import apply_plan
+
+FLAGS = {"n_heads": "--heads", "n_layers": "--layers"}
+"""Command-line flags that are not the config field's name."""
+
+
+@dataclass(frozen=True)
+class CpuConfig:
+    """The timed model and schedule (defaults: BOOST-like block with r = d/4)."""
+
+    dim: int = 1024
+    rank: int = 256
+    n_heads: int = 16
+    ffn_dim: int = 2816
+    n_layers: int = 1
+    vocab_size: int = 1024
+    seq_len: int = 512
+    micro_batch: int = 2
+    arch: str = "cola"
+    tp: int = 2
+    repeats: int = 10
+    warmup: int = 2
+    profile_steps: int = 0
+    compile: bool = False
+    overlap_chunks: int = 1
+
+    @staticmethod
+    def group_linears(strategy: str) -> bool:
+        """Low-rank plans group; the full-rank baseline runs TorchTitan's ungrouped layout."""
+        return strategy != "megatron"
+
+    def model_args(self, strategy: str) -> BoostModelArgs:
+        full_rank = strategy == "megatron"
+        args = BoostModelArgs(
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            ffn_dim=self.ffn_dim,
+            vocab_size=self.vocab_size,
+            rank=self.rank,
+            max_seq_len=self.seq_len,
+            arch="fullrank" if full_rank else self.arch,
+        )
+        args.validate()
+        return args
+
+
+@dataclass
+class CpuRecord:
+    """Step times of one strategy. ratio_to_btp: this median / BTP's median in the same
+    run; ratio_to_btp_paired: the median over repetitions of this step / BTP's step of
+    the same repetition (robust to load that drifts between repetitions). profile_ms (with
+    --profile N): rank 0's mean step under torch.profiler split into gemm, attention,
+    comm (collectives and waiting for them) and other, in ms; they add up to step."""
+
+    strategy: str
+    arch: str
+    tp: int
+    seq_len: int
+    micro_batch: int
+    dtype: str
+    dim: int
+    rank: int
+    n_heads: int
+    ffn_dim: int
+    n_layers: int
+    vocab_size: int
+    group_linears: bool
+    warmup: int
+    repeats: int
+    step_ms_median: float
+    step_ms_min: float
+    step_ms_max: float
+    step_ms: list[float]
+    ratio_to_btp: float | None = None
+    ratio_to_btp_paired: float | None = None
+    profile_ms: dict[str, float] | None = None
+    compiled_step_ms: list[float] | None = None
+    compile_s: float | None = None
+    compiled_to_eager_paired: float | None = None
+    """--compile: median over repetitions of the compiled step / the eager step."""
+    overlap_chunks: int = 1
+    overlap_step_ms: list[float] | None = None
+    overlap_to_one_paired: float | None = None
+    """--overlap-chunks K: median over repetitions of the K-block step / the 1-block step."""
+    overlap_profile_ms: dict[str, float] | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ---- one rank ----------------------------------------------------------------------------
+class _Trainee:
+    """A model under one strategy's plan, its optimizer and one timed step."""
+
+    def __init__(
+        self,
+        cfg: CpuConfig,
+        strategy: str,
+        mesh: DeviceMesh,
+        compiled: bool = False,
+        chunks: int = 1,
+    ) -> None:
+        args = cfg.model_args(strategy)
+        torch.manual_seed(0)
+        self.model = BoostTransformer(args)
+        self.model.init_weights()
+        plan = build_plan(strategy, args, group_linears=cfg.group_linears(strategy))
+        apply_plan(self.model, mesh, plan, overlap_chunks=chunks)
+        if compiled:
+            for layer_id, block in self.model.layers.named_children():
+                self.model.layers.register_module(layer_id, torch.compile(block, fullgraph=True))
+        self.optimizer = torch.optim.AdamW(  # fused: TorchTitan's default implementation
+            self.model.parameters(), lr=1e-4, weight_decay=0.01, fused=True
+        )
+
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.model(tokens)
+        with loss_parallel():
+            F.cross_entropy(logits.flatten(0, 1), labels.flatten()).backward()
+        self.optimizer.step()
+
+
+def _timed(trainee: _Trainee, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+    """Milliseconds of one step on the slowest rank."""
+    dist.barrier()
+    start = time.perf_counter()
+    trainee.step(tokens, labels)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item() * 1e3
+
+
+PROFILE_KINDS = {
+    "gemm": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "attention": ("aten::_scaled_dot_product",),
+    "comm": ("c10d::", "_c10d_functional::"),
+}
+"""Profiler op-name prefixes of each kind of work; the rest of a step is `other`."""
+
+
+def _profiled(trainee: _Trainee, tokens: torch.Tensor, labels: torch.Tensor, steps: int) -> dict:
+    """Mean milliseconds per step of this rank, by kind of op (profiler self times)."""
+    dist.barrier()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainee.step(tokens, labels)
+        step_ms = (time.perf_counter() - start) * 1e3 / steps
+    split = dict.fromkeys(PROFILE_KINDS, 0.0)
+    for event in prof.key_averages():
+        kind = next((k for k, names in PROFILE_KINDS.items() if event.key.startswith(names)), None)
+        if kind:
+            split[kind] += event.self_cpu_time_total / 1e3 / steps
+    return {"step": step_ms, **split, "other": step_ms - sum(split.values())}
+
+
+def _worker(rank: int, port: int, cfg: CpuConfig, strategies: tuple[str, ...], out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=cfg.tp)
+    try:
+        mesh = init_device_mesh("cpu", (cfg.tp,))
+        trainees = {s: _Trainee(cfg, s, mesh) for s in strategies}
+        generator = torch.Generator().manual_seed(1)
+        tokens, labels = torch.randint(
+            0, cfg.vocab_size, (2, cfg.micro_batch, cfg.seq_len), generator=generator
+        )
+        runs = list(strategies)
+        first_ms = {}
+        if cfg.compile:
+            for s in strategies:
+                trainees[f"{s}:compiled"] = _Trainee(cfg, s, mesh, compiled=True)
+                first_ms[s] = _timed(trainees[f"{s}:compiled"], tokens, labels)
+                runs.append(f"{s}:compiled")
+        if cfg.overlap_chunks > 1:
+            for s in strategies:
+                trainees[f"{s}:overlap"] = _Trainee(cfg, s, mesh, chunks=cfg.overlap_chunks)
+                runs.append(f"{s}:overlap")
+        times: dict[str, list[float]] = {s: [] for s in runs}
+        for rep in range(cfg.warmup + cfg.repeats):
+            shift = rep % len(runs)
+            for run in runs[shift:] + runs[:shift]:
+                ms = _timed(trainees[run], tokens, labels)
+                if rep >= cfg.warmup:
+                    times[run].append(ms)
+        profiles = {
+            run: _profiled(trainees[run], tokens, labels, cfg.profile_steps)
+            for run in (runs if cfg.profile_steps else ())
+        }
+        if rank == 0:
+            Path(out).write_text(
+                json.dumps({"times": times, "profiles": profiles, "first_ms": first_ms})
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- the measurement ---------------------------------------------------------------------
+def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> list[CpuRecord]:
+    """Time every strategy on `cfg.tp` spawned gloo processes; one record each."""
+    for strategy in strategies:
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+        values = sizes(cfg.model_args(strategy))
+        for name in ("dim", *STRATEGIES[strategy].divisible):
+            if values[name] % cfg.tp:
+                raise ConfigError(f"{name} {values[name]} is not divisible by tp {cfg.tp}")
+    if cfg.repeats < 1 or cfg.warmup < 0 or cfg.profile_steps < 0 or cfg.overlap_chunks < 1:
+        raise ConfigError(
+            "--repeats and --overlap-chunks must be >= 1, --warmup and --profile >= 0"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "times.json")
+        mp.start_processes(
+            _worker,
+            args=(free_port(), cfg, strategies, out),
+            nprocs=cfg.tp,
+            join=True,
+            start_method="spawn",
+        )
+        result = json.loads(Path(out).read_text())
+    records = [_record(cfg, s, result["times"][s]) for s in strategies]
+    for r in records:
+        r.profile_ms = result["profiles"].get(r.strategy)
+        if cfg.compile:
+            compiled = result["times"][f"{r.strategy}:compiled"]
+            r.compiled_step_ms = compiled
+            r.compile_s = (
+                max(result["first_ms"][r.strategy] - statistics.median(compiled), 0.0) / 1e3
+            )
+            r.compiled_to_eager_paired = statistics.median(
+                c / e for c, e in zip(compiled, r.step_ms, strict=True)
+            )
+        if cfg.overlap_chunks > 1:
+            overlapped = result["times"][f"{r.strategy}:overlap"]
+            r.overlap_chunks, r.overlap_step_ms = cfg.overlap_chunks, overlapped
+            r.overlap_to_one_paired = statistics.median(
+                o / e for o, e in zip(overlapped, r.step_ms, strict=True)
+            )
+            r.overlap_profile_ms = result["profiles"].get(f"{r.strategy}:overlap")
+    if "btp" in strategies:
+        btp = records[strategies.index("btp")]
+        for r in records:
+            r.ratio_to_btp = r.step_ms_median / btp.step_ms_median
+            r.ratio_to_btp_paired = statistics.median(
+                mine / theirs for mine, theirs in zip(r.step_ms, btp.step_ms, strict=True)
+            )
+    return records
+
+
+def _record(cfg: CpuConfig, strategy: str, ms: list[float]) -> CpuRecord:
+    args = cfg.model_args(strategy)
+    return CpuRecord(
+        strategy=strategy,
+        arch=args.arch,
+        tp=cfg.tp,
+        seq_len=cfg.seq_len,
+        micro_batch=cfg.micro_batch,
+        dtype="fp32",
+        dim=cfg.dim,
+        rank=cfg.rank,
+        n_heads=cfg.n_heads,
+        ffn_dim=cfg.ffn_dim,
+        n_layers=cfg.n_layers,
+        vocab_size=cfg.vocab_size,
+        group_linears=cfg.group_linears(strategy),
+        warmup=cfg.warmup,
+        repeats=cfg.repeats,
+        step_ms_median=statistics.median(ms),
+        step_ms_min=min(ms),
+        step_ms_max=max(ms),
+        step_ms=ms,
+    )
+
+
+# ---- command line ------------------------------------------------------------------------
+def add_args(parser: argparse.ArgumentParser) -> None:
+    defaults = CpuConfig()
+    for name in (
+        "dim",
+        "rank",
+        "n_heads",
+        "ffn_dim",
+        "n_layers",
+        "vocab_size",
+        "seq_len",
+        "micro_batch",
+        "tp",
+        "repeats",
+        "warmup",
+    ):
+        flag = FLAGS.get(name, "--" + name.replace("_", "-"))
+        parser.add_argument(flag, dest=name, type=int, default=getattr(defaults, name))
+    parser.add_argument(
+        "--arch",
+        default=defaults.arch,
+        choices=("cola", "svd"),
+        help="low-rank arch of btp/vanilla; megatron trains the fullrank twin",
+    )
+    parser.add_argument(
+        "--strategy",
+        default=",".join(STRATEGIES),
+        help="comma list of btp, vanilla, megatron (interleaved)",
+    )
+    parser.add_argument(
+        "--profile",
+        dest="profile_steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after timing, profile N more steps per strategy and split rank "
+        "0's step into gemm / attention / comm / other",
+    )
+    parser.add_argument(
+        "--overlap-chunks",
+        dest="overlap_chunks",
+        type=int,
+        default=1,
+        metavar="K",
+        help="also time each strategy with its all-reduces in K overlapped blocks",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time each strategy with its blocks under torch.compile (Inductor)",
+    )
+    parser.add_argument(
+        "--json", metavar="PATH|-", help="write the records as a JSON list ('-': stdout only)"
+    )
+
+
+def run(ns: argparse.Namespace) -> int:
+    fields = {k: v for k, v in vars(ns).items() if k in CpuConfig.__dataclass_fields__}
+    cfg = replace(CpuConfig(), **fields)
+    records = measure(cfg, tuple(s for s in ns.strategy.split(",") if s))
+    text = json.dumps([r.to_json() for r in records], indent=1)
+    if ns.json == "-":
+        print(text)
+        return 0
+    if ns.json:
+        Path(ns.json).write_text(text)
+    print(
+        f"{'strategy':>8} {'arch':>8} {'median ms':>9} {'min':>7} {'max':>7} "
+        f"{'x btp':>6} {'paired':>6}"
+    )
+    for r in records:
+        ratios = [
+            f"{x:.2f}" if x is not None else "-" for x in (r.ratio_to_btp, r.ratio_to_btp_paired)
+        ]
+        print(
+            f"{r.strategy:>8} {r.arch:>8} {r.step_ms_median:>9.1f} {r.step_ms_min:>7.1f} "
+            f"{r.step_ms_max:>7.1f} {ratios[0]:>6} {ratios[1]:>6}"
+        )
+    if cfg.compile:
+        print("\ntorch.compile (Inductor, fullgraph, per block), interleaved with the eager steps:")
+        print(
+            f"{'strategy':>8} {'compile s':>9} {'median ms':>9} {'min':>7} {'max':>7} "
+            f"{'x eager':>7}"
+        )
+        for r in records:
+            ms = r.compiled_step_ms
+            print(
+                f"{r.strategy:>8} {r.compile_s:>9.1f} {statistics.median(ms):>9.1f} "
+                f"{min(ms):>7.1f} {max(ms):>7.1f} {r.compiled_to_eager_paired:>7.2f}"
+            )
+    if cfg.overlap_chunks > 1:
+        k = cfg.overlap_chunks
+        print(f"\nall-reduces in 1 vs {k} overlapped blocks ([boost] overlap_chunks), interleaved:")
+        print(
+            f"{'strategy':>8} {'1: ms':>8} {f'{k}: ms':>8} {f'x {k}/1':>7} {'1: comm ms':>10} "
+            f"{f'{k}: comm ms':>10} {'comm x':>7}"
+        )
+        for r in records:
+            comm = [p["comm"] if p else None for p in (r.profile_ms, r.overlap_profile_ms)]
+            cells = [f"{c:>10.1f}" if c is not None else f"{'-':>10}" for c in comm]
+            ratio = f"{comm[1] / comm[0]:>7.2f}" if None not in comm else f"{'-':>7}"
+            print(
+                f"{r.strategy:>8} {r.step_ms_median:>8.1f} "
+                f"{statistics.median(r.overlap_step_ms):>8.1f} "
+                f"{r.overlap_to_one_paired:>7.2f} {cells[0]} {cells[1]} {ratio}"
+            )
+    profiled = [r for r in records if r.profile_ms]
+    if profiled:
+        kinds = ("step", *PROFILE_KINDS, "other")
+        print(f"\nrank 0 under torch.profiler, ms per step ({cfg.profile_steps} steps each):")
+        print(f"{'strategy':>8} " + " ".join(f"{k:>9}" for k in kinds))
+        for r in profiled:
+            print(f"{r.strategy:>8} " + " ".join(f"{r.profile_ms[k]:>9.1f}" for k in kinds))
+    return 0

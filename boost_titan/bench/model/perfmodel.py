@@ -1,0 +1,910 @@
+"""Analytic model of a training step under megatron, vanilla low-rank and BTP tensor parallelism.
+
+Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch * seq_len):
+- Collectives are those our plans issue (see `layer_collectives`); a payload is the tensor
+  a rank hands to the collective: T * elements_per_token * dtype bytes.
+- FLOPs: 2*M*N*K for every GEMM on the local shard; attention 4*T*seq_len*d_attn (QK^T and
+  AV) with the causal mask NOT halved, the usual MFU convention. Vanilla runs attention on
+  all heads on every rank. Backward GEMMs = 2x forward (dX and dW).
+- Activations (`saved_activations`): the storages autograd keeps, as `bench trace`
+  measures them (with RMSNorm saving what its fused CUDA kernel saves).
+- Memory: bf16 training keeps bf16 params and grads plus an fp32 master copy and AdamW's two
+  fp32 moments (2+2+12 bytes per parameter); fp32 training 4+4+8; bf16 without master
+  weights (TorchTitan's `training.dtype = "bfloat16"`) 2+2+4.
+- Float8 (`Plan.float8`, a torchao recipe): the per-rank GEMMs the runtime selects
+  (`bench.model.float8`) run at the float8 rate, forward, input grad and (unless the recipe
+  keeps it in high precision) weight grad, each after casting both operands to float8.
+- Time (`step_time`): every kernel class priced by `costs` on a `gpus` profile: GEMMs on a
+  roofline with a derived shape-dependent efficiency, memory-bound kernels (`streams`) by
+  bytes over sustained HBM bandwidth, causal flash attention, one launch per kernel,
+  collectives on NCCL's ring model, pipeline sends over the network, the optimizer by bytes
+  per parameter. Overlap is what the plans do: each backward input-grad all-reduce of a
+  column-parallel group runs behind that group's weight-grad GEMMs; with `overlap_chunks`
+  k > 1 each forward all-reduce that a GEMM produces goes in k row blocks, block j's
+  all-reduce behind block j+1's GEMM (`chunked_exposed`); everything else is exposed. A
+  step is `microbatches` micro-batches through a 1F1B pipeline (fill and drain: the bubble)
+  plus gradient clipping and one AdamW update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from boost_titan.bench.model import costs, float8
+from boost_titan.bench.model.gpus import FLOAT8, GPUS, GpuProfile, gpu_profile
+from boost_titan.bench.model.records import PerfRecord
+from boost_titan.bench.model.streams import block_streams, embedding_streams, head_streams
+from boost_titan.bench.model.work import Collective, Gemm, Stream, Widths
+from boost_titan.boost_llama.shapes import (
+    PAPER_VOCAB,
+    PROJECTIONS,
+    ModelShape,
+    flavor_shape,
+    param_count,
+    projection_params,
+)
+from boost_titan.boost_llama.strategies import STRATEGIES as REGISTRY
+from boost_titan.boost_llama.strategies import sizes as strategy_sizes
+from boost_titan.config import RMSNORM_MODES
+from boost_titan.config.errors import ConfigError
+
+STRATEGIES = tuple(REGISTRY)
+AC_MODES = ("none", "full", "selective", "lowrank")
+DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32"}
+"""TorchTitan's spellings (`training.mixed_precision_param`) of the DTYPE_BYTES names."""
+BF16_WEIGHTS = "bf16-weights"
+"""State of bf16 training without master weights (`training.dtype = "bfloat16"`)."""
+STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8), BF16_WEIGHTS: (2, 2, 4)}
+"""Bytes per parameter of (weights, grads, optimizer state incl. any fp32 master copy), by
+`Plan.state`."""
+ADAMW_BYTES_PER_PARAM = {"bf16": 28, "fp32": 28, BF16_WEIGHTS: 14}
+"""HBM traffic of one fused AdamW update per parameter (read master, grad, m, v; write
+master, m, v, weight): 4+2+4+4+4+4+4+2 in bf16 training, 4+4+4+4+4+4+4 in fp32, and
+2+2+2+2+2+2+2 in bf16 without master weights (no separate weight copy)."""
+CLIP_GRAD_PASSES = 3
+"""Gradient clipping reads every grad for the norm, then reads and writes it to scale."""
+OPTIMIZER_LAUNCHES = 4
+"""Fused multi-tensor kernels: grad norm, its reduction, scaling, AdamW."""
+NORM_FED = ("q", "gate")
+"""The first projection after each RMSNorm: its group's all-reduce carries the online
+statistic (grouped or not), and sync RMSNorm's own all-reduce sits before it."""
+SHARED_INPUTS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
+"""Projections grouped by the input they consume (the two norm outputs, o's, down's)."""
+TIME_PARTS = ("gemm", "memory", "attention", "optimizer", "comm", "bubble")
+"""Classes a predicted step splits into; they add up to the step time. comm is the
+communication nothing hides (TP collectives not overlapped, pipeline sends)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one model is trained: parallel strategy, batch shape, dtype and recomputation."""
+
+    strategy: str
+    tp: int = 1
+    pp: int = 1
+    seq_len: int = 4096
+    micro_batch: int = 1
+    microbatches: int = 4
+    dtype: str = "bf16"
+    ac: str = "none"
+    rmsnorm: str = "online"
+    group_linears: bool = True
+    overlap_chunks: int = 1
+    master_weights: bool = True
+    """bf16 keeps fp32 master weights (mixed precision); False: weights, grads and AdamW
+    state all in bf16 (TorchTitan's `training.dtype = "bfloat16"`)."""
+    float8: str | None = None
+    """torchao float8 recipe (`[quantize.linear.float8] recipe_name`); None: off."""
+    float8_filter: tuple[str, ...] = ()
+    """TorchTitan's `filter_fqns` (with `auto_filter_small_kn`: torchao's size filter)."""
+    float8_casts: str = "eager"
+    """How the float8 casts run (`bench.model.float8.CASTS`): eager, or fused by torch.compile."""
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def state(self) -> str:
+        """Key of STATE_BYTES: the dtype, or BF16_WEIGHTS for bf16 without master weights."""
+        return BF16_WEIGHTS if self.dtype == "bf16" and not self.master_weights else self.dtype
+
+    @property
+    def precision(self) -> str:
+        """A short description: GEMM and state dtypes, float8 recipe and casts."""
+        text = {"fp32": "fp32", "bf16": "bf16, fp32 master", BF16_WEIGHTS: "bf16, no master"}
+        suffix = f", float8 {self.float8} ({self.float8_casts} casts)" if self.float8 else ""
+        return text[self.state] + suffix
+
+
+def _all_reduce(name: str, elements: int, behind: tuple[str, ...] = ()) -> Collective:
+    return Collective("all_reduce", name, elements, behind)
+
+
+# ---- configuration ---------------------------------------------------------------------
+def model_args(flavor: str, arch: str, strategy: str) -> ModelShape:
+    """The flavor's arguments as `strategy` trains them: megatron always trains the fullrank
+    twin; a flavor without a vocabulary gets the paper's 32000."""
+    args = flavor_shape(flavor, arch="fullrank" if strategy == "megatron" else arch)
+    if not args.vocab_size:
+        args.vocab_size = PAPER_VOCAB
+    args.validate()
+    return args
+
+
+def check(args: ModelShape, plan: Plan) -> None:
+    """Raise ConfigError (one line, with the fix) for a plan the model cannot describe."""
+    choices = {
+        "strategy": (plan.strategy, STRATEGIES),
+        "ac": (plan.ac, AC_MODES),
+        "dtype": (plan.dtype, tuple(DTYPE_BYTES)),
+        "rmsnorm": (plan.rmsnorm, RMSNORM_MODES),
+        "float8 casts": (plan.float8_casts, float8.CASTS),
+    }
+    for option, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"unknown {option} {value!r}; choose one of {', '.join(allowed)}")
+    if args.arch == "lax":
+        raise ConfigError(
+            "the perf model covers fullrank, svd and cola; LaX's crossing is not modelled, "
+            "use --arch cola"
+        )
+    if plan.strategy != "megatron" and not args.low_rank:
+        raise ConfigError(
+            f"strategy {plan.strategy} needs a low-rank arch (svd or cola); "
+            "fullrank trains with megatron"
+        )
+    if plan.ac == "lowrank" and plan.strategy == "megatron":
+        raise ConfigError(
+            "ac lowrank keeps bottleneck latents, which megatron's fullrank model lacks; "
+            "use --ac full or selective"
+        )
+    if not 1 <= plan.tp <= 8:
+        raise ConfigError(
+            f"tp {plan.tp} must be 1..8: tensor parallelism stays inside one NVLink node"
+        )
+    if not 1 <= plan.pp <= args.n_layers:
+        raise ConfigError(f"pp {plan.pp} must be 1..{args.n_layers} (the number of layers)")
+    if min(plan.seq_len, plan.micro_batch, plan.microbatches) < 1:
+        raise ConfigError("seq_len, micro_batch and microbatches must be positive")
+    sizes = strategy_sizes(args)
+    for name in REGISTRY[plan.strategy].divisible:
+        if sizes[name] % plan.tp:
+            size = sizes[name]
+            raise ConfigError(
+                f"{name} {size} is not divisible by tp {plan.tp}; pick a tp that divides it"
+            )
+
+
+def _grouped(plan: Plan) -> bool:
+    """A norm's consumers run their first GEMMs as one (without TP the model runs as
+    written: one GEMM per projection)."""
+    return plan.group_linears and plan.tp > 1
+
+
+def _groups(plan: Plan) -> list[tuple[str, ...]]:
+    """Projections whose first GEMMs run as one GEMM (and one all-reduce)."""
+    if _grouped(plan):
+        return list(SHARED_INPUTS)
+    return [(p,) for p in PROJECTIONS]
+
+
+def _group_name(group: tuple[str, ...]) -> str:
+    return {("q", "k", "v"): "qkv", ("gate", "up"): "gate_up"}.get(group, "_".join(group))
+
+
+# ---- communication ---------------------------------------------------------------------
+def layer_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], list[Collective]]:
+    """Collectives of one block, forward and backward, in issue order.
+
+    megatron: all-reduce after row-parallel o and down; backward, the grads of the two norm
+    outputs feeding column-parallel q/k/v and gate/up (independent of grouping).
+    vanilla: every row-parallel B all-reduces its full output; backward, the input grads of
+    the column-parallel A's, once per input they share (grouped or not).
+    btp: every row-parallel A group all-reduces at the rank; online RMSNorm appends its
+    statistic (+1, in the activation dtype) to the first group after each norm, sync
+    RMSNorm adds one all-reduce of [T, 1] per norm each way; backward, the input grads of
+    the column-parallel B's (one per group).
+    Every backward input-grad all-reduce runs behind the weight-grad GEMMs of the
+    column-parallel GEMMs whose input grads it sums (`Collective.behind`).
+    """
+    if plan.tp == 1:
+        return [], []
+    shapes, groups, r = args.projection_shapes(), _groups(plan), args.effective_rank
+    if plan.strategy == "megatron":
+        fwd = [_all_reduce("o", shapes["o"][1]), _all_reduce("down", shapes["down"][1])]
+        bwd = [
+            _all_reduce("gate_up", shapes["gate"][0], _firsts(plan, ("gate", "up"), "")),
+            _all_reduce("qkv", shapes["q"][0], _firsts(plan, ("q", "k", "v"), "")),
+        ]
+        return fwd, bwd
+    if plan.strategy == "vanilla":
+        fwd = [_all_reduce(f"{p}.B", shapes[p][1]) for p in PROJECTIONS]
+        bwd = [
+            _all_reduce(f"{_group_name(g)}.A", shapes[g[0]][0], _firsts(plan, g, ".A"))
+            for g in reversed(SHARED_INPUTS)
+        ]
+        return fwd, bwd
+    norms = {"q": "attention_norm", "gate": "ffn_norm"}
+    fwd, bwd = [], []
+    for group in groups:
+        name, stat = _group_name(group), 0
+        if group[0] in NORM_FED and plan.rmsnorm == "sync":
+            fwd.append(_all_reduce(norms[group[0]], 1))
+        elif group[0] in NORM_FED:
+            stat = 1
+        fwd.append(_all_reduce(f"{name}.A", r * len(group) + stat))
+    for group in reversed(groups):
+        bwd.append(
+            _all_reduce(f"{_group_name(group)}.B", r * len(group), tuple(f"{p}.B" for p in group))
+        )
+        if group[0] in NORM_FED and plan.rmsnorm == "sync":
+            bwd.append(_all_reduce(norms[group[0]], 1))
+    return fwd, bwd
+
+
+def _firsts(plan: Plan, members: tuple[str, ...], suffix: str) -> tuple[str, ...]:
+    """Names of the first GEMMs of `members` (grouped: theirs is one GEMM)."""
+    if _grouped(plan) and len(members) > 1:
+        return (_group_name(members) + suffix,)
+    return tuple(p + suffix for p in members)
+
+
+def step_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], list[Collective]]:
+    """Model-level collectives per micro-batch: output side of the model and loss parallel.
+
+    Every strategy ends in a vocab-parallel lm_head whose loss-parallel cross entropy
+    all-reduces three [T] statistics (max, sum of exp, target logit). btp first runs the
+    final norm as a sync RMSNorm on the sharded residual and all-gathers it ([T, d/tp] in,
+    reduce-scatter of [T, d] backward); megatron/vanilla hold a replicated residual and
+    all-reduce the lm_head input grad behind its weight-grad GEMM. Embeddings (btp: sharded
+    on the embedding dim; others: replicated) need no communication.
+    """
+    if plan.tp == 1:
+        return [], []
+    d = args.dim
+    loss = [_all_reduce(f"loss.{stat}", 1) for stat in ("max", "sumexp", "target")]
+    if plan.strategy == "btp":
+        fwd = [
+            _all_reduce("final_norm", 1),
+            Collective("all_gather", "final_gather", d // plan.tp),
+            *loss,
+        ]
+        bwd = [Collective("reduce_scatter", "final_gather", d), _all_reduce("final_norm", 1)]
+        return fwd, bwd
+    return loss, [_all_reduce("lm_head", d, ("lm_head",))]
+
+
+def pipeline_send_elements(args: ModelShape, plan: Plan) -> int:
+    """Elements per token one rank sends across a stage boundary (btp's residual is sharded)."""
+    return args.dim // plan.tp if plan.strategy == "btp" else args.dim
+
+
+# ---- compute ---------------------------------------------------------------------------
+def layer_gemms(args: ModelShape, plan: Plan) -> list[Gemm]:
+    """Forward GEMMs of one block on one rank, in execution order. Grouped, a norm's
+    consumers run their first GEMMs as one (megatron: q/k/v and gate/up themselves;
+    low-rank: their A's)."""
+    t, tp, shapes = plan.tokens, plan.tp, args.projection_shapes()
+    if plan.strategy == "megatron":
+        gemms = []
+        for group in _groups(plan):
+            if group[0] in ("o", "down"):  # row-parallel
+                gemms.append(Gemm(group[0], t, shapes[group[0]][1], shapes[group[0]][0] // tp))
+            else:  # column-parallel
+                n = sum(shapes[p][1] for p in group) // tp
+                gemms.append(Gemm(_group_name(group), t, n, shapes[group[0]][0]))
+        return gemms
+    r, gemms = args.effective_rank, []
+    for group in _groups(plan):
+        d_in = shapes[group[0]][0]
+        if plan.strategy == "btp":
+            gemms.append(Gemm(f"{_group_name(group)}.A", t, r * len(group), d_in // tp))
+            gemms += [Gemm(f"{p}.B", t, shapes[p][1] // tp, r) for p in group]
+        else:
+            gemms.append(Gemm(f"{_group_name(group)}.A", t, r // tp * len(group), d_in))
+            gemms += [Gemm(f"{p}.B", t, shapes[p][1], r // tp) for p in group]
+    return gemms
+
+
+def layer_widths(args: ModelShape, plan: Plan) -> Widths:
+    """Per-rank widths of one block's activations: btp shards the residual and keeps
+    latents whole; vanilla keeps activations whole and shards latents; megatron shards
+    heads and the MLP."""
+    tp, shapes = plan.tp, args.projection_shapes()
+    replicated = plan.strategy == "vanilla"
+    split = 1 if replicated else tp
+    latent = 0
+    if args.low_rank:
+        latent = args.effective_rank // tp if replicated else args.effective_rank
+    return Widths(
+        residual=args.dim // tp if plan.strategy == "btp" else args.dim,
+        q=shapes["q"][1] // split,
+        kv=shapes["k"][1] // split,
+        ffn=args.ffn_dim // split,
+        latent=latent,
+        grouped=_grouped(plan),
+        silu_latents=args.low_rank and args.activation == "silu",
+        silu_gate=not (args.low_rank and args.activation == "silu"),
+    )
+
+
+def _norm_mode(plan: Plan) -> str:
+    """How the block's pre-norms run: replicated, or BTP's online / sync."""
+    return plan.rmsnorm if plan.strategy == "btp" and plan.tp > 1 else "replicated"
+
+
+def attention_flops(args: ModelShape, plan: Plan) -> int:
+    """Forward QK^T and AV of one block on one rank (causal mask not halved)."""
+    heads_per_rank = args.n_heads if plan.strategy == "vanilla" else args.n_heads // plan.tp
+    return 4 * plan.tokens * plan.seq_len * heads_per_rank * args.head_dim
+
+
+def layer_flops(args: ModelShape, plan: Plan) -> int:
+    """Forward FLOPs of one block on one rank."""
+    return sum(g.flops for g in layer_gemms(args, plan)) + attention_flops(args, plan)
+
+
+# ---- memory ----------------------------------------------------------------------------
+def layer_params(args: ModelShape, plan: Plan) -> int:
+    """Parameters of one block on one rank: every projection is sharded over tp; the two
+    norm weights are sharded by btp, replicated by megatron/vanilla."""
+    norms = 2 * args.dim // (plan.tp if plan.strategy == "btp" else 1)
+    return norms + sum(projection_params(args, p, 0) for p in PROJECTIONS) // plan.tp
+
+
+def params_per_rank(args: ModelShape, plan: Plan) -> int:
+    """Parameters on the busiest rank: its stage's blocks plus embedding and/or head."""
+    tp, btp = plan.tp, plan.strategy == "btp"
+    embedding = args.vocab_size * args.dim // (tp if btp else 1)
+    head = args.vocab_size * args.dim // tp + args.dim // (tp if btp else 1)
+    ends = embedding + head if plan.pp == 1 else max(embedding, head)
+    return _layers_per_stage(args, plan) * layer_params(args, plan) + ends
+
+
+FP32_BYTES = 4
+"""Statistics kept in fp32 whatever the training dtype: RMSNorm's rstd, attention's
+log-sum-exp, sync RMSNorm's upcasts."""
+
+
+def saved_activations(args: ModelShape, plan: Plan) -> dict[str, int]:
+    """Bytes one block keeps for backward per micro-batch on one rank without
+    recomputation, by item: every distinct storage autograd saves, as `bench trace`
+    measures it (each storage once, however many views of it are saved; parameters
+    excluded). `b` is the activation dtype's bytes, widths are per rank.
+
+    - Norms. Replicated (megatron, vanilla, TP1): PyTorch's fused RMSNorm keeps its input
+      and the fp32 rstd; its output is kept by the consumers' first GEMM. BTP online: the
+      input, the [T, 1] statistic (dtype b) and the latents it hands out; ungrouped, it
+      also keeps each consumer's latent separately (the consumers read the concatenation).
+      BTP sync (`sync_rmsnorm`, eager): two fp32 upcasts of the input (one in fp32
+      training: the upcast is the input), the fp32 rstd, the normalised product before
+      the weight and the output.
+    - Grouped first GEMMs keep their concatenated weight shards (per micro-batch, not
+      per token): megatron [q+k+v, d] / [2 d_ff, d], low-rank the A's.
+    - Attention: RoPE'd q and k, v, the output and the fp32 log-sum-exp (per head). A
+      megatron group's q, k, v are views of one GEMM output, which v keeps alive whole.
+      With GQA, the repeated k and v (q wide) instead of k and v.
+    - MLP: gate and up (megatron grouped: one [2 d_ff] storage), SiLU(gate) when the
+      gate has one (fullrank, SVD), and the product (kept by down).
+    - Low-rank pairs: each A output (the latent; BTP's first projections after a norm
+      hand out one concatenation) and, for CoLA, its SiLU (kept by B).
+    """
+    t, b, tp = plan.tokens, plan.dtype_bytes, plan.tp
+    shapes, w, mode = args.projection_shapes(), layer_widths(args, plan), _norm_mode(plan)
+    lat, grouped, items = w.latent, w.grouped, {}
+
+    def add(name: str, elements_per_token: float, nbytes: int = b) -> None:
+        items[name] = items.get(name, 0) + round(t * elements_per_token * nbytes)
+
+    for norm, n, first in (("attention_norm", 3, "q"), ("ffn_norm", 2, "gate")):
+        if mode == "replicated":
+            add(f"{norm}.input", w.residual)
+            add(f"{norm}.rstd", 1, FP32_BYTES)
+            add(f"{norm}.output", w.residual)
+        elif mode == "online":
+            add(f"{norm}.input", w.residual)
+            add(f"{norm}.statistic", 1)
+            if not grouped and n > 1:
+                add(f"{norm}.latents", n * lat)
+        else:
+            add(f"{norm}.upcast", w.residual * (2 if b != FP32_BYTES else 1), FP32_BYTES)
+            add(f"{norm}.rstd", 1, FP32_BYTES)
+            add(f"{norm}.normalised", w.residual)
+            add(f"{norm}.output", w.residual)
+        if grouped:
+            members = SHARED_INPUTS[0] if first == "q" else SHARED_INPUTS[2]
+            if args.low_rank:
+                rows, cols = (
+                    n * args.effective_rank // (tp if plan.strategy == "vanilla" else 1),
+                    shapes[first][0] // (tp if plan.strategy == "btp" else 1),
+                )
+            else:
+                rows, cols = sum(shapes[p][1] for p in members) // tp, shapes[first][0]
+            items[f"{_group_name(members)}.concat_weights"] = rows * cols * b
+
+    heads = args.n_heads if plan.strategy == "vanilla" else args.n_heads // tp
+    gqa = args.kv_heads < args.n_heads
+    add("attention.q", w.q)
+    add("attention.k", w.q if gqa else w.kv)
+    if gqa:
+        add("attention.v", w.q)
+    elif plan.strategy == "megatron" and grouped:
+        add("attention.qkv", w.q + 2 * w.kv)
+    else:
+        add("attention.v", w.kv)
+    add("attention.out", w.q)
+    add("attention.lse", heads, FP32_BYTES)
+
+    if plan.strategy == "megatron" and grouped:
+        add("mlp.gate_up", 2 * w.ffn)
+    else:
+        add("mlp.gate", w.ffn)
+        add("mlp.up", w.ffn)
+    if w.silu_gate:
+        add("mlp.silu_gate", w.ffn)
+    add("mlp.product", w.ffn)
+
+    if args.low_rank:
+        add("pairs.latents", 7 * lat)
+        if w.silu_latents:
+            add("pairs.silu", 7 * lat)
+    return items
+
+
+def activation_bytes(args: ModelShape, plan: Plan) -> int:
+    """Bytes one block keeps for backward per micro-batch on one rank under `plan.ac`.
+
+    none: `saved_activations`. full: the block input only. selective: TorchTitan's
+    default, every 2nd block full, so the mean of none and full. lowrank (BOOST §5, as
+    `python -m boost_titan.activation_memory` measures `parallelize/lowrank_ac.py`): the
+    block input and the outputs of the forward collectives, which under BTP are the 7
+    latents (+ online RMSNorm's two statistics, or sync RMSNorm's two fp32 [T, 1] sums):
+    d/tp + 7r + 2; under vanilla the B all-reduces at the full output dims: d + 5d +
+    2 d_ff; without TP the down-projection outputs: d + 7r.
+    """
+    tp, t, b = plan.tp, plan.tokens, plan.dtype_bytes
+    residual = args.dim // tp if plan.strategy == "btp" else args.dim
+    if plan.ac == "full":
+        return t * residual * b
+    if plan.ac == "lowrank":
+        if tp == 1:
+            return t * (residual + 7 * args.effective_rank) * b
+        if plan.strategy == "vanilla":
+            outputs = sum(d_out for _, d_out in args.projection_shapes().values())
+            return t * (residual + outputs) * b
+        stats = 2 * b if plan.rmsnorm == "online" else 2 * FP32_BYTES
+        return t * ((residual + 7 * args.effective_rank) * b + stats)
+    none = sum(saved_activations(args, plan).values())
+    return round((none + t * residual * b) / 2) if plan.ac == "selective" else none
+
+
+def _layers_per_stage(args: ModelShape, plan: Plan) -> int:
+    return -(-args.n_layers // plan.pp)
+
+
+def memory_per_rank(args: ModelShape, plan: Plan) -> dict[str, int]:
+    """Bytes of weights, grads, optimizer state and activations on the busiest rank (1F1B
+    keeps min(pp, microbatches) micro-batches of activations alive on the first stage)."""
+    n = params_per_rank(args, plan)
+    weights, grads, optimizer = (n * b for b in STATE_BYTES[plan.state])
+    in_flight = min(plan.pp, plan.microbatches)
+    activations = activation_bytes(args, plan) * _layers_per_stage(args, plan) * in_flight
+    parts = {"params": weights, "grads": grads, "optimizer": optimizer, "activations": activations}
+    return parts | {"total": sum(parts.values())}
+
+
+# ---- time ------------------------------------------------------------------------------
+def _gemm_time(g: Gemm, plan: Plan, gpu: GpuProfile) -> float:
+    return costs.gemm_time(g, plan.dtype, plan.dtype_bytes, gpu)
+
+
+def _collective_time(c: Collective, plan: Plan, gpu: GpuProfile) -> float:
+    return costs.collective_time(c.kind, c.bytes(plan.tokens, plan.dtype_bytes), plan.tp, gpu)
+
+
+def overlapped(
+    collectives: list[Collective], weight_grads: dict[str, float], plan: Plan, gpu: GpuProfile
+) -> tuple[float, float]:
+    """(exposed, hidden) seconds of `collectives`: each runs behind the weight-grad GEMMs
+    named in its `behind`, and only what outlasts them is exposed."""
+    exposed = hidden = 0.0
+    for c in collectives:
+        cost = _collective_time(c, plan, gpu)
+        cover = sum(weight_grads[name] for name in c.behind)
+        exposed += max(0.0, cost - cover)
+        hidden += min(cost, cover)
+    return exposed, hidden
+
+
+def chunked_exposed(gemm_s: float, c: Collective, plan: Plan, gpu: GpuProfile) -> float:
+    """Exposed seconds of forward all-reduce `c` produced by a GEMM of `gemm_s` seconds,
+    both cut into `overlap_chunks` k row blocks: the GEMM blocks g = gemm_s / k and the
+    all-reduce blocks a (each on T / k tokens, latency included) form a two-stage pipeline,
+    g + (k - 1) max(g, a) + a in all, of which k g is the GEMM's own time."""
+    k = plan.overlap_chunks
+    if k == 1:
+        return _collective_time(c, plan, gpu)
+    g = gemm_s / k
+    a = costs.collective_time(c.kind, c.bytes(plan.tokens, plan.dtype_bytes) / k, plan.tp, gpu)
+    return (k - 1) * (max(g, a) - g) + a
+
+
+_MEMBERS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+_NORM_CONSUMERS = ("q", "k", "v", "gate", "up")
+
+
+def weight_streams(args: ModelShape, plan: Plan) -> list[Stream]:
+    """Weight-sized memory-bound kernels of one block per micro-batch: grouped first GEMMs
+    concatenate their weight shards every forward; BTP's online RMSNorm scales its
+    down-projections' weight grads by the norm weight."""
+    b, streams = plan.dtype_bytes, []
+    online = _norm_mode(plan) == "online"
+    for g in layer_gemms(args, plan):
+        base = g.name.removesuffix(".A")
+        weight = 2 * g.n * g.k * b  # read + write
+        if _grouped(plan) and base in _MEMBERS:
+            streams.append(Stream(f"{base}.concat_weights", weight))
+        if online and g.name.endswith(".A") and _MEMBERS.get(base, (base,))[0] in _NORM_CONSUMERS:
+            streams.append(Stream(f"{base}.scale_weight_grad", weight))
+    return streams
+
+
+def float8_selection(args: ModelShape, plan: Plan, layer: int) -> dict[str, str | None]:
+    """Each forward GEMM of block `layer` (`layer_gemms`' names) -> None when the runtime
+    runs it in float8, else why not; {} with float8 off."""
+    if not plan.float8:
+        return {}
+    reasons = {}
+    for g in layer_gemms(args, plan):
+        base, _, factor = g.name.partition(".")
+        fqns = float8.module_fqns(layer, _MEMBERS.get(base, (base,)), factor)
+        reasons[g.name] = float8.skip_reason(g.n, g.k, tuple(fqns), plan.float8, plan.float8_filter)
+    return reasons
+
+
+def _selected(args: ModelShape, plan: Plan, layer: int) -> frozenset[str]:
+    reasons = float8_selection(args, plan, layer)
+    return frozenset(name for name, why in reasons.items() if why is None)
+
+
+def float8_cast_streams(
+    args: ModelShape, plan: Plan, selected: frozenset[str]
+) -> dict[str, tuple[list[Stream], list[Stream]]]:
+    """The float8 casts of one block per micro-batch, (forward, backward) kernels for each
+    forward GEMM named in `selected`."""
+    return {
+        g.name: float8.cast_streams(g, plan.float8, plan.float8_casts, plan.dtype_bytes)
+        for g in layer_gemms(args, plan)
+        if g.name in selected
+    }
+
+
+def block_time(
+    args: ModelShape, plan: Plan, gpu: GpuProfile, selected: frozenset[str] = frozenset()
+) -> dict[str, float]:
+    """Seconds of one block per micro-batch on one rank, forward + backward (+ what `ac`
+    recomputes), by class: gemm, memory, attention, comm (exposed) and comm_hidden (the
+    backward collectives' time spent behind weight-grad GEMMs). The forward GEMMs named in
+    `selected` run in float8 (`float8_selection`), with their casts as memory-bound work."""
+    gemms = layer_gemms(args, plan)
+    weight_grad_f8 = bool(selected) and float8.recipe_shape(plan.float8)[0] == 3
+
+    def seconds(g: Gemm, in_float8: bool) -> float:
+        if in_float8:
+            return costs.gemm_time(g, FLOAT8, plan.dtype_bytes, gpu)
+        return _gemm_time(g, plan, gpu)
+
+    gemm_fwd = {g.name: seconds(g, g.name in selected) for g in gemms}
+    input_grads = sum(seconds(g.backward()[0], g.name in selected) for g in gemms)
+    weight_grads = {
+        g.name: seconds(g.backward()[1], weight_grad_f8 and g.name in selected) for g in gemms
+    }
+    attention = attention_flops(args, plan)
+    attn_fwd = costs.attention_time(attention, plan.dtype, gpu)
+    attn_bwd = costs.attention_time(attention, plan.dtype, gpu, backward=True)
+    fwd_streams, bwd_streams = block_streams(
+        layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes
+    )
+    casts = float8_cast_streams(args, plan, selected)
+    cast_fwd = [s for fwd, _ in casts.values() for s in fwd]
+    cast_bwd = [s for _, bwd in casts.values() for s in bwd]
+    mem_fwd = costs.stream_time(fwd_streams, gpu, plan.tokens) + costs.stream_time(cast_fwd, gpu)
+    mem_bwd = costs.stream_time(bwd_streams, gpu, plan.tokens) + costs.stream_time(cast_bwd, gpu)
+    mem_weights = costs.stream_time(weight_streams(args, plan), gpu)
+    fwd_c, bwd_c = layer_collectives(args, plan)
+    comm_fwd = sum(
+        chunked_exposed(gemm_fwd[c.name], c, plan, gpu)
+        if c.name in gemm_fwd
+        else _collective_time(c, plan, gpu)
+        for c in fwd_c
+    )
+    comm_bwd, hidden = overlapped(bwd_c, weight_grads, plan, gpu)
+    parts = {
+        "gemm": sum(gemm_fwd.values()) + input_grads + sum(weight_grads.values()),
+        "memory": mem_fwd + mem_bwd + mem_weights,
+        "attention": attn_fwd + attn_bwd,
+        "comm": comm_fwd + comm_bwd,
+        "comm_hidden": hidden,
+    }
+    b_gemms = sum(t for name, t in gemm_fwd.items() if name.endswith(".B"))
+    a_casts = costs.stream_time(
+        [s for name, (fwd, _) in casts.items() if not name.endswith(".B") for s in fwd], gpu
+    )
+    replay = _recomputed(
+        plan, sum(gemm_fwd.values()), b_gemms, attn_fwd, mem_fwd, comm_fwd, a_casts
+    )
+    return {k: v + replay.get(k, 0.0) for k, v in parts.items()}
+
+
+def _recomputed(
+    plan: Plan,
+    gemm_fwd: float,
+    b_gemms: float,
+    attn_fwd: float,
+    mem_fwd: float,
+    comm_fwd: float,
+    a_casts: float,
+) -> dict[str, float]:
+    """Extra backward seconds per block by class: full replays the forward with its
+    collectives; selective half of that; lowrank the B GEMMs (with their float8 casts),
+    attention and the element-wise work, not the A GEMMs' float8 casts `a_casts`
+    (vanilla also replays its B all-reduces, which sit inside the recomputed segments)."""
+    if plan.ac == "none":
+        return {}
+    if plan.ac in ("full", "selective"):
+        share = 0.5 if plan.ac == "selective" else 1.0
+        return {
+            "gemm": share * gemm_fwd,
+            "attention": share * attn_fwd,
+            "memory": share * mem_fwd,
+            "comm": share * comm_fwd,
+        }
+    return {
+        "gemm": b_gemms,
+        "attention": attn_fwd,
+        "memory": mem_fwd - a_casts,
+        "comm": comm_fwd if plan.strategy == "vanilla" else 0.0,
+    }
+
+
+def ends_time(
+    args: ModelShape, plan: Plan, gpu: GpuProfile
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds per micro-batch of the model's ends, by class: (embedding, on the first
+    stage; final norm + lm_head + cross-entropy + their collectives, on the last)."""
+    b, t, btp = plan.dtype_bytes, plan.tokens, plan.strategy == "btp"
+    residual = args.dim // plan.tp if btp else args.dim
+    emb_fwd, emb_bwd = embedding_streams(residual, b)
+    grad_bytes = STATE_BYTES[plan.state][1]
+    zero_grad = Stream("embedding.zero_grad", args.vocab_size * residual * grad_bytes)
+    embedding = {
+        "memory": costs.stream_time(emb_fwd + emb_bwd, gpu, t) + costs.stream_time([zero_grad], gpu)
+    }
+
+    head = Gemm("lm_head", t, args.vocab_size // plan.tp, args.dim)
+    dx, dw = head.backward()
+    norm = "sync" if btp and plan.tp > 1 else "replicated"
+    head_fwd, head_bwd = head_streams(residual, args.vocab_size // plan.tp, norm, b)
+    fwd_c, bwd_c = step_collectives(args, plan)
+    comm_bwd, hidden = overlapped(bwd_c, {"lm_head": _gemm_time(dw, plan, gpu)}, plan, gpu)
+    output = {
+        "gemm": sum(_gemm_time(g, plan, gpu) for g in (head, dx, dw)),
+        "memory": costs.stream_time(head_fwd + head_bwd, gpu, t),
+        "comm": sum(_collective_time(c, plan, gpu) for c in fwd_c) + comm_bwd,
+        "comm_hidden": hidden,
+    }
+    return embedding, output
+
+
+def memory_kernels(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+    """Seconds per step of each memory-bound kernel of the blocks (forward and backward
+    under one name) on a rank holding the most blocks (the first stage), largest first."""
+    fwd, bwd = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
+    per_step = max(_stage_layers(args, plan)) * plan.microbatches
+    seconds: dict[str, float] = {}
+
+    def add(stream: Stream, s: float) -> None:
+        name = stream.name.removesuffix(".bwd")
+        seconds[name] = seconds.get(name, 0.0) + s
+
+    for stream in fwd + bwd:
+        add(stream, per_step * costs.stream_time([stream], gpu, plan.tokens))
+    for stream in weight_streams(args, plan):
+        add(stream, per_step * costs.stream_time([stream], gpu))
+    for selected, count in _selections(args, plan, _stage_blocks(args, plan)[0]).items():
+        for cast_fwd, cast_bwd in float8_cast_streams(args, plan, selected).values():
+            for stream in cast_fwd + cast_bwd:
+                add(stream, count * plan.microbatches * costs.stream_time([stream], gpu))
+    return dict(sorted(seconds.items(), key=lambda item: -item[1]))
+
+
+def _stage_layers(args: ModelShape, plan: Plan) -> list[int]:
+    """Blocks per pipeline stage (the first stages take the remainder)."""
+    base, extra = divmod(args.n_layers, plan.pp)
+    return [base + (s < extra) for s in range(plan.pp)]
+
+
+def _stage_blocks(args: ModelShape, plan: Plan) -> list[range]:
+    """Block indices of each pipeline stage."""
+    ends = [sum(_stage_layers(args, plan)[: s + 1]) for s in range(plan.pp)]
+    return [range(end - n, end) for end, n in zip(ends, _stage_layers(args, plan), strict=True)]
+
+
+def _selections(args: ModelShape, plan: Plan, blocks: range) -> dict[frozenset[str], int]:
+    """How many of `blocks` run each set of float8 GEMMs (one empty set without float8)."""
+    counts: dict[frozenset[str], int] = {}
+    for layer in blocks:
+        selected = _selected(args, plan, layer)
+        counts[selected] = counts.get(selected, 0) + 1
+    return counts
+
+
+def stage_times(args: ModelShape, plan: Plan, gpu: GpuProfile) -> list[dict[str, float]]:
+    """Seconds per micro-batch of each pipeline stage by class: its blocks, its ends and,
+    across stages, receiving activations (forward) and grads (backward) over the network."""
+    blocks: dict[frozenset[str], dict[str, float]] = {}
+    embedding, output = ends_time(args, plan, gpu)
+    send = costs.send_time(plan.tokens * pipeline_send_elements(args, plan) * plan.dtype_bytes, gpu)
+    stages = []
+    for s, layers in enumerate(_stage_blocks(args, plan)):
+        parts: dict[str, float] = {}
+        for selected, count in _selections(args, plan, layers).items():
+            if selected not in blocks:
+                blocks[selected] = block_time(args, plan, gpu, selected)
+            parts = {k: parts.get(k, 0.0) + count * v for k, v in blocks[selected].items()}
+        for end in [embedding] * (s == 0) + [output] * (s == plan.pp - 1):
+            parts = {k: parts[k] + end.get(k, 0.0) for k in parts}
+        parts["comm"] += ((s > 0) + (s < plan.pp - 1)) * send
+        stages.append(parts)
+    return stages
+
+
+def step_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+    """Seconds per optimizer step: `TIME_PARTS` (which add up to `step`), plus
+    comm_hidden (collective time the plans hide behind weight-grad GEMMs).
+
+    1F1B: the slowest stage runs all micro-batches back to back; the others' time for
+    one micro-batch is the fill and drain around it (the bubble). Then, on every rank,
+    the grads of micro-batches after the first are accumulated, clipped, and AdamW steps.
+    """
+    stages = stage_times(args, plan, gpu)
+    totals = [sum(v for k, v in s.items() if k != "comm_hidden") for s in stages]
+    slowest = stages[totals.index(max(totals))]
+    parts = {k: plan.microbatches * slowest.get(k, 0.0) for k in TIME_PARTS}
+    parts["bubble"] = sum(totals) - max(totals)
+    params, grad_bytes = params_per_rank(args, plan), STATE_BYTES[plan.state][1]
+    accumulate = Stream("accumulate_grads", (plan.microbatches - 1) * 3 * params * grad_bytes)
+    parts["memory"] += costs.stream_time([accumulate], gpu)
+    update = params * (ADAMW_BYTES_PER_PARAM[plan.state] + CLIP_GRAD_PASSES * grad_bytes)
+    parts["optimizer"] = costs.hbm_time(update, gpu) + OPTIMIZER_LAUNCHES * gpu.launch_s
+    step = sum(parts.values())
+    return parts | {"step": step, "comm_hidden": plan.microbatches * slowest["comm_hidden"]}
+
+
+def recompute_flops(args: ModelShape, plan: Plan) -> int:
+    """Extra backward FLOPs of one block per rank caused by `plan.ac`."""
+    if plan.ac in ("full", "selective"):
+        return layer_flops(args, plan) // (2 if plan.ac == "selective" else 1)
+    if plan.ac == "none":
+        return 0
+    b_gemms = sum(g.flops for g in layer_gemms(args, plan) if g.name.endswith(".B"))
+    return b_gemms + attention_flops(args, plan)
+
+
+# ---- records ---------------------------------------------------------------------------
+def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> PerfRecord:
+    """The full record of one configuration; step times on every profile in `gpus`, the
+    first of which `add_speedups` compares on."""
+    check(args, plan)
+    profiles = {g: gpu_profile(g) for g in gpus}
+    for name, profile in profiles.items():
+        if plan.tp > profile.gpus_per_node:
+            raise ConfigError(
+                f"tp {plan.tp} exceeds the {profile.gpus_per_node} GPUs per node of profile "
+                f"{name}; tensor parallelism stays inside one node, lower --tp or pick "
+                "another --gpu"
+            )
+        if plan.float8 and not profile.has_float8:
+            able = ", ".join(g for g, p in GPUS.items() if p.has_float8)
+            raise ConfigError(
+                f"GPU profile {name} has no float8 tensor cores (float8 needs "
+                f"SM89+); pick a --gpu among {able}"
+            )
+    t, db = plan.tokens, plan.dtype_bytes
+    selections = _selections(args, plan, range(args.n_layers))
+    fwd, bwd = layer_collectives(args, plan)
+    step_fwd, step_bwd = step_collectives(args, plan)
+    flops = layer_flops(args, plan)
+    times = {g: step_time(args, plan, profile) for g, profile in profiles.items()}
+    return PerfRecord(
+        flavor=flavor,
+        arch=args.arch,
+        strategy=plan.strategy,
+        tp=plan.tp,
+        pp=plan.pp,
+        seq_len=plan.seq_len,
+        micro_batch=plan.micro_batch,
+        microbatches=plan.microbatches,
+        dtype=plan.dtype,
+        ac=plan.ac,
+        rmsnorm=plan.rmsnorm,
+        group_linears=plan.group_linears,
+        collectives_per_layer_fwd=len(fwd),
+        collectives_per_layer_bwd=len(bwd),
+        comm_bytes_per_layer_fwd=sum(c.bytes(t, db) for c in fwd),
+        comm_bytes_per_layer_bwd=sum(c.bytes(t, db) for c in bwd),
+        collectives_fwd=[c.to_json(t, db) for c in fwd],
+        collectives_bwd=[c.to_json(t, db) for c in bwd],
+        step_collectives_fwd=[c.to_json(t, db) for c in step_fwd],
+        step_collectives_bwd=[c.to_json(t, db) for c in step_bwd],
+        flops_per_layer=flops,
+        flops_per_layer_bwd=2 * flops,
+        recompute_flops_per_layer=recompute_flops(args, plan),
+        gemms=[g.to_json(db) for g in layer_gemms(args, plan)],
+        activation_bytes_per_layer=activation_bytes(args, plan),
+        params_total=param_count(args),
+        params_per_rank=params_per_rank(args, plan),
+        memory_bytes_per_rank=memory_per_rank(args, plan),
+        predicted_step_s={g: parts["step"] for g, parts in times.items()},
+        time_breakdown_s={g: {k: parts[k] for k in TIME_PARTS} for g, parts in times.items()},
+        hidden_comm_s={g: parts["comm_hidden"] for g, parts in times.items()},
+        memory_kernels_s={
+            g: memory_kernels(args, plan, profile) for g, profile in profiles.items()
+        },
+        speedup_gpu=gpus[0],
+        precision=plan.precision,
+        float8_gemms={
+            "float8": sum(len(s) * n for s, n in selections.items()),
+            "total": len(layer_gemms(args, plan)) * args.n_layers,
+        }
+        if plan.float8
+        else {},
+        float8_skipped={k: v for k, v in float8_selection(args, plan, 0).items() if v},
+    )
+
+
+def add_speedups(records: list[PerfRecord]) -> None:
+    """Fill predicted_speedup between records that differ only in strategy (and arch)."""
+
+    def key(r: PerfRecord) -> tuple:
+        return (
+            r.flavor,
+            r.tp,
+            r.pp,
+            r.seq_len,
+            r.micro_batch,
+            r.microbatches,
+            r.precision,
+            r.ac,
+            r.rmsnorm,
+            r.group_linears,
+            r.speedup_gpu,
+        )
+
+    for r in records:
+        mine = r.predicted_step_s[r.speedup_gpu]
+        r.predicted_speedup = {
+            o.strategy: o.predicted_step_s[o.speedup_gpu] / mine
+            for o in records
+            if key(o) == key(r) and o.strategy != r.strategy
+        }
+
+
+def sweep(
+    flavors: list[str], arch: str, strategies: list[str], tps: list[int], gpus: list[str], **plan
+) -> list[PerfRecord]:
+    """Records for every flavor x tp x strategy (other Plan fields from `plan`), with speedups."""
+    records = [
+        evaluate(f, model_args(f, arch, s), Plan(strategy=s, tp=tp, **plan), gpus)
+        for f in flavors
+        for tp in tps
+        for s in strategies
+    ]
+    add_speedups(records)
+    return records

@@ -1,0 +1,106 @@
+"""`bench precision`: the predicted step of the paper's configurations in each precision.
+
+The four BOOST configurations (1B on one GPU, 3B TP2, 7B TP4, 13B TP4 x PP2; CoLA, BTP,
+as `validation.PAPER_ROWS`) in one batch layout, micro-batch 1 x 4 micro-batches of 4096
+tokens (the default configs' layout; the published 3B / 13B rows ran 4 x 1), priced in
+fp32, bf16 (fp32 master weights) and float8 (torchao tensorwise on every GEMM the runtime
+selects: eager casts, casts fused by torch.compile, and fused with TorchTitan's
+`auto_filter_small_kn`). A GPU without float8 tensor cores gets "n/a" there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from boost_titan.bench.model import perfmodel as pm
+from boost_titan.bench.model.gpus import gpu_profile
+from boost_titan.bench.model.records import config_name
+from boost_titan.bench.model.validation import PAPER_GPU, PAPER_ROWS
+
+GPUS = (PAPER_GPU, "h100")
+BATCH = {"seq_len": 4096, "micro_batch": 1, "microbatches": 4}
+AUTO_FILTER = ("auto_filter_small_kn",)
+PRECISIONS: dict[str, dict] = {
+    "fp32": {"dtype": "fp32"},
+    "bf16": {"dtype": "bf16"},
+    "float8 eager casts": {"float8": "tensorwise"},
+    "float8 compiled casts": {"float8": "tensorwise", "float8_casts": "fused"},
+    "float8 compiled + auto filter": {
+        "float8": "tensorwise",
+        "float8_casts": "fused",
+        "float8_filter": AUTO_FILTER,
+    },
+}
+"""Column name -> Plan fields (over bf16 with master weights)."""
+
+
+@dataclass(frozen=True)
+class PrecisionRow:
+    config: str
+    gpu: str
+    seconds: dict[str, float | None]
+    """Predicted seconds per step by PRECISIONS column; None: the GPU has no float8."""
+    float8_gemms: dict[str, dict[str, int]]
+    """Per float8 column: {float8, total} forward GEMMs per rank."""
+
+
+def precision_rows(gpus: tuple[str, ...] = GPUS) -> list[PrecisionRow]:
+    rows = []
+    for paper in PAPER_ROWS:
+        args = pm.model_args(paper.flavor, "cola", "btp")
+        for gpu in gpus:
+            seconds: dict[str, float | None] = {}
+            counts = {}
+            for column, fields in PRECISIONS.items():
+                if "float8" in fields and not gpu_profile(gpu).has_float8:
+                    seconds[column] = None
+                    continue
+                plan = pm.Plan(strategy="btp", tp=paper.tp, pp=paper.pp, **BATCH, **fields)
+                record = pm.evaluate(paper.flavor, args, plan, [gpu])
+                seconds[column] = record.predicted_step_s[gpu]
+                if record.float8_gemms:
+                    counts[column] = record.float8_gemms
+            name = config_name(paper.flavor, paper.tp, paper.pp)
+            rows.append(PrecisionRow(name, gpu, seconds, counts))
+    return rows
+
+
+def format_precision_rows(rows: list[PrecisionRow]) -> str:
+    """A markdown table: seconds per step, float8 cells with their share of float8 GEMMs."""
+    header = ["config", "GPU", *PRECISIONS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [r.config, r.gpu]
+        for column, seconds in r.seconds.items():
+            if seconds is None:
+                cells.append("n/a (no float8)")
+                continue
+            count = r.float8_gemms.get(column)
+            cells.append(
+                f"{seconds:.3f}"
+                + (
+                    f" ({count['float8']}/{count['total']} GEMMs)"
+                    if count and count["float8"] < count["total"]
+                    else ""
+                )
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_jobs(paths: list[str], gpus: tuple[str, ...] = ("a100", "h100")) -> str:
+    """A markdown table of training jobs as `bench model --config` prices them (each on
+    the fewest processes its degrees allow): layout, precision, predicted step per GPU."""
+    from boost_titan.bench.model.job import job_plan
+
+    header = ["config", "processes", "layout", "batch", "precision", *[f"step s {g}" for g in gpus]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for path in paths:
+        job = job_plan(path)
+        p = job.plan
+        layout = " x ".join([f"{p.strategy} TP{p.tp}"] * (p.tp > 1) + [f"PP{p.pp}"] * (p.pp > 1))
+        steps = pm.evaluate(job.flavor, job.args, p, list(gpus)).predicted_step_s
+        batch = f"{p.micro_batch} x {p.microbatches} x {p.seq_len}"
+        cells = [f"`{path}`", str(p.tp * p.pp), layout or "one device", batch, p.precision]
+        lines.append("| " + " | ".join([*cells, *[f"{steps[g]:.3f}" for g in gpus]]) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The test suite (layout, markers and how to run it: tests/README.md)."""

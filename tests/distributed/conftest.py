@@ -1,0 +1,87 @@
+"""Every test in this folder launches processes (torchrun, run_train.sh, spawned gloo ranks)
+and is marked `slow` here (`-m "not slow"` leaves them out). Also the launch that
+several files share: `two_process_run`."""
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DEBUG_TOML, ROOT
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark this folder's tests `slow` (before `-m` selects on markers)."""
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.slow)
+
+
+@dataclass
+class TrainingRun:
+    """A finished `boost_titan.train` run of debug.toml (CoLA, BTP TP 2) on 2 processes."""
+
+    folder: Path
+    output: str
+    schedule: tuple[str, ...]
+    """The flags that set its LR schedule: a run given them too takes the same first steps."""
+    rows: list[dict]
+    """Its losses.jsonl training rows (loss, exact fp64 grad norm per step)."""
+
+
+@pytest.fixture(scope="session")
+def two_process_run(tmp_path_factory) -> TrainingRun:
+    """30 eager steps of debug.toml under torchrun on 2 processes, shared by the tests that
+    need a real training run (one launch for all of them)."""
+    from boost_titan.runtime.run_log import read_log
+
+    folder = tmp_path_factory.mktemp("two-process-run") / "out"
+    schedule = ("--lr_scheduler.warmup_steps", "2")  # capped the same in a 2-step run
+    env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint=localhost:0",
+            "--local-ranks-filter",
+            "0",
+            "--role",
+            "rank",
+            "--tee",
+            "3",
+            "-m",
+            "boost_titan.train",
+            "--job.config_file",
+            str(DEBUG_TOML),
+            "--job.dump_folder",
+            str(folder),
+            "--training.steps",
+            "30",
+            "--metrics.log_freq",
+            "5",
+            "--metrics.disable_color_printing",
+            "--checkpoint.interval",
+            "15",
+            *schedule,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    rows, _ = read_log(str(folder / "losses.jsonl"))
+    return TrainingRun(folder, output, schedule, rows)

@@ -1,0 +1,191 @@
+"""Each bad input is one `error:` line naming the problem and the fix, exit status 2, no
+traceback (through `python -m boost_titan.check`, which `run_train.sh` runs first).
+README's table of bad inputs lists these cases.
+
+Every case runs in one child process (`check_each`): its file descriptors 1 and 2 are
+redirected per case, so everything a case prints, logging and tracebacks included, is
+its output; one interpreter start instead of one per case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DEBUG_TOML, ROOT
+from tests.helpers.commands import assert_one_error
+
+# name -> (arguments after --job.config_file debug.toml, fragments of the message)
+CASES = {
+    "unknown arch": (["--boost.arch", "lowrank"], ["arch 'lowrank'", "fullrank, svd, cola, lax"]),
+    "unknown strategy": (["--boost.tp_strategy", "fast"], ["tp_strategy 'fast'", "btp"]),
+    "unknown flavor": (["--model.flavor", "2B"], ["model.flavor '2B'", "7B"]),
+    "negative rank": (["--boost.rank", "-1"], ["rank -1", "use 0"]),
+    "rank above d": (["--boost.rank", "100000"], ["rank 100000", "1..256"]),
+    "fullrank with btp": (
+        ["--boost.arch", "fullrank", "--boost.tp_strategy", "btp"],
+        ["needs a low-rank arch", "megatron"],
+    ),
+    "tp not dividing heads": (
+        ["--parallelism.tensor_parallel_degree", "3", "--nproc", "3"],
+        ["n_heads 8", "3"],
+    ),
+    "seq_len beyond max": (["--training.seq_len", "100000"], ["seq_len 100000", "2048"]),
+    "two AC modes": (
+        ["--boost.lowrank_ac", "--activation_checkpoint.mode", "full"],
+        ["lowrank_ac", "keep one"],
+    ),
+    "unknown float8 recipe": (
+        [
+            "--model.converters",
+            "quantize.linear.float8",
+            "--quantize.linear.float8.recipe_name",
+            "fast",
+        ],
+        ["'fast'", "tensorwise", "rowwise_with_gw_hp"],
+    ),
+    "float8 auto filter without thresholds": (
+        [
+            "--model.converters",
+            "quantize.linear.float8",
+            "--quantize.linear.float8.recipe_name",
+            "rowwise_with_gw_hp",
+            "--quantize.linear.float8.filter_fqns",
+            "auto_filter_small_kn",
+        ],
+        ["no thresholds", "drop auto_filter_small_kn"],
+    ),
+}
+
+
+def _missing_dataset(d: Path) -> list[str]:
+    return ["--training.dataset_path", str(d / "none")]
+
+
+def _empty_dataset(d: Path) -> list[str]:
+    (d / "empty.txt").touch()
+    return ["--training.dataset_path", str(d)]
+
+
+def _checkpoint_not_a_folder(d: Path) -> list[str]:
+    return ["--checkpoint.initial_load_path", str(d / "step-3")]
+
+
+def _checkpoint_without_checkpointing(d: Path) -> list[str]:
+    return ["--checkpoint.initial_load_path", str(d), "--checkpoint.no_enable"]
+
+
+def _truncated_checkpoint(d: Path) -> list[str]:
+    """A checkpoint folder with shards but no DCP .metadata (a crash while saving)."""
+    (d / "__0_0.distcp").write_bytes(b"\0" * 16)
+    return ["--checkpoint.initial_load_path", str(d)]
+
+
+def _tokenizer_model_file(d: Path) -> list[str]:
+    """TorchTitan raises a bare Exception for a path ending in tokenizer.model."""
+    (d / "tokenizer.model").write_text("not a tokenizer\n")
+    return ["--model.hf_assets_path", str(d / "tokenizer.model")]
+
+
+def _unreadable_tokenizer(d: Path) -> list[str]:
+    (d / "tokenizer.model").write_text("not a tokenizer\n")
+    return ["--model.hf_assets_path", str(d)]
+
+
+# name -> (writes the case's files into its folder and returns its arguments, fragments)
+FILE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
+    "missing dataset": (_missing_dataset, ["does not exist", "point it at"]),
+    "empty dataset": (_empty_dataset, ["holds no documents", "add some text"]),
+    "checkpoint path not a folder": (_checkpoint_not_a_folder, ["is not a folder", "step-N"]),
+    "initial checkpoint without checkpointing": (
+        _checkpoint_without_checkpointing,
+        ["is ignored while checkpoint.enable is false", "add --checkpoint.enable"],
+    ),
+    "truncated checkpoint": (_truncated_checkpoint, ["no DCP .metadata", "complete step-N"]),
+    "tokenizer.model file path": (_tokenizer_model_file, ["pass the folder that holds"]),
+    "unreadable tokenizer": (_unreadable_tokenizer, ["is not", "tiktoken BPE file"]),
+}
+
+RUNNER = """
+import json, os, sys, traceback
+from boost_titan.check import main
+
+argvs, results = json.loads(sys.argv[1]), []
+for i, argv in enumerate(argvs):
+    path = f"{sys.argv[2]}.{i}"
+    with open(path, "w+b") as out:
+        sys.stdout.flush(); sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1); os.dup2(out.fileno(), 2)
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+            os.close(saved[0]); os.close(saved[1])
+        out.seek(0)
+        results.append([code, out.read().decode("utf-8")])
+with open(sys.argv[2], "w") as f:
+    json.dump(results, f)
+"""
+
+
+def check_each(argvs: list[list[str]], scratch: Path) -> list[subprocess.CompletedProcess]:
+    """`python -m boost_titan.check ARGV` for each argv, in one child process (see above)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(ROOT)
+    results = scratch / "results.json"
+    child = subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps(argvs), str(results)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
+    return [
+        subprocess.CompletedProcess(argv, code, output, "")
+        for argv, (code, output) in zip(argvs, json.loads(results.read_text()), strict=True)
+    ]
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Every case's result: CASES on debug.toml, FILE_CASES also with their own files; each
+    case's dump folder is its own."""
+    root = tmp_path_factory.mktemp("bad_inputs")
+    argvs = {}
+    for i, name in enumerate([*CASES, *FILE_CASES]):
+        folder = root / f"case{i}"
+        folder.mkdir()
+        if name in CASES:
+            args = CASES[name][0]
+            nproc = [] if "--nproc" in args else ["--nproc", "2"]
+        else:
+            args, nproc = FILE_CASES[name][0](folder), ["--nproc", "2"]
+        dump = ["--job.dump_folder", str(folder / "dump")]  # not the checkout's outputs/debug
+        argvs[name] = [*nproc, "--job.config_file", str(DEBUG_TOML), *dump, *args]
+    return dict(zip(argvs, check_each(list(argvs.values()), root), strict=True))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_model_or_parallel_setting(checked, case):
+    assert_one_error(checked[case], *CASES[case][1])
+
+
+@pytest.mark.parametrize("case", list(FILE_CASES))
+def test_bad_file(checked, case):
+    assert_one_error(checked[case], *FILE_CASES[case][1])

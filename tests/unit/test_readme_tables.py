@@ -1,0 +1,119 @@
+"""The documentation's tables of deterministic figures are what the project's tools print now.
+
+`scripts/readme_tables.py --check` regenerates every marked table, on whichever page
+(README.md or docs/*.md) holds it, and diffs it against that page. Here: every table in
+full except `trace-sweep`, whose 45 traces take about a minute; of that one, the rows of
+every strategy at the sweep's two extremes (1B TP2 and 30B TP8) are re-traced and must be
+the committed lines, and every committed row must report agreement with the model.
+`python scripts/readme_tables.py --check` checks all of it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from scripts.readme_tables import (
+    ROOT,
+    TABLES,
+    TRACE_STRATEGIES,
+    blocks,
+    check,
+    locate,
+    main,
+    regenerate,
+    trace_configs,
+    trace_rows,
+)
+
+WHERE = locate()
+FAST = [name for name, table in TABLES.items() if not table.slow]
+RETRACED = [
+    (flavor, strategy, tp)
+    for flavor, tp in (("1B", 2), ("30B", 8))
+    for strategy in TRACE_STRATEGIES
+]
+
+
+def test_every_table_is_marked_once():
+    assert set(WHERE) == set(TABLES)
+    assert [name for name, t in TABLES.items() if t.slow] == ["trace-sweep"]
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_committed_table_is_what_the_command_prints(name):
+    page = WHERE[name]
+    label = page.relative_to(ROOT).as_posix()
+    diff = check(page.read_text(), regenerate([name]), label)
+    assert diff == "", f"{label}: table {name!r} is stale; run scripts/readme_tables.py\n{diff}"
+
+
+def test_trace_sweep_rows_retraced():
+    committed = blocks(WHERE["trace-sweep"].read_text())["trace-sweep"]
+    lines = re.search(r"```\n(.*)\n```", committed, re.S).group(1).splitlines()
+    header, rows, summary = lines[0], lines[1:-1], lines[-1]
+    configs = trace_configs()
+    assert len(rows) == len(configs) == 45
+    assert all(row.endswith("  agrees") for row in rows)
+    assert summary.startswith("activation bytes, largest |model - trace| / trace: megatron 0.00%")
+    assert "45 configurations, 45 agree" in committed
+    fresh = trace_rows(RETRACED)
+    assert fresh[0] == header
+    by_config = dict(zip(configs, rows, strict=True))
+    for config, line in zip(RETRACED, fresh[1:-1], strict=True):  # less the summary line
+        assert line == by_config[config], config
+
+
+def _tree(tmp_path, pages: dict[str, str]):
+    """A root with README.md and docs/ holding `pages` (path -> text)."""
+    (tmp_path / "docs").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("# empty\n")
+    for path, text in pages.items():
+        (tmp_path / path).write_text(text)
+    return tmp_path
+
+
+def test_check_reports_a_stale_table_on_its_page(tmp_path, capsys):
+    """--check exits 1 and prints a diff naming the page; without it the page is rewritten
+    in place, wherever in docs/ it sits."""
+    committed = WHERE["params"].read_text()
+    stale = committed.replace(
+        "| 1B | 24 | 32 | 2048 | 5472 | 512 |", "| 1B | 24 | 32 | 2048 | 5472 | 999 |"
+    )
+    assert stale != committed
+    root = _tree(tmp_path, {"docs/sizes.md": stale})
+    args = ["--only", "params", "--root", str(root)]
+    assert main(["--check", *args]) == 1
+    out = capsys.readouterr().out
+    assert "--- docs/sizes.md (committed)" in out
+    assert (
+        "-| 1B | 24 | 32 | 2048 | 5472 | 999 |" in out
+        and "+| 1B | 24 | 32 | 2048 | 5472 | 512 |" in out
+    )
+    assert main(args) == 0
+    assert (root / "docs/sizes.md").read_text() == committed
+    assert main(["--check", *args]) == 0
+    assert main(["--only", "nope", "--root", str(root)]) == 2
+
+
+def test_a_marker_on_no_page_twice_or_unknown_is_an_error(tmp_path, capsys):
+    params = WHERE["params"].read_text()
+    block = re.search(r"<!-- table:params -->\n.*?\n<!-- /table -->", params, re.S).group(0)
+    cases = {
+        "nowhere": ({}, "no page (README.md, docs/*.md) marks table(s) params"),
+        "two pages": (
+            {"docs/a.md": block, "docs/b.md": block},
+            "table 'params' is marked in a.md and b.md",
+        ),
+        "twice on a page": ({"docs/a.md": f"{block}\n\n{block}"}, "a.md: table 'params' is"),
+        "unknown": (
+            {"docs/a.md": block.replace("table:params", "table:parms")},
+            "a.md: unknown table 'parms'",
+        ),
+    }
+    for case, (pages, message) in cases.items():
+        root = _tree(tmp_path / case.replace(" ", "-"), pages)
+        assert main(["--check", "--only", "params", "--root", str(root)]) == 2, case
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, (case, err)
