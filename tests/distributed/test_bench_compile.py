@@ -1,5 +1,5 @@
 """`bench compile`: torch.compile against eager per strategy x AC mode x TP degree, here its
-BTP low-rank cell at TP 2 on a cold and a warm cache (`tests/unit/test_bench_compile.py`:
+BTP low-rank cell at TP 2 in a cold and a warm pass (`tests/unit/test_bench_compile.py`:
 cells, rows and errors in one process)."""
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ from boost_titan.bench.__main__ import main
 
 
 def test_btp_lowrank_cell_at_tp2_equals_eager_on_a_cold_and_a_warm_cache(tmp_path, capsys):
-    """BTP with low-rank AC at TP 2 with Inductor, in a cold pass (empty cache folder) and a
-    warm pass (new processes, same folder): no graph break, eager's loss and gradients,
-    eager's collectives, and the warm pass read the cache (the compiled loss, which ranks
-    used to take from each other). The whole matrix is `bench compile --tp 2` (README)."""
+    """The harness end to end: BTP with low-rank AC at TP 2 (aot_eager, seconds instead of
+    Inductor's minutes), a cold pass and a warm pass in new processes against one cache
+    folder: no graph break, eager's loss and gradients, eager's collectives. That a warm
+    Inductor pass reads the cache and still equals eager is
+    `tests/distributed/test_compile_cache.py`'s job (through the trainer) and `bench compile
+    --tp 2`'s (every cell, docs/compile.md); `CompileRow.ok` requiring warm cache hits is
+    tested in `tests/unit/test_bench_compile.py`."""
     out = tmp_path / "rows.json"
     argv = [
         "compile",
@@ -25,6 +28,8 @@ def test_btp_lowrank_cell_at_tp2_equals_eager_on_a_cold_and_a_warm_cache(tmp_pat
         "2",
         "--repeats",
         "1",
+        "--backend",
+        "aot_eager",
         "--cache-dir",
         str(tmp_path / "cache"),
         "--json",
@@ -42,5 +47,5 @@ def test_btp_lowrank_cell_at_tp2_equals_eager_on_a_cold_and_a_warm_cache(tmp_pat
             == result["eager_collectives"]
             == {"all_gather": 1, "all_reduce": 21, "reduce_scatter": 1}
         ), (row, name)
-    assert row["cold"]["cache_hits"] == 0 and row["warm"]["cache_hits"] >= 1, row
+    assert row["backend"] == "aot_eager", row
     assert "every cell compiles" in capsys.readouterr().out
