@@ -4,58 +4,28 @@ export and import tests)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from safetensors import safe_open
 
 from boost_titan.export import load_model_state
+from boost_titan.loss_compare import torchrun_train
 from boost_titan.runtime.run_log import read_log
-from tests.helpers import DEBUG_TOML, ROOT
+from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import bits_equal, checkpoint_weights
 from tests.helpers.commands import run_module
 
 
 # ---- a real checkpoint, exported, trains like the original ---------------------------------
 def _torchrun(nproc: int, dump: Path, *args: str) -> list[float]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d",
-        "--rdzv_endpoint=localhost:0",
-        "--local-ranks-filter",
-        "0",
-        "--tee",
-        "3",
-        "-m",
-        "boost_titan.train",
-        "--job.config_file",
-        str(DEBUG_TOML),
-        "--job.dump_folder",
-        str(dump),
-        "--training.seq_len",
-        "64",
-        "--training.local_batch_size",
-        "2",
-        "--training.steps",
-        "2",
-        "--metrics.log_freq",
-        "1",
-        "--metrics.no_enable_tensorboard",
-        "--debug.seed",
-        "7",
-        "--checkpoint.interval",
-        "1000",
-        *args,
-    ]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    log = dump / "losses.jsonl"  # a seed checkpoint run trains no step
+    """Two short steps of debug.toml on `nproc` processes; the logged losses (none for a seed
+    checkpoint run, which trains no step)."""
+    common = ["--training.seq_len", "64", "--training.local_batch_size", "2"]
+    common += ["--training.steps", "2", "--metrics.log_freq", "1"]
+    common += ["--metrics.no_enable_tensorboard", "--debug.seed", "7"]
+    common += ["--checkpoint.interval", "1000"]
+    torchrun_train(nproc, dump, [*common, *args], str(DEBUG_TOML), timeout=600)
+    log = dump / "losses.jsonl"
     return [row["loss"] for row in read_log(str(log))[0]] if log.exists() else []
 
 
