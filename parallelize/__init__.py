@@ -14,7 +14,9 @@ RMSNorms, online and sync), `comm` (autograd-aware collectives), `lowrank_ac` (l
 activation checkpointing), `compile_cache` (compile cache keys that name the rank),
 `float8` (which per-rank GEMMs of an applied plan run in float8: `apply_float8`), `debug`
 (`record_collectives`: every collective a piece of code issues, checked against torch's
-`CommDebugMode`).
+`CommDebugMode`). Hugging Face models (transformers imported lazily): `hf` (`hf_layout`),
+`low_rank` (`to_low_rank`: down/up pairs with SVD init), `hf_checkpoint` (`save_hf` /
+`load_hf` as a HF folder, `save_sharded` / `load_sharded` with DCP).
 """
 
 from .compile_cache import key_compile_caches_by_rank
@@ -26,6 +28,9 @@ from .groups import (
     NormGroup,
     ReplicatedGroupNorm,
 )
+from .hf import hf_layout
+from .hf_checkpoint import load_hf, load_sharded, save_hf, save_sharded
+from .low_rank import LowRankLinear, to_low_rank
 from .plans import (
     ModelLayout,
     Plan,
@@ -50,6 +55,7 @@ __all__ = [
     "ColumnParallel",
     "GroupMember",
     "GroupUp",
+    "LowRankLinear",
     "ModelLayout",
     "NormGroup",
     "Plan",
@@ -61,10 +67,16 @@ __all__ = [
     "ShardedRMSNorm",
     "apply_plan",
     "btp_plan",
+    "hf_layout",
     "key_compile_caches_by_rank",
+    "load_hf",
+    "load_sharded",
     "megatron_plan",
     "plan_table",
     "resolve_plan",
+    "save_hf",
+    "save_sharded",
+    "to_low_rank",
     "vanilla_plan",
     "verify_plan",
 ]

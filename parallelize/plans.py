@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from .compile_cache import key_compile_caches_by_rank
@@ -492,7 +493,7 @@ def apply_plan(
 
     Raises:
         PlanError: the plan does not fit the model (see `resolve_plan`), `overlap_chunks`
-            is below 1, or `verify` found a mismatch.
+            is below 1, the model is already sharded, or `verify` found a mismatch.
 
     Example::
 
@@ -513,6 +514,11 @@ def apply_plan(
     """
     if overlap_chunks < 1:
         raise PlanError(f"overlap_chunks must be >= 1, got {overlap_chunks}")
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        raise PlanError(
+            f"{type(model).__name__} is already sharded (apply_plan ran on it); apply one "
+            "plan to a freshly built model"
+        )
     resolved = resolve_plan(model, plan, mesh.size())
     reference = copy.deepcopy(model) if verify else None
     for r in resolved:

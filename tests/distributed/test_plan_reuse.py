@@ -1,11 +1,15 @@
-"""The plans on decoders written without boost-titan (`tests/helpers/foreign_models.py`) on
-gloo ranks at TP 2 and 4: equal to the unsharded model (forward, loss, every gradient), the
-README's own-model example, and `verify` (`tests/unit/test_plan_reuse.py`: the analytic
-all-reduce counts and the one-line error of every wrong layout, in one process).
+"""The plans on decoders written without boost-titan (`tests/helpers/foreign_models.py`,
+and real transformers models, `tests/helpers/hf_models.py`) on gloo ranks at TP 2 and 4:
+equal to the unsharded model (forward, loss, every gradient), the README's own-model
+example, `verify`, and the HF save chain: the TP 2 launch trains one step and saves (HF
+folder and DCP), the one-process test reloads the folder, the TP 4 launch loads the DCP
+checkpoint (`tests/unit/test_plan_reuse.py` and `tests/unit/test_hf.py`: the analytic
+all-reduce counts and the one-line errors, in one process).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +17,20 @@ import pytest
 import torch
 from torch import nn
 
-from boost_titan.examples import own_model
-from boost_titan.parallelize import ModelLayout, PlanError, apply_plan, btp_plan
+from boost_titan.examples import hf_llama, own_model
+from boost_titan.parallelize import (
+    ModelLayout,
+    PlanError,
+    apply_plan,
+    btp_plan,
+    hf_layout,
+    load_hf,
+    load_sharded,
+    save_hf,
+    save_sharded,
+)
 from tests.helpers import foreign_models as fm
+from tests.helpers import hf_models as hm
 from tests.helpers.distributed import run_on_ranks
 from tests.helpers.plan_reuse import NORMED_LAYOUT, loss_of, plan_for, swap_blocks, tokens
 
@@ -31,7 +46,7 @@ class ResidualMean(fm.Block):
         return super().forward(x - x.mean(-1, keepdim=True), angles)
 
 
-CASES = [(name, strategy) for name in fm.MODELS for strategy in fm.STRATEGIES]
+CASES = [(name, strategy) for name in [*fm.MODELS, *hm.CLASSES] for strategy in fm.STRATEGIES]
 EXTRA = [
     "hf-llama-btp-loss-parallel",
     "plain-cola-btp-sync",
@@ -58,6 +73,9 @@ def _extra(name: str) -> tuple[str, str, dict]:
 def _model(name: str, strategy: str, options: dict) -> tuple[nn.Module, ModelLayout, dict]:
     """The case's model, layout and plan options."""
     options = dict(options)
+    if name in hm.CLASSES:
+        model = hm.build(name, strategy)
+        return model, hf_layout(model), options
     if options.pop("normed", False):
         return fm.with_normed_latents(fm.build(name, strategy)), NORMED_LAYOUT, options
     return fm.build(name, strategy), fm.MODELS[name][1], options
@@ -76,7 +94,7 @@ def _run(model: nn.Module, loss_parallel: bool):
     from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
 
     inputs, labels = tokens()
-    logits = model(inputs)
+    logits = hm.logits_of(model(inputs))
     if loss_parallel:
         with loss_parallel_context():
             loss = loss_of(logits, labels)
@@ -97,7 +115,31 @@ def _outcome(run: Callable[[], Any]) -> Any:
         return str(e)
 
 
-def _worker(rank: int, world_size: int) -> dict:
+def _hf_chain(mesh, folder: str) -> dict:
+    """TP 2: `output_hidden_states`, one SGD step on a btp-sharded HF Llama, then its
+    logits, `save_hf` and `save_sharded`; TP 4: the logits after `load_sharded` of that
+    checkpoint."""
+    model = hm.build("tf-llama", "btp")
+    apply_plan(model, mesh, btp_plan(hf_layout(model), loss_parallel=False))
+    inputs, labels = tokens()
+    if mesh.size() == 2:
+        with torch.no_grad():
+            hidden = [h.clone() for h in model(inputs, output_hidden_states=True).hidden_states]
+        loss_of(hm.logits_of(model(inputs)), labels).backward()
+        torch.optim.SGD(model.parameters(), lr=0.5).step()
+        save_hf(model, f"{folder}/hf")
+        save_sharded(model, f"{folder}/dcp")
+    elif os.path.exists(f"{folder}/dcp"):
+        load_sharded(model, f"{folder}/dcp")
+    else:
+        return {}
+    with torch.no_grad():
+        return {"logits": hm.logits_of(model(inputs))} | (
+            {"hidden": hidden} if mesh.size() == 2 else {}
+        )
+
+
+def _worker(rank: int, world_size: int, folder: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world_size,))
@@ -116,12 +158,21 @@ def _worker(rank: int, world_size: int) -> dict:
         lambda: apply_plan(model, mesh, btp_plan(fm.PLAIN_LAYOUT), verify=True) and None
     )
     results["example"] = _outcome(lambda: own_model.main(steps=6))
+    results["hf-chain"] = _hf_chain(mesh, folder)
+    if world_size == 2:
+        results["hf-example"] = _outcome(lambda: hf_llama.main(2, f"{folder}/example"))
     return results
 
 
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> str:
+    """Where the TP 2 launch saves and the TP 4 launch loads."""
+    return str(tmp_path_factory.mktemp("hf-chain"))
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
-def tp_results(request) -> tuple[int, dict]:
-    return request.param, run_on_ranks(_worker, request.param)[0]
+def tp_results(request, hf_folder) -> tuple[int, dict]:
+    return request.param, run_on_ranks(_worker, request.param, folder=hf_folder)[0]
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -133,7 +184,7 @@ def test_matches_unsharded_model(tp_results, case):
     tp, results = tp_results
     model, _, _ = _model(*_all_cases()[case])
     inputs, labels = tokens()
-    logits = model(inputs)
+    logits = hm.logits_of(model(inputs))
     loss = loss_of(logits, labels)
     loss.backward()
     got_logits, got_loss, got_grads = results[case]
@@ -161,3 +212,51 @@ def test_verify_passes_a_good_model_and_catches_a_sharded_mean(tp_results):
     assert results["verify-ok"] is True, results["verify-ok"]
     message = results["verify-caught"]
     assert message is not None and message.startswith("verify: ") and "\n" not in message
+
+
+def test_hf_save_and_reload(tp_results, hf_folder):
+    """TP 2: the HF folder reloads on one process (`load_hf`) with the sharded model's
+    logits; TP 4: the TP 2 DCP checkpoint loads with the same logits."""
+    tp, results = tp_results
+    if not results["hf-chain"]:
+        pytest.skip("the TP 4 launch loads what the TP 2 launch saved: run both")
+    got = results["hf-chain"]["logits"]
+    if tp == 2:
+        torch.save(got, f"{hf_folder}/tp2-logits.pt")
+        reloaded = load_hf(f"{hf_folder}/hf")
+        with torch.no_grad():
+            want = reloaded(tokens()[0]).logits
+    else:
+        want = torch.load(f"{hf_folder}/tp2-logits.pt")
+    error = _rel_err(got, want)
+    print(f"hf chain tp={tp}: max rel err {error:.2e}")
+    assert error <= RTOL
+
+
+def test_hf_hidden_states_under_btp(tp_results):
+    """docs/huggingface.md: under btp each hidden state but the last is this rank's slice of
+    the hidden dim (rank 0: the first d / TP features); the last (after the final norm) is
+    whole."""
+    tp, results = tp_results
+    if tp != 2:
+        pytest.skip("checked at TP 2")
+    model = hm.build("tf-llama", "btp")
+    with torch.no_grad():
+        want = model(tokens()[0], output_hidden_states=True).hidden_states
+    got = results["hf-chain"]["hidden"]
+    width = want[0].shape[-1] // tp
+    assert [g.shape[-1] for g in got] == [width] * (len(want) - 1) + [2 * width]
+    for g, w in zip(got[:-1], want[:-1], strict=True):
+        assert _rel_err(g, w[..., :width]) <= RTOL
+    assert _rel_err(got[-1], want[-1]) <= RTOL
+
+
+def test_hf_example(tp_results):
+    """`boost_titan/examples/hf_llama.py` at TP 2: verify passes, the steps run, and the
+    folder it saves reloads on one process with the sharded model's logits."""
+    tp, results = tp_results
+    if tp != 2:
+        pytest.skip("run at TP 2")
+    example = results["hf-example"]
+    assert isinstance(example, dict), example
+    assert example["reload_error"] <= RTOL and len(example["losses"]) == 2

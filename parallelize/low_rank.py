@@ -1,0 +1,195 @@
+"""Turn a model's full-rank projections into low-rank down/up pairs, the shape BTP shards.
+
+`to_low_rank(model, rank, layout=...)` replaces every nn.Linear projection the layout
+names (q, k, v, o, gate, up, down of each block) with a `LowRankLinear`: ``up(act(down(x)))``
+with ``act`` the identity (SVD-style) or SiLU (CoLA). ``init="svd"`` starts it from the
+existing weight's truncated SVD ``W ~ U_r S_r V_r^T``, the singular values split evenly
+between the factors (``up = U_r S_r^1/2``, ``down = S_r^1/2 V_r^T``; the bias goes to
+``up``), so a pretrained checkpoint is where low-rank training starts: without an
+activation the relative error of each weight is the tail of its singular values, and at
+or above full rank the model is reproduced exactly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .plans import ModelLayout
+from .styles import PlanError
+
+INITS = ("svd", "random")
+ACTIVATIONS = (None, "silu")
+
+
+class LowRankLinear(nn.Module):
+    """A projection of rank r: ``up(act(down(x)))``, two nn.Linear children.
+
+    Args:
+        in_features (int): input size.
+        out_features (int): output size.
+        rank (int): the latent size r.
+        bias (bool): a bias on `up` (the pair's output). Default: False.
+        activation (str | None): ``None`` or ``"silu"`` (CoLA) on the latent. Default: None.
+        device (torch.device | None): where the weights live. Default: None (torch's).
+        dtype (torch.dtype | None): the weights' dtype. Default: None (torch's).
+
+    Example::
+
+        >>> import torch
+        >>> from boost_titan.parallelize import LowRankLinear
+        >>> pair = LowRankLinear(64, 96, 8, bias=True, activation="silu")
+        >>> pair.down.weight.shape, pair.up.weight.shape, pair(torch.randn(2, 64)).shape
+        (torch.Size([8, 64]), torch.Size([96, 8]), torch.Size([2, 96]))
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        *,
+        bias: bool = False,
+        activation: str | None = None,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.down = nn.Linear(in_features, rank, bias=False, device=device, dtype=dtype)
+        self.up = nn.Linear(rank, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = activation
+
+    @property
+    def out_features(self) -> int:
+        return self.up.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.down(x)
+        if self.activation == "silu":
+            z = F.silu(z)
+        return self.up(z)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"
+
+
+@torch.no_grad()
+def svd_factors(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(up [out, r], down [r, in]) of the rank-r truncated SVD of `weight` [out, in], each
+    holding the square root of the singular values: ``up @ down`` is the best rank-r
+    approximation. Computed in float64, returned in the weight's dtype."""
+    u, s, vh = torch.linalg.svd(weight.double(), full_matrices=False)
+    root = s[:rank].sqrt()
+    up, down = u[:, :rank] * root, root[:, None] * vh[:rank]
+    return up.to(weight.dtype), down.to(weight.dtype)
+
+
+def to_low_rank(
+    model: nn.Module,
+    rank: int,
+    *,
+    layout: ModelLayout,
+    init: str = "svd",
+    activation: str | None = None,
+) -> nn.Module:
+    """Replace each nn.Linear projection `layout` names with a `LowRankLinear`, in place.
+
+    A projection whose smaller side is at most `rank` keeps its full rank (min(d_in,
+    d_out)). The model's ``config`` (if any) records ``low_rank = {"rank", "activation"}``
+    so that `load_hf` rebuilds the pairs. Convert before `apply_plan`.
+
+    Args:
+        model (nn.Module): an unsharded model, e.g. a transformers causal LM.
+        rank (int): the latent size r of every pair.
+        layout (ModelLayout): names the projections, e.g. ``hf_layout(model)``.
+        init (str): ``"svd"``: truncated SVD of the existing weight, singular values split
+            evenly; ``"random"``: nn.Linear's own initialisation. Default: ``"svd"``.
+        activation (str | None): ``None`` (SVD-style pair) or ``"silu"`` (CoLA).
+            Default: None.
+
+    Returns:
+        nn.Module: `model`, converted.
+
+    Raises:
+        PlanError: a rank below 1, an unknown `init` or `activation`, a layout that
+            entry that matches no module, or a projection that is not an unsharded
+            nn.Linear (already converted, or sharded).
+
+    Example::
+
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> from boost_titan.parallelize import hf_layout, to_low_rank
+        >>> config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96,
+        ...     num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=2)
+        >>> model = LlamaForCausalLM(config)
+        >>> ids = torch.randint(0, 64, (1, 8))
+        >>> before = model(ids).logits
+        >>> model = to_low_rank(model, 64, layout=hf_layout(model))  # full rank: exact
+        >>> model.model.layers[0].self_attn.k_proj
+        LowRankLinear(
+          activation=None
+          (down): Linear(in_features=64, out_features=16, bias=False)
+          (up): Linear(in_features=16, out_features=16, bias=False)
+        )
+        >>> torch.allclose(model(ids).logits, before, atol=1e-5)
+        True
+    """
+    if init not in INITS:
+        raise PlanError(f"init must be one of {', '.join(INITS)}, got {init!r}")
+    if activation not in ACTIVATIONS:
+        raise PlanError(f"activation must be None or 'silu', got {activation!r}")
+    if not isinstance(rank, int) or rank < 1:
+        raise PlanError(f"rank must be an integer >= 1, got {rank!r}")
+    modules = dict(model.named_modules())
+    for projection in layout.projections():
+        pattern = f"{layout.blocks}.{projection}"
+        fqns = [n for n in modules if fnmatch.fnmatchcase(n, pattern)]
+        if not fqns:
+            raise PlanError(
+                f"{pattern!r} matches no module of {type(model).__name__}; fix the layout"
+            )
+        for fqn in fqns:
+            linear = modules[fqn]
+            if type(linear) is not nn.Linear or _is_dtensor(linear.weight):
+                raise PlanError(
+                    f"{fqn} is a {type(linear).__name__}, not an unsharded nn.Linear; "
+                    "to_low_rank converts full-rank projections, before apply_plan"
+                )
+            parent, _, child = fqn.rpartition(".")
+            setattr(modules[parent], child, _pair(linear, rank, init, activation))
+    config = getattr(model, "config", None)
+    if config is not None:
+        config.low_rank = {"rank": rank, "activation": activation}
+    return model
+
+
+def _pair(linear: nn.Linear, rank: int, init: str, activation: str | None) -> LowRankLinear:
+    weight = linear.weight
+    r = min(rank, *weight.shape)
+    pair = LowRankLinear(
+        linear.in_features,
+        linear.out_features,
+        r,
+        bias=linear.bias is not None,
+        activation=activation,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    if init == "svd":
+        with torch.no_grad():
+            up, down = svd_factors(weight, r)
+            pair.up.weight.copy_(up)
+            pair.down.weight.copy_(down)
+            if linear.bias is not None:
+                pair.up.bias.copy_(linear.bias)
+    return pair
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
