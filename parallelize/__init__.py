@@ -42,6 +42,7 @@ from .plans import (
 )
 from .styles import (
     ColumnParallel,
+    HeadNorm,
     PlanError,
     Replicated,
     RowParallel,
@@ -55,6 +56,7 @@ __all__ = [
     "ColumnParallel",
     "GroupMember",
     "GroupUp",
+    "HeadNorm",
     "LowRankLinear",
     "ModelLayout",
     "NormGroup",

@@ -63,6 +63,13 @@ def format_collectives(calls: Sequence[Collective]) -> str:
     return ", ".join(f"{_NAMES.get(kind, kind)} {n}" for kind, n in calls) or "-"
 
 
+def _backward_cell(role: Role) -> str:
+    """The per-token backward collectives, then those of weight grads (per call)."""
+    weight_grads = [f"{format_collectives([c])} (weight grad)" for c in role.weight_grads]
+    calls = [format_collectives(role.backward)] if role.backward else []
+    return ", ".join(calls + weight_grads) or "-"
+
+
 def plan_table(model: nn.Module, plan: Plan, tp: int, *, markdown: bool = False) -> str:
     """The plan as a text (or markdown) table, one line per plan key.
 
@@ -110,7 +117,7 @@ def plan_table(model: nn.Module, plan: Plan, tp: int, *, markdown: bool = False)
                 role.inputs,
                 role.output,
                 format_collectives(role.forward),
-                format_collectives(role.backward),
+                _backward_cell(role),
             )
         )
     if markdown:

@@ -1,9 +1,10 @@
 """The `ModelLayout` of a Hugging Face transformers causal LM, read from the model itself.
 
-`hf_layout(model)` describes a model of the Llama structure (Llama, Mistral, Qwen2 and any
-class with the same modules and norm formula): per block ``input_layernorm`` -> q, k, v
-and ``post_attention_layernorm`` -> gate, up; o and down read their own inputs; the head
-size and head counts come from the config. Anything a plan cannot shard correctly is
+`hf_layout(model)` describes a model of the Llama structure (Llama, Mistral, Qwen2, Qwen3
+and any class with the same modules and norm formula): per block ``input_layernorm`` -> q,
+k, v and ``post_attention_layernorm`` -> gate, up; o and down read their own inputs;
+Qwen3's per-head ``self_attn.q_norm`` and ``k_norm`` are `ModelLayout.head_norms`; the
+head size and head counts come from the config. Anything a plan cannot shard correctly is
 refused in one line (`PlanError`) naming the reason, before any communication: see
 `REFUSALS`, which docs/huggingface.md renders as a table.
 
@@ -36,13 +37,14 @@ def hf_layout(model: nn.Module) -> ModelLayout:
         model (nn.Module): an unsharded transformers causal LM, e.g. ``LlamaForCausalLM``.
 
     Returns:
-        ModelLayout: blocks ``model.layers.*``, ``head_dim`` from the config.
+        ModelLayout: blocks ``model.layers.*``, ``head_dim`` from the config,
+        ``head_norms`` where the attention has ``q_norm`` / ``k_norm`` (Qwen3).
 
     Raises:
         PlanError: one line naming the reason for a class or config the plans do not
             support (another structure, fused qkv, LayerNorm, tied embeddings, a norm
-            other than ``x / rms(x) * weight``, per-head q/k norms, an already sharded
-            model, a ``head_dim`` that disagrees with q_proj).
+            other than ``x / rms(x) * weight`` (the per-head q/k norms included), an
+            already sharded model, a ``head_dim`` that disagrees with q_proj).
 
     Example::
 
@@ -69,7 +71,10 @@ def hf_layout(model: nn.Module) -> ModelLayout:
         raise PlanError(f"{name} has no layers (num_hidden_layers=0); nothing to shard")
     _check_block(layers[0], name)
     head_dim = _head_dim(model, name)
-    norms = [f"model.layers.{i}.{n}" for i in range(len(layers)) for n in BLOCK[2:]]
+    attn_children = dict(layers[0].self_attn.named_children())
+    head_norms = tuple(f"self_attn.{n}" for n in HEAD_NORMS if n in attn_children)
+    block_norms = [*BLOCK[2:], *head_norms]
+    norms = [f"model.layers.{i}.{n}" for i in range(len(layers)) for n in block_norms]
     for fqn in [*norms, "model.norm"]:
         _check_norm(model.get_submodule(fqn), fqn, name)
     guard_hf_loss(model)
@@ -85,6 +90,7 @@ def hf_layout(model: nn.Module) -> ModelLayout:
         head_dim=head_dim,
         qkv=tuple(attn[:3]),
         attention_out=(attn[3],),
+        head_norms=head_norms,
     )
 
 
@@ -113,11 +119,6 @@ def _check_block(block: nn.Module, name: str) -> None:
         raise PlanError(
             f"{name} fuses q, k and v in one projection (self_attn.{fused[0]}); the plans "
             "shard q, k and v as separate projections: split it first"
-        )
-    if any(n in attn_children for n in HEAD_NORMS):
-        raise PlanError(
-            f"{name} normalises each head of q and k (self_attn.q_norm, k_norm), which the "
-            "plans do not shard yet (its weight grad would be partial on each rank)"
         )
     children = dict(block.named_children())
     for child, module in children.items():

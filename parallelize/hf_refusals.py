@@ -122,7 +122,6 @@ CASES: list[tuple[str, str, Callable[[], object]]] = [
     ("class", "fused qkv (Phi-3)", _layout_of("Phi3Config", "Phi3ForCausalLM", pad_token_id=0)),
     ("class", "LayerNorm (StableLM)", _layout_of("StableLmConfig", "StableLmForCausalLM")),
     ("class", "`1 + weight` norm (Gemma)", _layout_of("GemmaConfig", "GemmaForCausalLM")),
-    ("class", "per-head q/k norms (Qwen3)", _layout_of("Qwen3Config", "Qwen3ForCausalLM")),
     (
         "class",
         "tied embeddings",

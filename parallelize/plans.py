@@ -35,7 +35,9 @@ Per block (T tokens, all-reduce elements per token; standard pre-norm block):
   =========  =============================================  ============  ==============
 
 A parallel block (one norm feeding q,k,v,gate,up) gets one group of five: under BTP
-5r+1, r, r forward and 5r, r, r backward.
+5r+1, r, r forward and 5r, r, r backward. Per-head q/k norms (`ModelLayout.head_norms`,
+Qwen3) add, under btp and megatron, one backward all-reduce each of their weight grad:
+head_dim elements per call, not per token (`Role.weight_grads`); none under vanilla.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from .groups import (
 )
 from .styles import (
     ColumnParallel,
+    HeadNorm,
     PlanError,
     Replicated,
     RowParallel,
@@ -99,6 +102,11 @@ class ModelLayout:
         crossing (tuple[str, ...]): LaX: children of every low-rank projection that act on
             its latent (e.g. ``"cross"``, ``"latent_norm"``); replicated, and optional
             (absent from the first block). Default: ``()``.
+        head_norms (tuple[str, ...]): norms applied to each attention head of q or k
+            (Qwen3's ``self_attn.q_norm``, ``k_norm``; weight [head_dim]). Where the
+            heads are sharded (megatron, btp) each is a `HeadNorm`, whose weight grad is
+            all-reduced in backward (one all-reduce of head_dim elements per norm per
+            call); under vanilla every rank holds all heads: `Replicated`. Default: ``()``.
         defer_latent_grads (bool): BTP: let a group of self-contained pairs reduce its
             ups' input grads in one backward all-reduce (checked on the first forward).
             Turn it off when a pair's latent is also used outside the pair (LaX hands it
@@ -141,6 +149,7 @@ class ModelLayout:
     qkv: tuple[str, ...] = ("attention.wq", "attention.wk", "attention.wv")
     attention_out: tuple[str, ...] = ("attention.wo",)
     crossing: tuple[str, ...] = ()
+    head_norms: tuple[str, ...] = ()
     defer_latent_grads: bool = True
 
     def projections(self) -> list[str]:
@@ -159,6 +168,11 @@ def _head(*, reduce_input_grad: bool, loss_parallel: bool) -> ColumnParallel:
         output_dtensor=loss_parallel,
         gather_output=not loss_parallel,
     )
+
+
+def _head_norms(layout: ModelLayout, *, sharded_heads: bool) -> Plan:
+    style = HeadNorm if sharded_heads else Replicated
+    return {f"{layout.blocks}.{n}": style() for n in layout.head_norms}
 
 
 def _crossing(layout: ModelLayout) -> Plan:
@@ -225,6 +239,7 @@ def megatron_plan(
             )
     for p in layout.own_inputs:
         plan[f"{layout.blocks}.{p}"] = RowParallel(head_dim=layout.head_dim_of(p, output=False))
+    plan.update(_head_norms(layout, sharded_heads=True))
     return plan
 
 
@@ -286,6 +301,7 @@ def vanilla_plan(
     for p in layout.own_inputs:
         plan[f"{layout.blocks}.{p}.down"] = ColumnParallel(gather_output=crossing)
         plan[f"{layout.blocks}.{p}.up"] = RowParallel(split_input=crossing)
+    plan.update(_head_norms(layout, sharded_heads=False))
     plan.update(_crossing(layout))
     return plan
 
@@ -372,6 +388,7 @@ def btp_plan(
             head_dim=layout.head_dim_of(p, output=False)
         )
         plan[f"{layout.blocks}.{p}.up"] = ColumnParallel()
+    plan.update(_head_norms(layout, sharded_heads=True))
     plan.update(_crossing(layout))
     return plan
 

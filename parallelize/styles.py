@@ -84,6 +84,8 @@ class Role:
     output: str
     forward: tuple[Collective, ...] = ()
     backward: tuple[Collective, ...] = ()
+    weight_grads: tuple[Collective, ...] = ()
+    """Backward collectives of weight grads: (kind, elements per call, NOT per token)."""
 
 
 @dataclass(frozen=True)
@@ -471,6 +473,58 @@ class Replicated(TPStyle):
             bias = local(module.bias) if module.bias is not None else None
             return F.layer_norm(x, module.normalized_shape, weight, bias, module.eps)
         return F.rms_norm(x, (norm_dim(module),), local(module.weight), norm_eps(module, x))
+
+
+class HeadNorm(TPStyle):
+    """An RMSNorm-like module applied to each attention head (Qwen3's q_norm, k_norm: weight
+    [head_dim]) where the heads are sharded over the ranks (megatron, BTP).
+
+    Weight Replicate. In: this rank's heads. Out: the same heads normalised; no activation
+    collective. Each rank's weight grad sums over its own heads only, so it is all-reduced
+    in backward (``comm.reduce_grad`` on the weight: head_dim elements per call, whatever
+    the number of tokens; `Role.weight_grads`). Where every rank holds all heads (vanilla)
+    the norm is `Replicated`. Takes no arguments.
+
+    Example::
+
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> from torch import nn
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from boost_titan.parallelize import HeadNorm, apply_plan, plan_table
+        >>> norm = nn.Sequential(nn.RMSNorm(8))  # e.g. Qwen3's self_attn.q_norm
+        >>> print(plan_table(norm, {"0": HeadNorm()}, tp=2))
+        module  style     weights   in       out      forward  backward
+        ------  --------  --------  -------  -------  -------  --------------------------
+        0       HeadNorm  weight R  sharded  sharded  -        all-reduce 8 (weight grad)
+        >>> heads = torch.randn(2, 5, 4, 8)  # [batch, seq, heads, head_dim]
+        >>> want = norm(heads)
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> norm = apply_plan(norm, init_device_mesh("cpu", (1,)), {"0": HeadNorm()})
+        >>> torch.allclose(norm(heads), want)
+        True
+        >>> dist.destroy_process_group()
+    """
+
+    def kind_ok(self, module: nn.Module) -> bool:
+        return is_rmsnorm_like(module)
+
+    def kind_names(self) -> str:
+        return "an RMSNorm-like module (1-D weight, eps, no bias)"
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        return Role(
+            "HeadNorm",
+            describe_placements(module, self.placements),
+            "sharded",
+            "sharded",
+            weight_grads=(("all_reduce", norm_dim(module)),),
+        )
+
+    def _local_forward(self, module, group, x):
+        x = local(x)
+        weight = comm.reduce_grad(local(module.weight), group)
+        return F.rms_norm(x, (norm_dim(module),), weight, norm_eps(module, x))
 
 
 class ShardedEmbedding(TPStyle):

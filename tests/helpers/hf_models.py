@@ -1,6 +1,6 @@
 """Real transformers causal LMs for the plan tests: tiny random configs (no download), every
-parameter random. `build(name, strategy)`: the full-rank model for megatron, its
-`to_low_rank` conversion (SVD init) for btp and vanilla.
+parameter random (Qwen3's per-head q_norm and k_norm too). `build(name, strategy)`: the
+full-rank model for megatron, its `to_low_rank` conversion (SVD init) for btp and vanilla.
 
 Qwen2's q/k/v biases are scaled to [0.1, 0.3]: at [0.5, 1.5] the attention is so sharp that
 its q/k gradients differ by ~3e-5 between any two fp32 summation orders (5x smaller biases:
@@ -13,6 +13,7 @@ from torch import nn
 
 from boost_titan.parallelize import hf_layout, to_low_rank
 from tests.helpers.distributed import randomize
+from tests.helpers.foreign_models import STANDARD
 
 CONFIG = dict(
     vocab_size=64,
@@ -30,14 +31,26 @@ CLASSES = {
     "tf-llama": ("LlamaConfig", "LlamaForCausalLM", "silu", "svd"),
     "tf-mistral": ("MistralConfig", "MistralForCausalLM", None, "svd"),
     "tf-qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "silu", "random"),
+    "tf-qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "silu", "svd"),
 }
+OVERRIDES = {"tf-qwen3": dict(head_dim=8)}  # Qwen3's config defaults to 128, not d / heads
+HEAD_NORMS = {"tf-qwen3": 2}  # q_norm, k_norm: one weight-grad all-reduce each (btp, megatron)
+
+
+def all_reduces_per_block(name: str, strategy: str) -> tuple[int, int]:
+    """(forward, backward) all-reduces of one block: btp 4/4, vanilla 7/4, megatron 2/2,
+    plus one backward all-reduce per head norm where the heads are sharded."""
+    forward, backward = STANDARD[strategy]
+    if strategy != "vanilla":
+        backward += HEAD_NORMS.get(name, 0)
+    return forward, backward
 
 
 def config(name: str, **overrides):
     """The tiny config of model class `name` (CONFIG with `overrides`)."""
     import transformers
 
-    return getattr(transformers, CLASSES[name][0])(**(CONFIG | overrides))
+    return getattr(transformers, CLASSES[name][0])(**(CONFIG | OVERRIDES.get(name, {}) | overrides))
 
 
 def build(name: str, strategy: str, layers: int = 3, **overrides) -> nn.Module:
