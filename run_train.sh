@@ -8,6 +8,11 @@
 # LOG_RANK: ranks whose output is shown (default 0). Extra arguments override the TOML.
 # MAX_RESTARTS: torchrun restarts after a worker failure (default 0); each restart resumes
 # from the newest complete checkpoint in the dump folder.
+# SIGTERM or SIGUSR1 (to this script or its process group): every rank finishes its step,
+# one checkpoint of it is saved, and the script exits 75 after the line "stopped by SIGTERM
+# at step N; checkpoint saved (...); rerun to continue" ([boost] time_budget_minutes stops
+# the same way). SHUTDOWN_TIMEOUT: seconds torchrun then waits for the workers before it
+# SIGKILLs them (default 600).
 #
 # A job that fails the check prints one `error:` line (exit 2) and starts no worker; one
 # whose checkpoint is already at training.steps says so and exits 0. If a worker stops on
@@ -45,8 +50,10 @@ if [[ $status -eq 4 ]]; then  # boost_titan.check.FINISHED: nothing to train, ch
 fi
 [[ $status -eq 0 ]] || exit "$status"
 
-exec python -m boost_titan.torchrun_relay \
-    torchrun --nproc_per_node="$NGPU" --rdzv_backend c10d --rdzv_endpoint=localhost:0 \
+exec python -m boost_titan.torchrun_relay python -m boost_titan.torchrun \
+    --nproc_per_node="$NGPU" --rdzv_backend c10d --rdzv_endpoint=localhost:0 \
     --max-restarts "$MAX_RESTARTS" \
+    --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
+    --shutdown-timeout "${SHUTDOWN_TIMEOUT:-600}" \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
     -m boost_titan.train --job.config_file "$CONFIG_FILE" "$@"

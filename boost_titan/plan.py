@@ -2,6 +2,7 @@
 
     python -m boost_titan.plan --strategy btp --flavor debug [--arch cola] [--tp 2]
     python -m boost_titan.plan --model mypkg.model:build --layout mypkg.model:LAYOUT --strategy btp
+    python -m boost_titan.plan --auto --flavor 7B --gpus 8 --gpu h100 [--write-toml X.toml]
 
 With `--flavor`, our `boost_llama` model (built on the meta device: any size is instant);
 with `--model MODULE:FUNCTION` (called without arguments) and `--layout MODULE:NAME`, any
@@ -9,6 +10,7 @@ torch-native model. Per row: the plan key (and how many modules it matched), the
 weight placements, activation layouts in and out, and the collectives one call issues
 forward and backward (elements per token of each rank's buffer). Then the totals of one
 block. Nothing is applied; the plan is checked against the model as `apply_plan` would.
+`--auto` instead ranks every layout of a flavor on N GPUs (`bench.model.planner`).
 """
 
 from __future__ import annotations
@@ -69,9 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--model", help="MODULE:FUNCTION building any torch-native model")
     parser.add_argument("--layout", help="MODULE:NAME of its ModelLayout")
+    parser.add_argument(
+        "--auto", action="store_true", help="rank every layout of --flavor on --gpus GPUs"
+    )
+    from boost_titan.bench.model import planner
+
+    planner.add_args(parser)
     ns = parser.parse_args(argv)
     try:
-        return _show(ns)
+        return planner.run(ns) if ns.auto else _show(ns)
     except ConfigError as e:
         fail(str(e))
 

@@ -9,9 +9,14 @@ is torchrun's failure report (a traceback and a box naming the root cause) and a
 printed an `error: ...` line (a user error, or a diverged loss), the report is dropped,
 the worker's error is printed last without its rank prefix, and the exit status is the
 failed worker's (from the box). Otherwise the
-held lines are printed as they came and the exit status is torchrun's. SIGTERM and
-SIGHUP are passed on to torchrun; SIGINT (Ctrl-C) reaches torchrun from the terminal
-itself, so the relay ignores it and keeps relaying until torchrun has shut down.
+held lines are printed as they came and the exit status is torchrun's.
+
+A stop with a checkpoint (SIGTERM, SIGUSR1 or the time budget: `runtime.stopping`) ends on
+the workers' `stopped by ...` line and status `STOPPED` (75); torchrun's own report of the
+signal (a `SignalException` traceback) is dropped. SIGTERM, SIGHUP and SIGUSR1 are passed
+on to torchrun (launch it with `--signals-to-handle` naming SIGUSR1, or SIGUSR1 kills it);
+SIGINT (Ctrl-C) reaches torchrun from the terminal itself, so the relay ignores it and
+keeps relaying until torchrun has shut down.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from typing import TextIO
+
+from boost_titan.runtime.stopping import STOP_LINE, STOPPED
 
 WORKER_LINE = re.compile(r"^\[[a-z_]+\d+\]:")
 """torchrun's `--tee` prefix of worker output (`--role rank`: `[rank0]:`)."""
@@ -48,11 +55,21 @@ def root_cause_exit(closing: list[str]) -> int | None:
     return 1
 
 
+def stop_line(line: str) -> str | None:
+    """The `stopped by ...` line a worker printed, without torchrun's rank prefix."""
+    match = WORKER_LINE.match(line)
+    if match and STOP_LINE.match(line[match.end() :]):
+        return line[match.end() :].rstrip("\n")
+    return None
+
+
 def relay(lines: Iterable[str], out: TextIO) -> int | None:
     """Copy `lines` to `out` as described in the module docstring; return the failed
-    worker's exit status when its error replaced torchrun's report, else None."""
+    worker's exit status when its error replaced torchrun's report, STOPPED after a stop
+    line, else None."""
     held: list[str] = []
     errors: list[str] = []
+    stopped = None
     for line in lines:
         if WORKER_LINE.match(line):
             out.writelines(held)
@@ -61,8 +78,15 @@ def relay(lines: Iterable[str], out: TextIO) -> int | None:
             out.flush()
             if (error := worker_error(line)) and error not in errors:
                 errors.append(error)
+            stopped = stop_line(line) or stopped
         else:
             held.append(line)
+    if stopped is not None and not errors:
+        if not any("SignalException" in line for line in held):
+            out.writelines(held)
+        out.write(stopped + "\n")
+        out.flush()
+        return STOPPED
     status = root_cause_exit(held)
     if not errors or status is None:
         out.writelines(held)
@@ -81,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     child = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     )
-    for forwarded in (signal.SIGTERM, signal.SIGHUP):
+    for forwarded in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(forwarded, lambda signum, _: child.send_signal(signum))
     status = relay(child.stdout, sys.stdout)
     code = child.wait()

@@ -38,8 +38,10 @@ from boost_titan.config.cli import fail, parse_job_config  # noqa: E402
 from boost_titan.config.errors import ConfigError  # noqa: E402
 from boost_titan.data.tokenizer import DefaultAssetsWarningFilter  # noqa: E402
 from boost_titan.runtime.dump_lock import DumpFolderLock  # noqa: E402
+from boost_titan.runtime.nonfinite import TrainingDiverged  # noqa: E402
 from boost_titan.runtime.restarts import shared_store_warning  # noqa: E402
-from boost_titan.runtime.trainer import BoostTrainer, TrainingDiverged  # noqa: E402
+from boost_titan.runtime.teardown import end_process_groups  # noqa: E402
+from boost_titan.runtime.trainer import BoostTrainer  # noqa: E402
 
 
 def _drop_error_file() -> None:
@@ -70,6 +72,9 @@ def run() -> None:
         _drop_error_file()
         fail(str(e), code=3)
     finally:
+        # BoostTrainer.close() ends the groups; this covers a trainer that never got built
+        # (live gloo groups at exit can abort the process: `runtime.teardown`).
+        end_process_groups(finished=False)
         if lock is not None:
             lock.release()
 

@@ -206,6 +206,20 @@ TABLES: dict[str, Table] = {
         f"python -m boost_titan.bench precision --config {DEFAULT_CONFIGS}",
         bench_output("precision", "--config", DEFAULT_CONFIGS, fenced=False),
     ),
+    "hf-refusals": Table(  # the render function lives in boost_titan.parallelize.hf_refusals
+        "python -m boost_titan.parallelize.hf_refusals",
+        lambda: __import__("boost_titan.parallelize.hf_refusals", fromlist=["_"]).refusal_table(),
+    ),
+    "memory-check": Table(  # render function: boost_titan.bench.measure.memtrack (minutes)
+        "python -m boost_titan.bench memory --check",
+        lambda: __import__("boost_titan.bench.measure.memtrack", fromlist=["_"]).check_table(),
+        slow=True,
+    ),
+    "planner": Table(  # render function: boost_titan.bench.model.planner
+        "python -m boost_titan.plan --auto --flavor F --gpus N --gpu G --global-batch B",
+        lambda: __import__("boost_titan.bench.model.planner", fromlist=["_"]).docs_tables(),
+        slow=True,
+    ),
 }
 
 

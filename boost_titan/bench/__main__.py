@@ -387,6 +387,20 @@ def _run_trace(ns: argparse.Namespace) -> int:
     return trace.run(ns, plans_from_args(ns))
 
 
+# ---- memory ----------------------------------------------------------------------------
+def _add_memory_args(parser: argparse.ArgumentParser) -> None:
+    from boost_titan.bench.measure import memtrack
+
+    add_plan_args(parser)
+    memtrack.add_args(parser)
+
+
+def _run_memory(ns: argparse.Namespace) -> int:
+    from boost_titan.bench.measure import memtrack
+
+    return memtrack.run(ns, plans_from_args(ns))
+
+
 # ---- cpu -------------------------------------------------------------------------------
 def _add_cpu_args(parser: argparse.ArgumentParser) -> None:
     from boost_titan.bench.measure import cpu
@@ -432,6 +446,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "measure one block under the real TP plan (fake process group, CPU)",
         _add_trace_args,
         _run_trace,
+    ),
+    "memory": Subcommand(
+        "peak memory per GPU and stage (model), or --check: vs torch's MemTracker",
+        _add_memory_args,
+        _run_memory,
     ),
     "cpu": Subcommand(
         "time training steps of each TP strategy on CPU (gloo, 1 thread per rank)",

@@ -60,6 +60,15 @@ class Boost:
     of the documents) | global (every rank reads the one stream and keeps its rows of each
     global batch, so the batches do not depend on the DP degree; every rank tokenizes all)."""
 
+    time_budget_minutes: float = 0.0
+    """Wall-clock budget of one invocation, from the trainer's start (0: none). When it runs
+    out, training stops after the current step with a checkpoint, as on SIGTERM
+    (`boost_titan.runtime.stopping`); leave room for that save before the scheduler's limit."""
+
+    skip_nonfinite_steps: int = 0
+    """Steps with a NaN/inf loss or gradient norm that may be skipped (no optimizer step)
+    before the run stops; 0: stop at the first (`boost_titan.runtime.nonfinite`)."""
+
 
 @dataclass
 class JobConfig:

@@ -4,4 +4,6 @@
 `export`), `dump_lock` (one job per dump folder), `resume` (every rank loads rank 0's
 checkpoint), `restarts` (crash recovery), `saved_activations` (the activation bytes the
 trainer logs), `rss` (process memory), `precision` (the run's precision, one phrase for the
-log and `check`)."""
+log and `check`), `stopping` (SIGTERM/SIGUSR1/time budget: stop with a checkpoint),
+`nonfinite` (NaN/inf steps never reach the optimizer), `teardown` (the end of the process
+groups)."""

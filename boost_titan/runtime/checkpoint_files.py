@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 _STEP_DIR = re.compile(r"step-(\d+)$")
 DAMAGED = "the checkpoint is damaged, use another step-N folder"
+SHORT_WRITE = "unexpected pos"
+"""How torch.save's zip writer reports a short write (ENOSPC, EFBIG) in DCP's shard files."""
 
 
 def is_complete_checkpoint(path: str) -> bool:
@@ -82,3 +84,28 @@ def check_readable(path: str, where: str, fix: str = DAMAGED) -> Metadata:
     metadata = read_metadata(path, where, fix)
     check_storage_files(path, metadata, where, fix)
     return metadata
+
+
+def save_failure(failures: dict, path: str, kept: str | None) -> str:
+    """One line for a DCP save of `path` that failed on some ranks (`failures`: rank ->
+    (exception, traceback), as in DCP's CheckpointException): the first rank's reason, and
+    which complete checkpoint a rerun resumes from."""
+    rank = min(failures) if failures else None
+    reason = "unknown reason"
+    if rank is not None:
+        error = failures[rank][0]
+        if isinstance(error, OSError) and error.strerror:
+            reason = error.strerror
+        elif SHORT_WRITE in str(error):
+            reason = "a write was cut short: disk full or a file-size limit"
+        else:
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    resume = (
+        f"the newest complete checkpoint, {kept}, stays loadable"
+        if kept
+        else "no complete checkpoint yet"
+    )
+    return (
+        f"saving the checkpoint {path} failed on rank {rank} ({reason}); {resume}: free space "
+        f"in (or make writable) {os.path.dirname(path)}, then rerun"
+    )

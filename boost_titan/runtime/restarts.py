@@ -13,10 +13,14 @@ fault injector to test them.
   them when it resumes.
 - Fault injection, off unless `BOOST_TITAN_FAULT_STEP` is set: in the first attempt only
   (`TORCHELASTIC_RESTART_COUNT` 0 or unset), rank `BOOST_TITAN_FAULT_RANK` (default: the
-  last rank) SIGKILLs itself at step `BOOST_TITAN_FAULT_STEP`: after the step
+  last rank) SIGKILLs itself at step `BOOST_TITAN_FAULT_STEP` (or at the first of a
+  comma-separated list): after the step
   (`BOOST_TITAN_FAULT_POINT=step`, the default) or while that step's checkpoint is being
   saved, once its own shard files are written and before DCP's `.metadata` exists
-  (`BOOST_TITAN_FAULT_POINT=save`).
+  (`BOOST_TITAN_FAULT_POINT=save`). `BOOST_TITAN_FAULT_POINT=nan` makes that rank's loss of
+  each listed step NaN instead (it counts on a rank that holds a share of the global loss: under
+  TP the first rank of its group), `inf` one of its gradients infinite
+  (`boost_titan.runtime.nonfinite` must then keep the step from the optimizer).
 """
 
 from __future__ import annotations
@@ -24,9 +28,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import is_complete_checkpoint, step_folders
+
+if TYPE_CHECKING:
+    import torch
 
 
 def shared_store_warning(env=os.environ) -> str | None:
@@ -56,11 +64,15 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+FAULT_POINTS = ("step", "save", "nan", "inf")
+"""Values of BOOST_TITAN_FAULT_POINT (see the module docstring)."""
+
+
 class Fault:
     """The injected crash configured by the environment (see the module docstring)."""
 
-    def __init__(self, step: int, point: str):
-        self.step, self.point = step, point
+    def __init__(self, steps: tuple[int, ...], point: str):
+        self.steps, self.point = steps, point
 
     @classmethod
     def from_env(cls, rank: int, world_size: int, env=os.environ) -> Fault | None:
@@ -68,36 +80,49 @@ class Fault:
         if not env.get("BOOST_TITAN_FAULT_STEP"):
             return None
         try:
-            step = int(env["BOOST_TITAN_FAULT_STEP"])
+            steps = tuple(int(step) for step in env["BOOST_TITAN_FAULT_STEP"].split(","))
             target = int(env.get("BOOST_TITAN_FAULT_RANK") or world_size - 1)
         except ValueError:
             raise ConfigError(
-                "BOOST_TITAN_FAULT_STEP and BOOST_TITAN_FAULT_RANK must be integers"
+                "BOOST_TITAN_FAULT_STEP (comma-separated) and BOOST_TITAN_FAULT_RANK must be "
+                "integers"
             ) from None
         point = env.get("BOOST_TITAN_FAULT_POINT") or "step"
-        if point not in ("step", "save"):
-            raise ConfigError(f"BOOST_TITAN_FAULT_POINT {point!r} is not 'step' or 'save'")
+        if point not in FAULT_POINTS:
+            raise ConfigError(
+                f"BOOST_TITAN_FAULT_POINT {point!r} is not one of {', '.join(FAULT_POINTS)}"
+            )
         if rank != target or int(env.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
             return None
-        fault = cls(step, point)
+        fault = cls(steps, point)
         if point == "save":
             fault._hook_checkpoint_write()
         return fault
 
     def after_step(self, step: int) -> None:
-        if self.point == "step" and step == self.step:
+        if self.point == "step" and step in self.steps:
             _die()
+
+    def poison_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """The step's loss as recorded: NaN at the `nan` fault's step."""
+        return loss * float("nan") if self.point == "nan" and step in self.steps else loss
+
+    def poison_grads(self, step: int, grads: list[torch.Tensor]) -> None:
+        """At the `inf` fault's step, make one gradient entry of this rank infinite."""
+        if self.point == "inf" and step in self.steps and grads:
+            grads[0].view(-1)[0] = float("inf")
 
     def _hook_checkpoint_write(self) -> None:
         # DCP: every rank writes its shards (write_data), then the coordinator gathers the
         # results and writes .metadata; dying in between leaves a folder without .metadata.
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
-        write_data, folder = FileSystemWriter.write_data, f"step-{self.step}"
+        write_data = FileSystemWriter.write_data
+        folders = {f"step-{step}" for step in self.steps}
 
         def write_data_then_die(writer, plan, planner):
             written = write_data(writer, plan, planner)
-            if os.path.basename(os.fspath(writer.path)) == folder:
+            if os.path.basename(os.fspath(writer.path)) in folders:
                 written.wait()
                 _die()
             return written

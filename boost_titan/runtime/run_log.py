@@ -2,8 +2,9 @@
 validation results, the saved activations of its first step, and its summary.
 
 With a `path`, each step is also appended to a JSON-lines file as {"step", "loss",
-"tokens"}, and each validation as {"step", "validation_loss", "validation_perplexity",
-"validation_tokens"}; `read_log` splits such a file into the two kinds of rows.
+"tokens"}, each validation as {"step", "validation_loss", "validation_perplexity",
+"validation_tokens"}, and each skipped (non-finite) step as {"step", "skipped",
+"skipped_steps"}; `read_log` splits such a file into training and validation rows.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ class RunLog:
                 "validation_tokens": tokens,
             }
         )
+
+    def record_skip(self, step: int, line: str, skipped: int) -> None:
+        """A step kept from the optimizer (non-finite): the reason, and the skips so far."""
+        self._append({"step": step, "skipped": line, "skipped_steps": skipped})
 
     def _append(self, row: dict) -> None:
         if self.path is not None:

@@ -4,8 +4,18 @@
   under PP while every other layout divides it by the step's global valid-token count, so
   PP gradients come out batch*seq times too large (clipping and AdamW hide most of it).
   Here the PP schedule's loss function divides by that count during training steps.
-- Every step the global average loss is all-reduced (one scalar over the world group); a
-  NaN/inf loss raises `TrainingDiverged` before the step could be checkpointed.
+- Every step, after clipping and before the optimizer, one all-reduce over the world group
+  carries the step's loss and each rank's stop flags (`runtime.stopping`). A NaN/inf global
+  loss or gradient norm never reaches the optimizer (`runtime.nonfinite`): the run stops
+  with `TrainingDiverged` naming the rank, or skips the step (`[boost] skip_nonfinite_steps`).
+  A SIGTERM/SIGUSR1 on any rank, or the end of `[boost] time_budget_minutes`, ends training
+  on every rank after the same step, with a checkpoint of it.
+- A checkpoint save that fails on any rank (disk full, a file-size limit, an unwritable
+  folder) ends the run with one line (`ConfigError`); DCP writes no `.metadata` then, so
+  the newest complete checkpoint stays the one a rerun loads.
+- The end of a run is orderly on every rank (`close`): pending checkpoint writes are
+  waited for, the checkpointer's threads joined, and every process group destroyed after
+  the ranks met (`runtime.teardown`), so that a complete run cannot end in a SIGABRT.
 - Rank 0 appends each step's global loss (and each validation's held-out loss,
   `boost_titan.runtime.validator`) to `<dump_folder>/losses.jsonl` and, at the end, logs
   steps run, tokens/s, first/last loss, the last validation and where outputs went.
@@ -31,26 +41,38 @@
 
 from __future__ import annotations
 
-import math
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torchtitan.distributed.utils as titan_dist_utils
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
+from torchtitan.components.checkpoint import AsyncMode
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from boost_titan.runtime.checkpoint_files import latest_checkpoint
+from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.checkpoint_files import latest_checkpoint, save_failure
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
+from boost_titan.runtime.nonfinite import (
+    NonFiniteGuard,
+    RankView,
+    TrainingDiverged,
+    blame,
+    nonfinite,
+)
 from boost_titan.runtime.precision import Precision, no_autocast
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
 from boost_titan.runtime.resume import agree_on_checkpoint
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
+from boost_titan.runtime.stopping import StopRequest, stopped_line
+from boost_titan.runtime.teardown import end_process_groups
 from boost_titan.runtime.validator import owns_loss
 
 TITAN_CLIP = titan_dist_utils.clip_grad_norm_
@@ -60,8 +82,17 @@ LOSS_LOG = "losses.jsonl"
 """Per-step global loss and tokens, appended by rank 0 under the dump folder."""
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the message says at which step and what was kept."""
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a (DTensor) gradient, sharing its storage."""
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+class NonFiniteStep(Exception):
+    """Raised between clipping and the optimizer step when the step must not update."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
 
 
 class TokenScaledLoss:
@@ -79,6 +110,19 @@ class BoostTrainer(Trainer):
     """TorchTitan's Trainer plus the fixes and reporting described in the module docstring."""
 
     def __init__(self, job_config):
+        boost = job_config.boost
+        if boost.time_budget_minutes < 0 or boost.skip_nonfinite_steps < 0:
+            raise ConfigError(
+                "[boost] time_budget_minutes and skip_nonfinite_steps must be >= 0 (0: off)"
+            )
+        self.stop = StopRequest(boost.time_budget_minutes)
+        self.stop.install()  # before the long set-up: a SIGTERM now stops after step 1
+        self.stop_reason: str | None = None
+        self.stopped: tuple[int, str | None] | None = None
+        """(step, checkpoint saved) once training stopped early."""
+        self.guard = NonFiniteGuard(boost.skip_nonfinite_steps)
+        self.finished = False
+        self.step_loss = 0.0
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
         super().__init__(job_config)
         dims = self.parallel_dims
@@ -137,9 +181,10 @@ class BoostTrainer(Trainer):
                 loss = loss * global_valid_tokens
         detached = loss.detach()
         # Under loss parallel the loss is a replicated DTensor.
-        self.step_losses.append(
-            detached.full_tensor() if isinstance(detached, DTensor) else detached
-        )
+        detached = detached.full_tensor() if isinstance(detached, DTensor) else detached
+        if self.fault is not None:
+            detached = self.fault.poison_loss(self.step, detached)
+        self.step_losses.append(detached)
         return loss
 
     def clip_grad_norm_(self, parameters, max_norm, **kwargs) -> torch.Tensor:
@@ -147,39 +192,94 @@ class BoostTrainer(Trainer):
         `train_step` calls), with the exact fp64 norm of `runtime.grad_norm` unless
         `[boost] exact_grad_norm` is off; the norm is kept for the run log."""
         clip = clip_grad_norm_exact_ if self.job_config.boost.exact_grad_norm else TITAN_CLIP
+        parameters = list(parameters)
+        if self.fault is not None:
+            grads = [_local(p.grad) for p in parameters if p.grad is not None]
+            self.fault.poison_grads(self.step, grads)
         norm = clip(parameters, max_norm, **kwargs)
         self.grad_norm = norm.item()
+        self.agree_on_step()
+        what = nonfinite(self.step_loss, self.grad_norm)
+        if what is not None:  # before train_step reaches the optimizer
+            raise NonFiniteStep(what)
         return norm
+
+    def agree_on_step(self) -> None:
+        """One all-reduce: the step's global loss and every rank's stop flags."""
+        local = torch.stack(self.step_losses).sum() if self.owns_loss else torch.zeros(())
+        values = [local.to(device=self.device, dtype=torch.float64).reshape(1)]
+        values.append(torch.tensor(self.stop.flags(), dtype=torch.float64, device=self.device))
+        summed = torch.cat(values)
+        dist.all_reduce(summed)
+        loss, *flags = summed.tolist()
+        self.step_loss = loss
+        self.stop_reason = self.stop_reason or self.stop.reason(flags)
 
     def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]):
         self.run_log.start()
         self.step_losses = []
         self.grad_norm = None
         tokens_before = self.ntokens_seen
-        if self.run_log.saved_activations is None:
-            counter = self.activation_counter()
-            with counter.watching():
+        try:
+            if self.run_log.saved_activations is None:
+                counter = self.activation_counter()
+                with counter.watching():
+                    super().train_step(data_iterator)
+                self.run_log.saved_activations = (self.step, counter.peak)
+                if dist.get_rank() == 0:
+                    logger.info(self.run_log.activations_line())
+            else:
                 super().train_step(data_iterator)
-            self.run_log.saved_activations = (self.step, counter.peak)
-            if dist.get_rank() == 0:
-                logger.info(self.run_log.activations_line())
-        else:
-            super().train_step(data_iterator)
-        loss = self.global_step_loss()
-        if not math.isfinite(loss):
-            kept = latest_checkpoint(self.checkpointer.folder) if self.checkpointer.enable else None
-            resume = (
-                f"rerun to resume from {kept}" if kept else "rerun (no checkpoint was saved yet)"
-            )
-            raise TrainingDiverged(
-                f"loss became {loss} at step {self.step}; stopped without checkpointing it; "
-                f"lower --optimizer.lr or raise --lr_scheduler.warmup_steps, then {resume}"
-            )
-        self.run_log.record(
-            self.step, loss, (self.ntokens_seen - tokens_before) * self.dp_degree, self.grad_norm
-        )
+        except NonFiniteStep as e:
+            self.skip_or_stop(e.what)
+            return
+        tokens = (self.ntokens_seen - tokens_before) * self.dp_degree
+        self.run_log.record(self.step, self.step_loss, tokens, self.grad_norm)
         if self.fault is not None:
             self.fault.after_step(self.step)
+
+    def skip_or_stop(self, what: str) -> None:
+        """A non-finite step (collective): skip it within the limit, else raise
+        `TrainingDiverged`; either way the optimizer has not run."""
+        local = torch.stack(self.step_losses).sum().item() if self.owns_loss else None
+        grads = [_local(p.grad) for m in self.model_parts for p in m.parameters()]
+        finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+        views: list = [None] * dist.get_world_size()
+        dist.all_gather_object(views, RankView(local, finite))
+        where = blame(views)
+        if self.guard.skip():
+            self.lr_schedulers.step()  # the schedule stays aligned with the step numbers
+            line = self.guard.skip_line(self.step, what, where)
+            if dist.get_rank() == 0:
+                logger.warning(line)
+            self.run_log.record_skip(self.step, line, self.guard.skipped)
+            return
+        kept = latest_checkpoint(self.checkpointer.folder) if self.checkpointer.enable else None
+        raise TrainingDiverged(self.guard.stop_message(self.step, what, where, kept))
+
+    def should_continue_training(self) -> bool:
+        """False once the ranks agreed to stop early, after saving the step they finished."""
+        if self.stop_reason is None:
+            return super().should_continue_training()
+        if self.stopped is None and super().should_continue_training():
+            self.stopped = (self.step, self.save_stop_checkpoint())
+        return False
+
+    def save_stop_checkpoint(self) -> str | None:
+        """A complete checkpoint of this step, written now (collective), or None without
+        checkpointing. The loop's own save of this step, if any, is only waited for."""
+        ckpt = self.checkpointer
+        if not ckpt.enable or ckpt.load_only:
+            return None
+        saved_by_loop = ckpt._should_save(self.step, self.step == self.job_config.training.steps)
+        ckpt._async_wait()
+        path = ckpt._create_checkpoint_id(self.step)
+        if not saved_by_loop:
+            logger.info(f"Saving the checkpoint of step {self.step} before stopping.")
+            states = ckpt._flattened_model_states_sd()
+            ckpt.dcp_save(states, path, AsyncMode.DISABLED, enable_garbage_collection=True)
+            ckpt._purge_stale_checkpoints()
+        return path
 
     def activation_counter(self) -> PeakSavedActivations:
         """Measures what the forwards save for backward; under PP the stages' micro-batch
@@ -194,22 +294,36 @@ class BoostTrainer(Trainer):
         # torch.compile refuses the op-tracking dispatch mode (see saved_activation_bytes)
         return PeakSavedActivations(self.model_parts, calls=calls, track_ops=not compiled)
 
-    def global_step_loss(self) -> float:
-        """The step's global average loss, known to every rank (one scalar all-reduce)."""
-        local = torch.stack(self.step_losses).sum() if self.owns_loss else torch.zeros(())
-        total = local.to(device=self.device, dtype=torch.float64).reshape(1)
-        dist.all_reduce(total)
-        return total.item()
-
     def train(self):
         if self.checkpointer.enable:
             agree_on_checkpoint(self.checkpointer, self.job_config.checkpoint.load_step)
             if dist.get_rank() == 0:
                 self.log_resume_state()
-        super().train()
+        try:
+            super().train()
+        except CheckpointException as e:  # a BaseException: TorchTitan's main misses it
+            path = self.checkpointer._create_checkpoint_id(self.step)
+            kept = latest_checkpoint(self.checkpointer.folder)
+            raise ConfigError(save_failure(e.failures, path, kept)) from None
+        self.finished = True
         if dist.get_rank() == 0:
             logger.info(f"Summary: {self.run_log.summary(self.step)}")
             logger.info(f"Outputs: {self.output_locations()}")
+        # on every node's first process: each node's relay (SLURM: one per node) ends on it
+        if self.stopped is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+            print(stopped_line(self.stop_reason, *self.stopped), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """The orderly end of every rank; TorchTitan's `main` calls it after training and
+        after an error: the checkpointer's pending write, its threads, then the process
+        groups (`runtime.teardown`: ranks meet only after a finished run)."""
+        ckpt = getattr(self, "checkpointer", None)
+        try:
+            if ckpt is not None and ckpt.enable:
+                ckpt._async_wait()  # an async save still writing
+        finally:
+            super().close()
+            end_process_groups(finished=self.finished)
 
     def log_resume_state(self) -> None:
         """Say that torchrun restarted the job and which interrupted checkpoints are skipped."""

@@ -3,6 +3,11 @@
 2 ranks, BTP (debug.toml), fp32 on CPU, the default corpus. Losses are compared exactly
 through rank 0's `losses.jsonl` (full float precision, unlike the log line).
 
+Stops and resumes, one chain of six launches in one dump folder
+(`test_stops_chain_into_the_uninterrupted_run`): SIGUSR1, SIGTERM twice, the time budget,
+a NaN loss, a full disk, then the end; together they log exactly the `reference` run's
+losses.
+
 Crash recovery: `MAX_RESTARTS=1 ./run_train.sh` with one rank SIGKILLing itself in the
 first attempt (`BOOST_TITAN_FAULT_*`, see `boost_titan.runtime.restarts`); torchrun restarts both
 ranks, which resume from the newest complete checkpoint.
@@ -10,15 +15,26 @@ ranks, which resume from the newest complete checkpoint.
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import re
+import resource
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from boost_titan.runtime.checkpoint_files import latest_checkpoint
+from boost_titan.runtime.checkpoint_files import (
+    check_readable,
+    is_complete_checkpoint,
+    latest_checkpoint,
+)
 from boost_titan.runtime.run_log import read_log
+from boost_titan.runtime.stopping import STOPPED, stopped_line
 from tests.helpers import ROOT
 
 STEPS = 10
@@ -72,12 +88,24 @@ def _command(dump: Path, steps: int, *extra: str) -> list[str]:
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
-def _train(dump: Path, steps: int) -> str:
+def _train(
+    dump: Path, steps: int, *extra: str, env=None, status: int = 0, max_file_bytes: int = 0
+) -> str:
+    """Bare torchrun to `steps`, which must exit with `status`; `max_file_bytes`: the
+    launch's file-size limit (`ulimit -f`), none if 0."""
+    command = _command(dump, steps) + list(extra)
+    limit = (resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
     result = subprocess.run(
-        _command(dump, steps), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
+        command,
+        cwd=ROOT,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=(lambda: resource.setrlimit(*limit)) if max_file_bytes else None,
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    assert result.returncode == status, output[-4000:]
     return output
 
 
@@ -108,27 +136,117 @@ def reference(tmp_path_factory) -> list[tuple[int, float]]:
     return logged
 
 
-def test_same_seed_same_losses(reference, tmp_path):
-    """--debug.seed + --debug.deterministic: a second run logs identical losses."""
-    _train(tmp_path, STEPS)
-    assert _logged(tmp_path) == reference
+def _run_train_env(**extra: str) -> dict[str, str]:
+    """ENV for `./run_train.sh` on 2 processes (its own TCPStore setting)."""
+    env = {k: v for k, v in ENV.items() if k not in ("NGPU", "WORLD_SIZE", "CONFIG_FILE")}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    return env | {"NGPU": "2"} | extra
 
 
-def test_resume_in_warmup_is_exact(reference, tmp_path):
-    """Stop after step 4 (warmup is 6 steps), rerun to STEPS: every loss is identical, and
-    a newer half-written checkpoint is not taken as the latest.
+def _signalled(dump: Path, sig: signal.Signals, after: int, times: int, *extra: str) -> str:
+    """`./run_train.sh` to STEPS in its own process group, which gets `sig` `times` times
+    (0.3 s apart) as a scheduler sends it, once `losses.jsonl` shows step `after`; exits
+    STOPPED."""
+    command = ["./run_train.sh", "--job.dump_folder", str(dump), "--training.steps", str(STEPS)]
+    job = subprocess.Popen(
+        [*command, *COMMON, *extra],
+        cwd=ROOT,
+        env=_run_train_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    log, deadline = dump / "losses.jsonl", time.monotonic() + 600
+    while job.poll() is None and time.monotonic() < deadline:
+        rows = log.read_text().splitlines() if log.exists() else []
+        if rows and json.loads(rows[-1])["step"] >= after:
+            break
+        time.sleep(0.05)
+    for _ in range(times):
+        os.killpg(job.pid, sig)
+        time.sleep(0.3)
+    output = job.communicate(timeout=600)[0]
+    assert job.returncode == STOPPED, output[-4000:]
+    return output
 
-    The checkpoint holds model, optimizer, LR scheduler and dataloader position; the LR
-    schedule spans `lr_scheduler.total_steps`, not the interrupted run's `training.steps`."""
-    _train(tmp_path, 4)
-    assert latest_checkpoint(str(tmp_path / "checkpoint")).endswith("step-4")
-    # what a crash while writing step 9 leaves behind: shards without DCP's .metadata
-    partial = tmp_path / "checkpoint" / "step-9"
+
+def _stopped_at(output: str, reason: str, dump: Path) -> int:
+    """The step of the run's stop line (its last line), which names the saved checkpoint."""
+    last = output.splitlines()[-1]
+    step = int(re.fullmatch(rf"stopped by {reason} at step (\d+); .*", last).group(1))
+    assert last == stopped_line(reason, step, str(dump / "checkpoint" / f"step-{step}"))
+    assert latest_checkpoint(str(dump / "checkpoint")).endswith(f"step-{step}")
+    assert "Traceback" not in output, output[-4000:]
+    return step
+
+
+def test_stops_chain_into_the_uninterrupted_run(reference, tmp_path):
+    """Six launches in one dump folder log exactly the reference run's losses (fp32,
+    deterministic; the same seed gives the same losses, and every resume is exact):
+
+    1. `run_train.sh` gets SIGUSR1 twice after a random step k (warmup is 6 steps): it
+       finishes the step in progress, saves it and exits STOPPED with the stop line (the
+       second signal breaks neither the save nor torchrun's shutdown);
+    2. a half-written newer `step-9` (shards without DCP's .metadata) is planted; the
+       rerun, with async checkpoints, resumes from the stop's step and gets SIGTERM twice;
+    3. bare torchrun with a time budget that is spent before the first step: one step,
+       a checkpoint, exit 0 (torchrun's own status: the workers end normally);
+    4. bare torchrun with a NaN loss on rank 0 in its first two steps and
+       `--boost.skip_nonfinite_steps 1`: the first is skipped (logged, a `losses.jsonl`
+       row), at the second the workers exit 3 with one line naming the step, the value and
+       the rank; nothing saved, the newest checkpoint is still 3's;
+    5. bare torchrun under a 1 MiB file-size limit (`ulimit -f`), saving every step: its
+       first step's save fails, one line, and 3's checkpoint stays newest and readable;
+    6. the rest, to STEPS (step 5's one step is run again)."""
+    folder = tmp_path / "checkpoint"
+    k = random.randint(1, 3)
+    output = _signalled(tmp_path, signal.SIGUSR1, k, 2)
+    first = _stopped_at(output, "SIGUSR1", tmp_path)
+    assert first > k, f"signalled after step {k}"
+    partial = folder / "step-9"
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"\0" * 64)
+    output = _signalled(tmp_path, signal.SIGTERM, first + 1, 2, "--checkpoint.async_mode", "async")
+    assert f"Loading the checkpoint from {folder / f'step-{first}'}." in output
+    second = _stopped_at(output, "SIGTERM", tmp_path)
+    assert second < 9 and not is_complete_checkpoint(str(partial))
+    output = _train(tmp_path, STEPS, "--boost.time_budget_minutes", "0.001")
+    budget = f"stopped by time budget (0.001 min) at step {second + 1}; checkpoint saved"
+    assert budget in output and f"Summary: ran 1 steps ({second + 1}-{second + 1})" in output
+    # second or second + 1 is no multiple of the interval: one stop had to save by itself
+    assert latest_checkpoint(str(folder)).endswith(f"step-{second + 1}")
+    fault = {"BOOST_TITAN_FAULT_STEP": f"{second + 2},{second + 3}", "BOOST_TITAN_FAULT_RANK": "0"}
+    nan_env = ENV | fault | {"BOOST_TITAN_FAULT_POINT": "nan"}  # rank 1's TP replica: not summed
+    skip_one = ("--boost.skip_nonfinite_steps", "1", "--checkpoint.interval", "100")
+    output = _train(tmp_path, STEPS, *skip_one, env=nan_env, status=1)  # torchrun's; workers' 3
+    skipped = f"skipped step {second + 2}: loss became nan (rank 0); no optimizer step (1 of 1"
+    assert skipped in output, output[-4000:]
+    rows = [json.loads(row) for row in (tmp_path / "losses.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == second + 2 and rows[-1]["skipped_steps"] == 1
+    errors = [line.split("]:", 1)[-1] for line in output.splitlines() if "error: " in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: loss became nan at step {second + 3} (rank 0) (1 step skipped before, the "
+        "[boost] skip_nonfinite_steps limit); stopped before the optimizer step, nothing saved"
+    ), output[-4000:]
+    kept = latest_checkpoint(str(folder))
+    assert kept.endswith(f"step-{second + 1}") and errors[0].endswith(f"resume from {kept}")
+    assert not (folder / f"step-{second + 2}").exists()
+    assert not (folder / f"step-{second + 3}").exists()
+    output = _train(tmp_path, STEPS, "--checkpoint.interval", "1", status=1, max_file_bytes=2**20)
+    step = folder / f"step-{second + 2}"
+    errors = [line.split("]:", 1)[-1] for line in output.splitlines() if "error: " in line]
+    assert set(errors) == {
+        f"error: saving the checkpoint {step} failed on rank 0 (a write was cut short: disk "
+        f"full or a file-size limit); the newest complete checkpoint, {kept}, stays loadable: "
+        f"free space in (or make writable) {folder}, then rerun"
+    }, output[-4000:]
+    assert latest_checkpoint(str(folder)) == kept and not is_complete_checkpoint(str(step))
+    check_readable(kept, "the kept checkpoint")
     output = _train(tmp_path, STEPS)
-    assert "Summary: ran 6 steps (5-10)" in output
-    assert _logged(tmp_path) == reference
+    assert f"Summary: ran {STEPS - second - 1} steps ({second + 2}-{STEPS})" in output
+    before_disk_full, after = _attempts(_logged(tmp_path))  # step second + 2 twice
+    assert before_disk_full == reference[: second + 2] and after == reference[second + 1 :]
 
 
 def _attempts(logged: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:
@@ -142,22 +260,21 @@ def _attempts(logged: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:
 
 
 @pytest.mark.parametrize(
-    "point, fault_step", [("step", 5), ("save", 6)], ids=["after-step-5", "saving-step-6"]
+    "point, fault_step", [("step", 5), ("save", 6)], ids=["after-step-5", "async-saving-step-6"]
 )
 def test_sigkill_one_rank_restart_resumes_exactly(reference, tmp_path, point, fault_step):
     """Rank 1 SIGKILLs itself in the first attempt, after step 5 or while the step-6
-    checkpoint is being written (its shards on disk, DCP's .metadata not yet); torchrun
-    (--max-restarts 1 via run_train.sh) restarts both ranks, which resume from step-3 (the
-    interrupted step-6 folder is skipped) and log the uninterrupted run's losses."""
-    env = {k: v for k, v in ENV.items() if k not in ("NGPU", "WORLD_SIZE", "CONFIG_FILE")}
-    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # run_train.sh's own setting
-    env.update(
-        NGPU="2",
+    checkpoint is being written by an async save (`checkpoint.async_mode = "async"`: its
+    shards on disk, DCP's .metadata not yet); torchrun (--max-restarts 1 via run_train.sh)
+    restarts both ranks, which resume from step-3 (the interrupted step-6 folder is
+    skipped) and log the uninterrupted run's losses."""
+    env = _run_train_env(
         MAX_RESTARTS="1",
         BOOST_TITAN_FAULT_STEP=str(fault_step),
         BOOST_TITAN_FAULT_RANK="1",
         BOOST_TITAN_FAULT_POINT=point,
     )
+    async_mode = ("--checkpoint.async_mode", "async") if point == "save" else ()
     result = subprocess.run(
         [
             "./run_train.sh",
@@ -166,6 +283,7 @@ def test_sigkill_one_rank_restart_resumes_exactly(reference, tmp_path, point, fa
             "--training.steps",
             str(STEPS),
             *COMMON,
+            *async_mode,
         ],
         cwd=ROOT,
         env=env,

@@ -156,9 +156,11 @@ def test_tiny_memory():
     for strategy in pm.STRATEGIES:
         args = args_for(strategy)
         assert pm.params_per_rank(args, plan(strategy, tp=1)) == param_count(args)
-    mem = pm.memory_per_rank(TINY, plan("btp"))
+    mem = pm.memory_per_rank(TINY, plan("btp"))  # 4 micro-batches: later ones hold every grad
+    assert mem["grads"] == mem["weights"] == 4 * pm.params_per_rank(TINY, plan("btp"))
     assert mem["activations"] == 2 * pm.activation_bytes(TINY, plan("btp"))
-    assert mem["optimizer"] == 6 * mem["params"]
+    assert mem["optimizer"] == 2 * mem["weights"]  # AdamW's two fp32 moments per master weight
+    assert mem["total"] == sum(v for k, v in mem.items() if k != "total")
 
 
 def test_tiny_saved_activations_hand_computed():

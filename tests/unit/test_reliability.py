@@ -1,13 +1,35 @@
 """Crash recovery's pieces in one process: the shared-store warning, which checkpoints are
-incomplete, and where a test fault fires (`tests/distributed/test_reliability.py`: runs that
-are interrupted, crash or are repeated reproduce an uninterrupted one)."""
+incomplete, where a test fault fires, the stop flags and line of a preemption, the launchers
+that pass signals on, and the non-finite guard's decisions
+(`tests/distributed/test_reliability.py`: runs that are interrupted, crash or are repeated
+reproduce an uninterrupted one)."""
 
 from __future__ import annotations
 
-import pytest
+import io
+import math
+import os
+import signal
 
+import pytest
+import torch
+from torch.distributed.elastic.multiprocessing.api import SignalException
+
+from boost_titan import torchrun
 from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.checkpoint_files import save_failure
+from boost_titan.runtime.nonfinite import NonFiniteGuard, RankView, blame, nonfinite
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints, shared_store_warning
+from boost_titan.runtime.stopping import (
+    STOP_LINE,
+    STOP_SIGNALS,
+    STOPPED,
+    StopRequest,
+    stopped_line,
+)
+from boost_titan.runtime.teardown import CLOSED_KEY, end_process_groups
+from boost_titan.torchrun_relay import relay
+from tests.helpers import ROOT
 
 
 def test_shared_store_warning_only_with_restarts_over_the_agent_store():
@@ -32,11 +54,186 @@ def test_fault_only_on_its_rank_in_the_first_attempt():
     env = {"BOOST_TITAN_FAULT_STEP": "5"}
     assert Fault.from_env(rank=0, world_size=2, env=env) is None  # default: the last rank
     fault = Fault.from_env(rank=1, world_size=2, env=env)
-    assert (fault.step, fault.point) == (5, "step")
+    assert (fault.steps, fault.point) == ((5,), "step")
     restarted = env | {"TORCHELASTIC_RESTART_COUNT": "1"}
     assert Fault.from_env(rank=1, world_size=2, env=restarted) is None
     assert Fault.from_env(rank=1, world_size=2, env={}) is None
     with pytest.raises(ConfigError, match="integers"):
         Fault.from_env(rank=1, world_size=2, env={"BOOST_TITAN_FAULT_STEP": "five"})
-    with pytest.raises(ConfigError, match="'step' or 'save'"):
+    with pytest.raises(ConfigError, match="one of step, save, nan, inf"):
         Fault.from_env(rank=1, world_size=2, env=env | {"BOOST_TITAN_FAULT_POINT": "later"})
+
+
+# ---- preemption: signal flags, agreement, the stop line, the launchers ----------------------
+def test_first_stop_signal_is_kept_and_flags_agree_on_it():
+    stop = StopRequest()
+    assert stop.flags() == [0.0, 0.0, 0.0] and stop.reason([0.0, 0.0, 0.0]) is None
+    stop.on_signal(signal.SIGUSR1)
+    stop.on_signal(signal.SIGTERM)  # a second signal during the stop changes nothing
+    assert stop.signal == "SIGUSR1" and stop.flags() == [0.0, 1.0, 0.0]
+    # summed over ranks: the signal most ranks got first, SIGTERM on a tie
+    assert stop.reason([1.0, 2.0, 0.0]) == "SIGUSR1"
+    assert stop.reason([1.0, 1.0, 1.0]) == "SIGTERM"
+
+
+def test_time_budget_runs_out_on_the_clock():
+    now = [100.0]
+    stop = StopRequest(budget_minutes=2, clock=lambda: now[0])
+    assert stop.flags() == [0.0, 0.0, 0.0]
+    now[0] += 120
+    assert stop.flags() == [0.0, 0.0, 1.0]
+    assert stop.reason([0.0, 0.0, 1.0]) == "time budget (2 min)"
+    assert StopRequest(0, clock=lambda: 1e9).flags() == [0.0, 0.0, 0.0]  # 0: no budget
+
+
+def test_installed_handlers_set_the_flag_and_let_the_process_run():
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        stop = StopRequest()
+        stop.install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signal == "SIGTERM"
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_stop_line():
+    line = stopped_line("SIGTERM", 25, "/x/checkpoint/step-25")
+    assert line == (
+        "stopped by SIGTERM at step 25; checkpoint saved (/x/checkpoint/step-25); rerun to continue"
+    )
+    assert STOP_LINE.match(line) and STOP_LINE.match(stopped_line("time budget (1 min)", 3, None))
+
+
+STOPPED_RUN = """\
+[rank0]:[titan] - root - INFO - step: 24 loss: 7.1
+W1125 api.py:753] Received 15 death signal, shutting down workers
+[rank0]:stopped by SIGTERM at step 25; checkpoint saved (/x/step-25); rerun to continue
+[rank0]:[titan] - root - INFO - Process group destroyed
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15
+"""
+
+
+def test_relay_ends_a_stopped_run_on_its_line_with_status_75():
+    out = io.StringIO()
+    assert relay(io.StringIO(STOPPED_RUN), out) == STOPPED == 75
+    lines = out.getvalue().splitlines()
+    assert (
+        lines[-1]
+        == "stopped by SIGTERM at step 25; checkpoint saved (/x/step-25); rerun to continue"
+    )
+    assert "Traceback" not in out.getvalue()
+    assert (
+        relay(io.StringIO(STOPPED_RUN.replace("stopped by", "stopping by")), io.StringIO()) is None
+    )
+
+
+def test_torchrun_agent_takes_the_first_signal_only():
+    saved = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, torchrun._handle_once)
+        with pytest.raises(SignalException):
+            os.kill(os.getpid(), signal.SIGUSR1)
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR1)  # ignored: torchrun's shutdown goes on
+    finally:
+        signal.signal(signal.SIGUSR1, saved)
+
+
+def test_launchers_pass_stop_signals_on():
+    run_train = (ROOT / "run_train.sh").read_text()
+    slurm = (ROOT / "scripts/slurm_train.sbatch").read_text()
+    for script in (run_train, slurm):
+        assert "torchrun_relay python -m boost_titan.torchrun" in script
+        assert "--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in script
+        assert "--shutdown-timeout" in script
+    assert "#SBATCH --signal=USR1@" in slurm
+
+
+# ---- the non-finite guard --------------------------------------------------------------------
+def test_nonfinite_names_the_loss_first_then_the_grad_norm():
+    assert nonfinite(2.5, 1.0) is None and nonfinite(2.5, None) is None
+    assert nonfinite(math.nan, math.inf) == "loss became nan"
+    assert nonfinite(-math.inf, 1.0) == "loss became -inf"
+    assert nonfinite(2.5, math.inf) == "grad norm became inf"
+
+
+def test_blame_names_the_rank():
+    ok = RankView(1.0, True)
+    assert blame([ok, RankView(math.nan, True)]) == "rank 1"
+    assert blame([RankView(None, False), ok]) == "rank 0 has non-finite gradients"
+    assert blame([ok, ok]) == "every rank's share is finite"
+
+
+def test_guard_skips_up_to_its_limit_then_stops():
+    stop_now = NonFiniteGuard(0)
+    assert not stop_now.skip()
+    message = stop_now.stop_message(7, "loss became nan", "rank 1", "/c/step-6")
+    assert message.startswith("loss became nan at step 7 (rank 1); stopped before the optimizer")
+    assert "(or skip such steps: --boost.skip_nonfinite_steps N)" in message
+    assert message.endswith("then rerun to resume from /c/step-6")
+    guard = NonFiniteGuard(2)
+    assert guard.skip() and guard.skip() and not guard.skip()
+    assert "2 of 2 allowed skips used" in guard.skip_line(9, "grad norm became inf", "rank 0")
+    message = guard.stop_message(11, "loss became nan", "rank 0", None)
+    assert "(2 steps skipped before, the [boost] skip_nonfinite_steps limit)" in message
+
+
+def test_nonfinite_faults_poison_their_step_only():
+    nan_fault = Fault.from_env(
+        1, 2, {"BOOST_TITAN_FAULT_STEP": "3", "BOOST_TITAN_FAULT_POINT": "nan"}
+    )
+    assert math.isnan(nan_fault.poison_loss(3, torch.tensor(2.0)).item())
+    assert nan_fault.poison_loss(4, torch.tensor(2.0)).item() == 2.0
+    two = {"BOOST_TITAN_FAULT_STEP": "3,5", "BOOST_TITAN_FAULT_POINT": "nan"}
+    twice = Fault.from_env(1, 2, two)
+    assert [math.isnan(twice.poison_loss(s, torch.tensor(1.0)).item()) for s in (3, 4, 5)] == [
+        True,
+        False,
+        True,
+    ]
+    inf_fault = Fault.from_env(
+        1, 2, {"BOOST_TITAN_FAULT_STEP": "3", "BOOST_TITAN_FAULT_POINT": "inf"}
+    )
+    grads = [torch.zeros(2, 2)]
+    inf_fault.poison_grads(2, grads)
+    assert torch.isfinite(grads[0]).all()
+    inf_fault.poison_grads(3, grads)
+    assert grads[0][0, 0] == math.inf
+
+
+def test_save_failure_names_the_reason_and_the_kept_checkpoint():
+    full = {
+        1: (OSError(28, "No space left on device"), None),
+        0: (OSError(27, "File too large"), None),
+    }
+    line = save_failure(full, "/c/step-8", "/c/step-6")
+    assert line == (
+        "saving the checkpoint /c/step-8 failed on rank 0 (File too large); the newest complete "
+        "checkpoint, /c/step-6, stays loadable: free space in (or make writable) /c, then rerun"
+    )
+    short = {
+        0: (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 7"), None)
+    }
+    assert "(a write was cut short: disk full or a file-size limit); no complete" in save_failure(
+        short, "/c/step-2", None
+    )
+
+
+# ---- the end of a run --------------------------------------------------------------------------
+@pytest.mark.parametrize("finished", [True, False], ids=["finished", "after-an-error"])
+def test_teardown_destroys_every_group_and_checks_in(finished):
+    """One gloo rank: after `end_process_groups` no group is left (a finished run also
+    passed the barrier and checked in on the store it keeps up for the others)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.new_group(backend="gloo")  # like the async checkpointer's group
+    store = dist.distributed_c10d._get_default_store()
+    end_process_groups(finished=finished)
+    assert not dist.is_initialized()
+    assert store.add(CLOSED_KEY, 0) == int(finished)
+    end_process_groups(finished=finished)  # nothing left to end: a no-op

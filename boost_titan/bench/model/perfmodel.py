@@ -8,9 +8,9 @@ Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch
   all heads on every rank. Backward GEMMs = 2x forward (dX and dW).
 - Activations (`saved_activations`): the storages autograd keeps, as `bench trace`
   measures them (with RMSNorm saving what its fused CUDA kernel saves).
-- Memory: bf16 training keeps bf16 params and grads plus an fp32 master copy and AdamW's two
-  fp32 moments (2+2+12 bytes per parameter); fp32 training 4+4+8; bf16 without master
-  weights (TorchTitan's `training.dtype = "bfloat16"`) 2+2+4.
+- Memory: `bench.model.memory` (peak per rank and pipeline stage, checked against torch's
+  MemTracker by `bench memory --check`). STATE_BYTES is the time model's view of the
+  state: the bytes its gradient and optimizer traffic moves.
 - Float8 (`Plan.float8`, a torchao recipe): the per-rank GEMMs the runtime selects
   (`bench.model.float8`) run at the float8 rate, forward, input grad and (unless the recipe
   keeps it in high precision) weight grad, each after casting both operands to float8.
@@ -489,14 +489,12 @@ def _layers_per_stage(args: ModelShape, plan: Plan) -> int:
 
 
 def memory_per_rank(args: ModelShape, plan: Plan) -> dict[str, int]:
-    """Bytes of weights, grads, optimizer state and activations on the busiest rank (1F1B
-    keeps min(pp, microbatches) micro-batches of activations alive on the first stage)."""
-    n = params_per_rank(args, plan)
-    weights, grads, optimizer = (n * b for b in STATE_BYTES[plan.state])
-    in_flight = min(plan.pp, plan.microbatches)
-    activations = activation_bytes(args, plan) * _layers_per_stage(args, plan) * in_flight
-    parts = {"params": weights, "grads": grads, "optimizer": optimizer, "activations": activations}
-    return parts | {"total": sum(parts.values())}
+    """Peak bytes on the busiest rank by part (`memory.PARTS`) and their total, as
+    `bench.model.memory` models it (no data parallelism: priced per replica)."""
+    from boost_titan.bench.model import memory
+
+    peak = memory.peak_memory(args, plan)
+    return peak.parts | {"total": peak.total}
 
 
 # ---- time ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
   product [m, k] x [k, n], intensity = FLOPs per byte of the three operands.
 - activation_bytes_per_layer: saved-for-backward bytes of a block per rank.
 - params_total: parameters of the whole model; params_per_rank: on the busiest rank.
-- memory_bytes_per_rank: {params, grads, optimizer, activations, total}.
+- memory_bytes_per_rank: the peak by `bench.model.memory.PARTS`, and its total.
 - predicted_step_s: {gpu: seconds per optimizer step}; time_breakdown_s: {gpu: {part: s}}
   with parts gemm, memory (memory-bound kernels), attention, optimizer, comm (exposed
   communication) and bubble, which add up to the step; hidden_comm_s: {gpu: s} of

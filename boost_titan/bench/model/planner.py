@@ -1,0 +1,496 @@
+"""The auto-planner: every layout of a model on N GPUs, ranked by the performance model.
+
+    python -m boost_titan.plan --auto --flavor 7B --gpus 8 --gpu h100 --global-batch 32
+
+A layout is TP x PP x DP (DP = FSDP2 over the rest, `data_parallel_shard_degree = -1`), a
+strategy, an AC mode, a micro-batch and the micro-batches per step (gradient accumulation,
+or 1F1B's micro-batches under PP), BTP's overlap chunks and the precision (the product's
+bf16 with fp32 master weights; on float8 GPUs also torchao's tensorwise float8). Each is
+feasible when TorchTitan can build it (TP divides every sharded size and stays in a node,
+PP splits the layers with at least as many micro-batches as stages, DP divides the global
+batch) and `memory.peak_memory` fits `USABLE` of the GPU. Feasible layouts are ranked by
+`perfmodel.step_time` plus the data-parallel traffic FSDP2 does not hide (`dp_exposed`).
+Pure Python: a few thousand layouts take a second or two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from boost_titan.bench.model import memory, perfmodel
+from boost_titan.bench.model.gpus import GPUS, GpuProfile, gpu_profile
+from boost_titan.bench.model.perfmodel import Plan
+from boost_titan.boost_llama.shapes import FLAVORS, ModelShape
+from boost_titan.config import OVERLAP_CHUNKS
+from boost_titan.config.errors import ConfigError
+
+GPU_MEMORY_GIB = {"a100": 80.0, "a100-hgx4": 80.0, "h100": 80.0}
+"""HBM per GPU of each `gpus.GPUS` profile (A100-80GB-SXM, H100-SXM)."""
+USABLE = 0.9
+"""Share of the GPU's memory the model's peak may take: the rest is the CUDA context,
+NCCL's buffers and the caching allocator's fragmentation, which the model does not count."""
+MICRO_BATCHES = (1, 2, 4, 8)
+"""Micro-batch sizes (sequences) tried."""
+FLOAT8_RECIPE = "tensorwise"
+"""The float8 recipe tried on GPUs with float8 tensor cores."""
+SHOWN_REJECTED = 5
+REFINED = 20
+"""The fastest base layouts (overlap chunks 1, no float8) also priced with every
+overlap-chunk count and float8: their effect is small, so the winner is among them."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asks: a model, a GPU count and kind, and the batch."""
+
+    flavor: str
+    arch: str
+    gpus: int
+    gpu: str
+    gpu_memory_gib: float
+    seq_len: int
+    global_batch: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One candidate: the model's plan, its data-parallel degree and what the model says."""
+
+    plan: Plan
+    dp: int
+    memory: memory.StageMemory
+    step_s: float = 0.0
+    reason: str = ""
+    """Why it is rejected ("" when feasible)."""
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory.total / memory.GIB
+
+    def tokens_per_gpu_s(self, request: Request) -> float:
+        return request.global_batch * request.seq_len / self.step_s / request.gpus
+
+
+@dataclass(frozen=True)
+class Result:
+    """Feasible layouts, fastest first, and the best rejected ones with their reasons."""
+
+    request: Request
+    args: ModelShape
+    ranked: list[Layout]
+    rejected: list[Layout]
+    structural: list[str]
+    """One line per reason a whole family of layouts is impossible (sizes, splits)."""
+
+
+def check_request(r: Request) -> None:
+    """Raise ConfigError (one line, with the fix) for a request the planner cannot answer."""
+    if r.flavor not in FLAVORS:
+        raise ConfigError(f"unknown flavor {r.flavor!r}; choose one of {', '.join(FLAVORS)}")
+    if r.gpu not in GPUS:
+        raise ConfigError(f"unknown --gpu {r.gpu!r}; choose one of {', '.join(GPUS)}")
+    for name, value in (("--gpus", r.gpus), ("--seq-len", r.seq_len)):
+        if value < 1:
+            raise ConfigError(f"{name} {value} must be a positive integer")
+    if r.global_batch < 1:
+        raise ConfigError(f"--global-batch {r.global_batch} must be a positive number of sequences")
+    if not r.gpu_memory_gib > 0:
+        raise ConfigError(f"--gpu-memory {r.gpu_memory_gib} must be a positive number of GiB")
+    limit = FLAVORS[r.flavor].max_seq_len
+    if r.seq_len > limit:
+        raise ConfigError(f"--seq-len {r.seq_len} exceeds flavor {r.flavor}'s {limit}")
+
+
+def strategies(arch: str) -> tuple[str, ...]:
+    """The strategies that train `arch` itself (megatron trains the fullrank twin only)."""
+    return ("megatron",) if arch == "fullrank" else ("btp", "vanilla")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def dp_exposed(args: ModelShape, plan: Plan, dp: int, compute_s: float, gpu: GpuProfile) -> float:
+    """Seconds of FSDP2's data-parallel traffic not hidden behind compute: per micro-batch
+    a bf16 all-gather of the stage's weights in forward and again in backward (once per
+    step under PP, which keeps them) and an fp32 reduce-scatter of the gradients, each a
+    ring over the network; FSDP2 prefetches, so only what outlasts the compute shows."""
+    if dp == 1:
+        return 0.0
+    n = memory.stage_params(args, plan, 0)
+    gathers = 1 if plan.pp > 1 else plan.microbatches
+    ring = (dp - 1) / dp
+    traffic = ring * n * (2 * 2 * gathers + 4 * plan.microbatches)
+    return max(0.0, traffic / gpu.net_bw - compute_s)
+
+
+def _structural(args: ModelShape, plan: Plan, gpu: GpuProfile) -> str:
+    """Why TorchTitan cannot build `plan` at all, or ""."""
+    if plan.tp > gpu.gpus_per_node:
+        return f"tp {plan.tp} exceeds the {gpu.gpus_per_node} GPUs of a node"
+    try:
+        perfmodel.check(args, replace(plan, pp=1))
+    except ConfigError as e:
+        return str(e).split(";")[0]
+    return memory.split_error(args.n_layers, plan.pp) or ""
+
+
+def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
+    """(plan, dp, reason) for every base layout (overlap chunks 1, no float8); reason ""
+    when TorchTitan can build it. At TP 1 the low-rank strategies are one layout (btp's)."""
+    for strategy in strategies(request.arch):
+        acs = [a for a in perfmodel.AC_MODES if not (a == "lowrank" and strategy == "megatron")]
+        for tp in _divisors(request.gpus):
+            if tp == 1 and strategy == "vanilla":
+                continue
+            for pp in _divisors(request.gpus // tp):
+                dp = request.gpus // (tp * pp)
+                base = Plan(strategy=strategy, tp=tp, pp=pp, seq_len=request.seq_len)
+                why = _structural(args, base, gpu)
+                if not why and request.global_batch % dp:
+                    why = f"global batch {request.global_batch} is not a multiple of dp {dp}"
+                if why:
+                    yield base, dp, why
+                    continue
+                per_replica = request.global_batch // dp
+                for micro in (m for m in MICRO_BATCHES if per_replica % m == 0):
+                    count = per_replica // micro
+                    if pp > 1 and count < pp:
+                        yield base, dp, f"pp {pp} needs at least {pp} micro-batches per step"
+                        continue
+                    for ac in acs:
+                        yield replace(base, micro_batch=micro, microbatches=count, ac=ac), dp, ""
+
+
+def _variants(plan: Plan, gpu: GpuProfile) -> list[Plan]:
+    """`plan` with every other overlap-chunk count (under TP) and float8 (where the GPU
+    has it); the memory model prices them alike."""
+    chunks = OVERLAP_CHUNKS if plan.tp > 1 else (1,)
+    float8s = (None, FLOAT8_RECIPE) if gpu.has_float8 else (None,)
+    return [
+        replace(plan, overlap_chunks=c, float8=f)
+        for c in chunks
+        for f in float8s
+        if (c, f) != (1, None)
+    ]
+
+
+def _timed(args: ModelShape, plan: Plan, dp: int, peak, gpu: GpuProfile) -> Layout:
+    compute = perfmodel.step_time(args, plan, gpu)["step"]
+    return Layout(plan, dp, peak, step_s=compute + dp_exposed(args, plan, dp, compute, gpu))
+
+
+def plan_layouts(request: Request) -> Result:
+    """Every base layout of `request` judged and the fastest `REFINED` of them also with
+    their overlap-chunk and float8 variants; ConfigError (one line) when none fits."""
+    check_request(request)
+    gpu = gpu_profile(request.gpu)
+    args = perfmodel.model_args(request.flavor, request.arch, strategies(request.arch)[0])
+    usable = USABLE * request.gpu_memory_gib * memory.GIB
+    ranked, oom, structural = [], [], []
+    for plan, dp, why in _plans(request, args, gpu):
+        if why:
+            if why not in structural:
+                structural.append(why)
+            continue
+        peak = memory.peak_memory(args, plan, dp_shard=dp)
+        if peak.total > usable:
+            over = (peak.total - usable) / memory.GIB
+            oom.append(Layout(plan, dp, peak, reason=f"out of memory by {over:.1f} GiB"))
+            continue
+        ranked.append(_timed(args, plan, dp, peak, gpu))
+    ranked.sort(key=lambda lay: lay.step_s)
+    for lay in ranked[:REFINED]:
+        ranked += [_timed(args, v, lay.dp, lay.memory, gpu) for v in _variants(lay.plan, gpu)]
+    ranked.sort(key=lambda lay: (lay.step_s, lay.memory.total))
+    oom.sort(key=lambda lay: lay.memory.total)
+    if not ranked:
+        if not oom:
+            raise ConfigError(
+                f"no layout of {request.flavor} on {request.gpus} GPUs can be built: "
+                + "; ".join(structural)
+            )
+        best = oom[0]
+        need = best.memory.total / USABLE / memory.GIB
+        raise ConfigError(
+            f"{request.flavor} fits no layout on {request.gpus} x {request.gpu_memory_gib:g} GiB; "
+            f"the smallest ({describe(best)}) needs {need:.1f} GiB per GPU "
+            f"({best.memory_gib:.1f} GiB peak + {1 - USABLE:.0%} reserve)"
+        )
+    return Result(request, args, ranked, _distinct(oom)[:SHOWN_REJECTED], structural)
+
+
+def _distinct(layouts: list[Layout]) -> list[Layout]:
+    """One layout per (strategy, TP, PP, DP), the first of each."""
+    kept, seen = [], set()
+    for lay in layouts:
+        key = (lay.plan.strategy, lay.plan.tp, lay.plan.pp, lay.dp)
+        if key not in seen:
+            seen.add(key)
+            kept.append(lay)
+    return kept
+
+
+def describe(lay: Layout) -> str:
+    """One phrase: strategy, TP x PP x DP, AC, micro-batches, chunks, float8."""
+    p = lay.plan
+    f8 = f", float8 {p.float8}" if p.float8 else ""
+    return (
+        f"{p.strategy} tp{p.tp} x pp{p.pp} x dp{lay.dp}, ac {p.ac}, "
+        f"micro-batch {p.micro_batch} x {p.microbatches}, chunks {p.overlap_chunks}{f8}"
+    )
+
+
+# ---- output ----------------------------------------------------------------------------
+HEADER = (
+    "rank",
+    "strategy",
+    "TP x PP x DP",
+    "AC",
+    "micro x n",
+    "chunks",
+    "precision",
+    "step s",
+    "tok/s/GPU",
+    "mem GiB",
+    "headroom GiB",
+)
+
+
+def _row(i: int, lay: Layout, request: Request) -> list[str]:
+    p = lay.plan
+    usable = USABLE * request.gpu_memory_gib
+    precision = "bf16+fp32 master" + (f", f8 {p.float8}" if p.float8 else "")
+    return [
+        str(i),
+        p.strategy,
+        f"{p.tp} x {p.pp} x {lay.dp}",
+        p.ac,
+        f"{p.micro_batch} x {p.microbatches}",
+        str(p.overlap_chunks),
+        precision,
+        f"{lay.step_s:.3f}",
+        f"{lay.tokens_per_gpu_s(request):,.0f}",
+        f"{lay.memory_gib:.1f}",
+        f"{usable - lay.memory_gib:.1f}",
+    ]
+
+
+def _render(header: tuple[str, ...], rows: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in [list(header), *rows]
+    )
+
+
+def format_result(result: Result, top: int = 10, markdown: bool = False) -> str:
+    """The ranked table (`top` rows), then the best rejected layouts with their reasons."""
+    r = result.request
+    title = (
+        f"{r.flavor} {r.arch} on {r.gpus} x {r.gpu} ({r.gpu_memory_gib:g} GiB, "
+        f"{USABLE:.0%} usable), seq {r.seq_len}, global batch {r.global_batch}: "
+        f"{len(result.ranked)} feasible layouts"
+    )
+    rows = [_row(i + 1, lay, r) for i, lay in enumerate(result.ranked[:top])]
+    lines = [title, _render(HEADER, rows, markdown), "", "best rejected:"]
+    lines += [f"  {describe(lay)}: {lay.reason}" for lay in result.rejected]
+    lines += [f"  {why}" for why in result.structural]
+    if not result.rejected and not result.structural:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
+# ---- the winner as a training config -----------------------------------------------------
+def toml_text(result: Result, lay: Layout) -> str:
+    """`lay` as a training config `python -m boost_titan.check --nproc N` accepts, naming
+    the prediction in its header."""
+    r, p = result.request, lay.plan
+    per_replica = r.global_batch // lay.dp
+    local = per_replica if p.pp > 1 else p.micro_batch
+    ac = "none" if p.ac == "lowrank" else p.ac
+    model = f'name = "boost_llama"\nflavor = "{r.flavor}"'
+    float8 = ""
+    if p.float8:
+        model += '\nconverters = ["quantize.linear.float8"]'
+        float8 = f'\n[quantize.linear.float8]\nrecipe_name = "{p.float8}"\n'
+    pipeline = ""
+    if p.pp > 1:
+        pipeline = (
+            f"pipeline_parallel_degree = {p.pp}\n"
+            'pipeline_parallel_schedule = "1F1B"\n'
+            f"pipeline_parallel_microbatch_size = {p.micro_batch}\n"
+        )
+    selective = 'selective_ac_option = "2"\n' if ac == "selective" else ""
+    return f"""# {r.flavor} {r.arch} on {r.gpus} x {r.gpu}: the pick of `boost_titan.plan --auto`.
+# Layout: {describe(lay)}.
+# Prediction (bench.model, {r.gpu}): {lay.step_s:.3f} s per step, \
+{lay.tokens_per_gpu_s(r):,.0f} tokens/s per GPU, peak {lay.memory_gib:.1f} GiB per GPU.
+#   python -m boost_titan.check --nproc {r.gpus} --job.config_file THIS.toml
+
+[job]
+dump_folder = "./outputs/{r.flavor}-auto"
+description = "boost_llama {r.flavor}: {r.arch}, {p.strategy}, planned"
+
+[model]
+{model}
+
+[boost]
+arch = "{r.arch}"
+tp_strategy = "{p.strategy}"
+overlap_chunks = {p.overlap_chunks}
+lowrank_ac = {str(p.ac == "lowrank").lower()}
+
+[optimizer]
+name = "AdamW"
+lr = 1e-3
+weight_decay = 0.01
+
+[lr_scheduler]
+warmup_steps = 1000
+decay_type = "cosine"
+min_lr_factor = 0.1
+
+[training]
+local_batch_size = {local}
+global_batch_size = {r.global_batch}
+seq_len = {r.seq_len}
+steps = 10000
+max_norm = 0.5
+mixed_precision_param = "bfloat16"
+
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = {p.tp}
+{pipeline}
+[activation_checkpoint]
+mode = "{ac}"
+{selective}{float8}"""
+
+
+# ---- command line ------------------------------------------------------------------------
+def add_args(parser) -> None:
+    """`plan --auto`'s options."""
+    parser.add_argument("--gpus", type=int, help="GPUs in all (with --auto)")
+    parser.add_argument(
+        "--gpu", default="a100", choices=tuple(GPUS), help="GPU profile (default a100)"
+    )
+    parser.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the profile's, 80)")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument(
+        "--global-batch", type=int, default=4, help="sequences per step (default 4, BOOST's)"
+    )
+    parser.add_argument("--top", type=int, default=10, help="rows of the ranked table")
+    parser.add_argument("--write-toml", metavar="PATH", help="write the winner as a config")
+
+
+def run(ns) -> int:
+    """`python -m boost_titan.plan --auto ...` (ConfigError: one line, from the caller)."""
+    if ns.gpus is None:
+        raise ConfigError("--auto needs --gpus N (the GPUs to plan for)")
+    request = Request(
+        flavor=ns.flavor,
+        arch=ns.arch or "cola",
+        gpus=ns.gpus,
+        gpu=ns.gpu,
+        gpu_memory_gib=GPU_MEMORY_GIB[ns.gpu] if ns.gpu_memory is None else ns.gpu_memory,
+        seq_len=ns.seq_len,
+        global_batch=ns.global_batch,
+    )
+    result = plan_layouts(request)
+    print(format_result(result, top=ns.top, markdown=ns.markdown))
+    if ns.write_toml:
+        try:
+            with open(ns.write_toml, "w") as f:
+                f.write(toml_text(result, result.ranked[0]))
+        except OSError as e:
+            raise ConfigError(f"cannot write --write-toml {ns.write_toml}: {e.strerror}") from None
+        print(f"\nwrote {ns.write_toml}: {describe(result.ranked[0])}")
+    return 0
+
+
+# ---- documentation -----------------------------------------------------------------------
+PAPER_SIZES = {"1B": 1, "3B": 2, "7B": 4, "13B": 8, "30B": 32}
+"""The paper's flavors and GPU counts (train_configs/*.toml)."""
+H100_RUNS = ((8, 32), (64, 256))
+"""(GPUs, global batch in sequences) of the H100 tables: 4 sequences of 4096 per GPU."""
+DOCS_TOP = 3
+
+
+def paper_rows(gpu: str = "a100") -> list[list[str]]:
+    """Per paper size: the paper's layout (its TOML, as `bench model --config` reads it)
+    and the planner's pick, each with the predicted step and peak memory per GPU."""
+    from boost_titan.bench.model.job import job_plan
+
+    rows = []
+    for flavor, gpus in PAPER_SIZES.items():
+        job = job_plan(f"train_configs/{flavor}.toml", gpus)
+        dp = gpus // (job.plan.tp * job.plan.pp)
+        profile = gpu_profile(gpu)
+        compute = perfmodel.step_time(job.args, job.plan, profile)["step"]
+        step = compute + dp_exposed(job.args, job.plan, dp, compute, profile)
+        peak = memory.peak_memory(job.args, job.plan, dp_shard=dp)
+        paper = Layout(job.plan, dp, peak, step_s=step)
+        result = plan_layouts(
+            Request(flavor, "cola", gpus, gpu, GPU_MEMORY_GIB[gpu], job.plan.seq_len, 4)
+        )
+        best = result.ranked[0]
+        rank = next(
+            (
+                i + 1
+                for i, lay in enumerate(result.ranked)
+                if (lay.plan, lay.dp) == (paper.plan, dp)
+            ),
+            None,
+        )
+        rows.append(
+            [
+                f"{flavor} on {gpus}",
+                describe(paper),
+                f"{paper.step_s:.3f}",
+                f"{paper.memory_gib:.1f}",
+                describe(best),
+                f"{best.step_s:.3f}",
+                f"{best.memory_gib:.1f}",
+                f"{paper.step_s / best.step_s:.2f}x",
+                str(rank) if rank else "not ranked",
+            ]
+        )
+    return rows
+
+
+def docs_tables() -> str:
+    """docs/planner.md's generated block: the paper's sizes on their A100 counts and on 8
+    and 64 H100s (`DOCS_TOP` rows each), then paper vs planner."""
+    parts = []
+    runs = [(f, n, "a100", 4) for f, n in PAPER_SIZES.items()]
+    runs += [(f, n, "h100", b) for n, b in H100_RUNS for f in PAPER_SIZES]
+    for flavor, gpus, gpu, batch in runs:
+        request = Request(flavor, "cola", gpus, gpu, GPU_MEMORY_GIB[gpu], 4096, batch)
+        command = (
+            f"python -m boost_titan.plan --auto --flavor {flavor} --gpus {gpus} --gpu {gpu} "
+            f"--global-batch {batch}"
+        )
+        try:
+            text = format_result(plan_layouts(request), top=DOCS_TOP, markdown=True)
+        except ConfigError as e:
+            text = f"error: {e}"
+        parts.append(f"`{command}`\n\n{text.split(chr(10) + chr(10))[0]}")
+    header = (
+        "size on GPUs",
+        "paper's layout",
+        "step s",
+        "GiB/GPU",
+        "planner's pick",
+        "step s",
+        "GiB/GPU",
+        "paper / pick",
+        "paper's rank",
+    )
+    parts.append(
+        "Paper (train_configs/*.toml) vs planner, A100 (a100 profile), global batch 4:\n\n"
+        + _render(header, paper_rows(), markdown=True)
+    )
+    return "\n\n".join(parts)
