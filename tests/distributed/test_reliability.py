@@ -231,8 +231,11 @@ def test_stops_chain_into_the_uninterrupted_run(reference, tmp_path):
     ), output[-4000:]
     kept = latest_checkpoint(str(folder))
     assert kept.endswith(f"step-{second + 1}") and errors[0].endswith(f"resume from {kept}")
-    assert not (folder / f"step-{second + 2}").exists()
-    assert not (folder / f"step-{second + 3}").exists()
+    for unsaved in (folder / f"step-{second + 2}", folder / f"step-{second + 3}"):
+        # nothing written, except the half-written step-9 planted in link 2
+        assert not unsaved.exists() or (
+            unsaved == partial and not is_complete_checkpoint(str(unsaved))
+        )
     output = _train(tmp_path, STEPS, "--checkpoint.interval", "1", status=1, max_file_bytes=2**20)
     step = folder / f"step-{second + 2}"
     errors = [line.split("]:", 1)[-1] for line in output.splitlines() if "error: " in line]
