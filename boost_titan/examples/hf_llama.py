@@ -16,7 +16,6 @@ logits with the sharded model's. Exits non-zero if they differ.
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 
@@ -24,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from boost_titan.examples import start_process_group
 from boost_titan.parallelize import (
     apply_plan,
     btp_plan,
@@ -55,12 +55,7 @@ def tiny_llama():
 def main(steps: int = STEPS, folder: str | None = None) -> dict:
     """Convert, shard, train `steps` steps, save to `folder` (default: a new temporary
     folder) and reload on rank 0; returns the losses and the reloaded logits' error."""
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    device, rank, world = start_process_group()
     torch.manual_seed(0)  # the same weights on every rank
     model = tiny_llama().to(device)
     to_low_rank(model, RANK, layout=hf_layout(model), init="svd", activation="silu")

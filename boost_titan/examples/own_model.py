@@ -12,7 +12,6 @@ prints the plan, the all-reduces per block and the loss of a few AdamW steps.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
@@ -22,6 +21,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
+from boost_titan.examples import start_process_group
 from boost_titan.parallelize import ModelLayout, apply_plan, btp_plan, plan_table
 
 VOCAB, DIM, HEADS, KV_HEADS, FFN, RANK, LAYERS = 256, 128, 8, 4, 352, 32, 4
@@ -146,12 +146,7 @@ def all_reduces_per_block(model: nn.Module, tokens: torch.Tensor) -> tuple[int, 
 
 
 def main(steps: int = 10) -> dict:
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    device, rank, world = start_process_group()
     torch.manual_seed(0)  # the same weights on every rank
     model = Decoder().to(device)
     mesh = init_device_mesh(device, (world,))
