@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 
+from boost_titan.config import check_run_limits
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import (
@@ -340,6 +341,7 @@ def check(args: list[str]) -> str:
     job = parse_job_config(args)
     world, degrees = resolve_world(job, nproc)
     check_batch(job, degrees)
+    check_run_limits(job.boost)
     check_output_folder(job.job.dump_folder)
     check_data(job)
     check_initial_checkpoint(job.checkpoint)

@@ -8,7 +8,10 @@ TorchTitan requires the module to define a dataclass named `JobConfig` whose fie
 new sections.
 """
 
+import math
 from dataclasses import dataclass, field
+
+from boost_titan.config.errors import ConfigError
 
 ARCHS = ("fullrank", "svd", "cola", "lax")
 LAX_BASES = ("svd", "cola")
@@ -73,3 +76,19 @@ class Boost:
 @dataclass
 class JobConfig:
     boost: Boost = field(default_factory=Boost)
+
+
+def check_run_limits(boost: Boost) -> None:
+    """ConfigError for a `[boost]` time budget or non-finite-step limit that cannot work (the
+    trainer and `boost_titan.check` both call this)."""
+    budget, skips = boost.time_budget_minutes, boost.skip_nonfinite_steps
+    if not (math.isfinite(budget) and budget >= 0):
+        raise ConfigError(
+            f"[boost] time_budget_minutes {budget} must be a number >= 0; set "
+            "--boost.time_budget_minutes to the minutes one run may take (0: no budget)"
+        )
+    if skips < 0:
+        raise ConfigError(
+            f"[boost] skip_nonfinite_steps {skips} must be >= 0; set "
+            "--boost.skip_nonfinite_steps to how many NaN/inf steps to skip (0: stop at the first)"
+        )

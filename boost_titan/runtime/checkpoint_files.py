@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from boost_titan.config.errors import ConfigError
 
@@ -109,3 +109,30 @@ def save_failure(failures: dict, path: str, kept: str | None) -> str:
         f"saving the checkpoint {path} failed on rank {rank} ({reason}); {resume}: free space "
         f"in (or make writable) {os.path.dirname(path)}, then rerun"
     )
+
+
+class AsyncSaveFolder:
+    """Names the folder of a failed async save. TorchTitan raises an async save's failure
+    when it next waits for it (at the next save or the end of the run), by then another
+    step: this wraps `checkpointer.dcp_save` to remember the folder of the save in flight."""
+
+    def __init__(self, checkpointer: Any) -> None:
+        self.checkpointer = checkpointer
+        self.folder: str | None = None
+        save = checkpointer.dcp_save
+
+        def dcp_save(state_dict: dict, checkpoint_id: str, *args: Any, **kwargs: Any) -> Any:
+            result = save(state_dict, checkpoint_id, *args, **kwargs)
+            if result is not None:  # a future: the save goes on in the background
+                self.folder = checkpoint_id
+            return result
+
+        checkpointer.dcp_save = dcp_save
+
+    def failed(self, error: BaseException, current: str) -> str:
+        """The folder whose save raised `error`: the async save in flight when `error` is
+        its future's, else `current` (the synchronous save that raised it)."""
+        future = self.checkpointer.save_future
+        if future is None or not future.done() or future.cancelled():
+            return current
+        return self.folder or current if future.exception() is error else current

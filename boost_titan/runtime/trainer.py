@@ -55,8 +55,9 @@ from torchtitan.components.checkpoint import AsyncMode
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
+from boost_titan.config import check_run_limits
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.checkpoint_files import latest_checkpoint, save_failure
+from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
 from boost_titan.runtime.nonfinite import (
@@ -111,10 +112,7 @@ class BoostTrainer(Trainer):
 
     def __init__(self, job_config):
         boost = job_config.boost
-        if boost.time_budget_minutes < 0 or boost.skip_nonfinite_steps < 0:
-            raise ConfigError(
-                "[boost] time_budget_minutes and skip_nonfinite_steps must be >= 0 (0: off)"
-            )
+        check_run_limits(boost)
         self.stop = StopRequest(boost.time_budget_minutes)
         self.stop.install()  # before the long set-up: a SIGTERM now stops after step 1
         self.stop_reason: str | None = None
@@ -125,6 +123,8 @@ class BoostTrainer(Trainer):
         self.step_loss = 0.0
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
         super().__init__(job_config)
+        self.async_save = AsyncSaveFolder(self.checkpointer)
+        self.failed_save: CheckpointException | None = None
         dims = self.parallel_dims
         self.pp_loss: TokenScaledLoss | None = None
         if dims.pp_enabled:
@@ -302,9 +302,8 @@ class BoostTrainer(Trainer):
         try:
             super().train()
         except CheckpointException as e:  # a BaseException: TorchTitan's main misses it
-            path = self.checkpointer._create_checkpoint_id(self.step)
-            kept = latest_checkpoint(self.checkpointer.folder)
-            raise ConfigError(save_failure(e.failures, path, kept)) from None
+            self.failed_save = e
+            raise self.save_failed(e) from None
         self.finished = True
         if dist.get_rank() == 0:
             logger.info(f"Summary: {self.run_log.summary(self.step)}")
@@ -321,9 +320,22 @@ class BoostTrainer(Trainer):
         try:
             if ckpt is not None and ckpt.enable:
                 ckpt._async_wait()  # an async save still writing
+        except CheckpointException as e:
+            if self.finished:
+                raise self.save_failed(e) from None
+            if e is not self.failed_save:  # after another error: said, not raised over it
+                logger.warning(str(self.save_failed(e)))
         finally:
             super().close()
             end_process_groups(finished=self.finished)
+
+    def save_failed(self, error: CheckpointException) -> ConfigError:
+        """The one-line error for a failed save: which checkpoint, why, and which complete
+        one a rerun resumes from."""
+        current = self.checkpointer._create_checkpoint_id(self.step)
+        path = self.async_save.failed(error, current)
+        kept = latest_checkpoint(self.checkpointer.folder)
+        return ConfigError(save_failure(error.failures, path, kept))
 
     def log_resume_state(self) -> None:
         """Say that torchrun restarted the job and which interrupted checkpoints are skipped."""

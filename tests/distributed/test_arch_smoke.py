@@ -1,5 +1,7 @@
-"""`./run_train.sh --boost.arch X`: every arch trains a few steps on 2 processes and
-validates on the held-out split (debug.toml)."""
+"""`./run_train.sh --boost.arch X`: an arch trains a few steps on 2 processes and validates
+on the held-out split (debug.toml). Run for fullrank, the one arch no other launch trains
+(Megatron TP); cola is test_cli's smoke run, lax trains in test_training_parity.py, and svd
+is CoLA's code without the activation (its TP numerics: test_tp_equivalence.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from tests.helpers import ROOT
 STEPS = 4
 
 
-@pytest.mark.parametrize("arch", ["svd", "lax", "fullrank"])  # cola: test_cli's smoke run
+@pytest.mark.parametrize("arch", ["fullrank"])
 def test_run_train_each_arch(arch, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE", "CONFIG_FILE")}
     env.update(NGPU="2", OMP_NUM_THREADS="1")

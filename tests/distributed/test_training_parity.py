@@ -26,10 +26,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
+from boost_titan.export import load_model_state
 from boost_titan.loss_compare import torchrun_train
 from boost_titan.runtime.run_log import read_log
 from tests.helpers import ROOT
+from tests.helpers.checkpoints import bits_equal, checkpoint_weights
+from tests.helpers.commands import run_module
 
 STEPS = 5
 TOLERANCE = 1e-5
@@ -109,11 +113,9 @@ LAYOUTS = {
     "tp2-btp": Layout(2, (*TP2, *_batch(4))),
     "dp2-tp2": Layout(4, (*TP2, *DP2, *_batch(2))),
     "pp2-tp2": Layout(4, (*TP2, *_pp("1F1B", 2), *_batch(4))),
-    "pp2-tp2-gpipe": Layout(4, (*TP2, *_pp("GPipe", 2), *_batch(4))),
     "pp2-tp2-interleaved": Layout(4, (*TP2, *INTERLEAVED, *_batch(4))),
     "dp2-tp2-pp2": Layout(8, (*TP2, *DP2, *_pp("1F1B", 1), *_batch(2))),
     "lax-pp2-tp2": Layout(4, (*TP2, *_pp("1F1B", 2), *_batch(4)), arch="lax"),
-    "lowrank_ac-dp2-tp2": Layout(4, (*TP2, *DP2, *_batch(2), *LOWRANK_AC)),
     "lowrank_ac-pp2-tp2": Layout(4, (*TP2, *_pp("1F1B", 2), *_batch(4), *LOWRANK_AC)),
 }
 
@@ -157,25 +159,30 @@ class Runs:
         ]
         self.done: dict[str, Run] = {}
 
-    def _train(self, name: str, nproc: int, arch: str, *args: str) -> Run:
+    def seed(self, arch: str) -> Path:
+        """The arch's seed checkpoint (step-0), made on first use."""
+        seed = self.root / f"seed-{arch}"
+        if not seed.exists():
+            _torchrun(
+                1,
+                seed,
+                *self.common,
+                "--boost.arch",
+                arch,
+                "--checkpoint.enable",
+                "--checkpoint.create_seed_checkpoint",
+                "--parallelism.tensor_parallel_degree",
+                "1",
+            )
+        return seed / "checkpoint" / "step-0"
+
+    def _train(self, name: str, nproc: int, arch: str, *args: str, start: str = "") -> Run:
+        """A run from `start` (the arch's seed checkpoint if empty), made once per name."""
         if name not in self.done:
-            seed = self.root / f"seed-{arch}"
-            if not seed.exists():
-                _torchrun(
-                    1,
-                    seed,
-                    *self.common,
-                    "--boost.arch",
-                    arch,
-                    "--checkpoint.enable",
-                    "--checkpoint.create_seed_checkpoint",
-                    "--parallelism.tensor_parallel_degree",
-                    "1",
-                )
             load = [
                 "--checkpoint.enable",
                 "--checkpoint.initial_load_path",
-                str(seed / "checkpoint" / "step-0"),
+                start or str(self.seed(arch)),
                 "--checkpoint.interval",
                 "1000",
             ]
@@ -257,13 +264,40 @@ def test_same_validation_loss_as_one_process(runs, layout):
     assert re.search(summary, run.output)
 
 
-@pytest.mark.parametrize("plain", ["dp2-tp2", "pp2-tp2"])
-def test_summary_reports_saved_activations(runs, plain):
-    """The summary line shows step 1's saved activations; low-rank AC saves less."""
-    full = _saved_mib(runs.layout(plain))
-    lowrank = _saved_mib(runs.layout(f"lowrank_ac-{plain}"))
-    print(f"{plain}: saved activations {full} MiB, with lowrank_ac {lowrank} MiB")
+def test_summary_reports_saved_activations(runs):
+    """The summary line shows step 1's saved activations; low-rank AC saves less (PP 2 x
+    TP 2, with and without it)."""
+    full = _saved_mib(runs.layout("pp2-tp2"))
+    lowrank = _saved_mib(runs.layout("lowrank_ac-pp2-tp2"))
+    print(f"pp2-tp2: saved activations {full} MiB, with lowrank_ac {lowrank} MiB")
     assert 0 < lowrank < full
+
+
+def test_trainer_starts_from_export(runs):
+    """The seed checkpoint, exported by `python -m boost_titan.export`, holds the model's
+    tensors bit for bit, and BTP TP=2 trains from the export exactly as from the checkpoint
+    (tp2-btp): the same losses and grad norms (`tests/unit/test_export.py`: the one-process
+    export and import tests)."""
+    step0, out = runs.seed("cola"), runs.root / "export"
+    result = run_module(
+        "boost_titan.export", "--checkpoint", str(step0), "--out", str(out), "--arch", "cola"
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"-> {out}/model.safetensors" in result.stdout and "initial_load_in_hf" in result.stdout
+    saved = checkpoint_weights(step0, runs.root)  # the model's tensors (no optimizer etc.)
+    with safe_open(out / "model.safetensors", framework="pt") as f:
+        assert set(f.keys()) == set(saved)
+        assert all(bits_equal(f.get_tensor(k), saved[k]) for k in saved)
+    assert all(bits_equal(v, saved[k]) for k, v in load_model_state(str(step0)).items())
+
+    from_dcp = runs.layout("tp2-btp")
+    hf = ("--checkpoint.initial_load_in_hf",)
+    from_export = runs._train(
+        "tp2-btp-from-export", 2, "cola", *LAYOUTS["tp2-btp"].args, *hf, start=str(out)
+    )
+    print(f"losses from DCP {from_dcp.losses}, from export {from_export.losses}")
+    assert from_export.losses == from_dcp.losses
+    assert from_export.grad_norms == from_dcp.grad_norms
 
 
 RESHARDED = {
@@ -328,8 +362,6 @@ def test_resharded_state_dict_is_identical(runs, resharded_losses, layout):
     """Each layout's full model state dict after loading the BTP TP=2 checkpoint (saved by
     it after a step at LR 0, read back whole in one process) equals the TP=2 checkpoint's
     bit for bit: same keys, shapes, dtypes and bytes."""
-    from boost_titan.export import load_model_state
-
     saved = load_model_state(str(_trained(runs)))
     loaded = load_model_state(str(runs.root / f"resharded-{layout}" / "checkpoint" / "step-1"))
     assert loaded.keys() == saved.keys()

@@ -9,17 +9,14 @@ its output; one interpreter start instead of one per case.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import DEBUG_TOML, ROOT
-from tests.helpers.commands import assert_one_error
+from tests.helpers import DEBUG_TOML
+from tests.helpers.commands import assert_one_error, check_each
 
 # name -> (arguments after --job.config_file debug.toml, fragments of the message)
 CASES = {
@@ -35,6 +32,14 @@ CASES = {
     "tp not dividing heads": (
         ["--parallelism.tensor_parallel_degree", "3", "--nproc", "3"],
         ["n_heads 8", "3"],
+    ),
+    "negative time budget": (
+        ["--boost.time_budget_minutes", "-5"],
+        ["time_budget_minutes -5.0", "(0: no budget)"],
+    ),
+    "negative skip limit": (
+        ["--boost.skip_nonfinite_steps", "-1"],
+        ["skip_nonfinite_steps -1", "(0: stop at the first)"],
     ),
     "seq_len beyond max": (["--training.seq_len", "100000"], ["seq_len 100000", "2048"]),
     "two AC modes": (
@@ -111,55 +116,6 @@ FILE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "tokenizer.model file path": (_tokenizer_model_file, ["pass the folder that holds"]),
     "unreadable tokenizer": (_unreadable_tokenizer, ["is not", "tiktoken BPE file"]),
 }
-
-RUNNER = """
-import json, os, sys, traceback
-from boost_titan.check import main
-
-argvs, results = json.loads(sys.argv[1]), []
-for i, argv in enumerate(argvs):
-    path = f"{sys.argv[2]}.{i}"
-    with open(path, "w+b") as out:
-        sys.stdout.flush(); sys.stderr.flush()
-        saved = os.dup(1), os.dup(2)
-        os.dup2(out.fileno(), 1); os.dup2(out.fileno(), 2)
-        try:
-            main(argv)
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        finally:
-            sys.stdout.flush(); sys.stderr.flush()
-            os.dup2(saved[0], 1); os.dup2(saved[1], 2)
-            os.close(saved[0]); os.close(saved[1])
-        out.seek(0)
-        results.append([code, out.read().decode("utf-8")])
-with open(sys.argv[2], "w") as f:
-    json.dump(results, f)
-"""
-
-
-def check_each(argvs: list[list[str]], scratch: Path) -> list[subprocess.CompletedProcess]:
-    """`python -m boost_titan.check ARGV` for each argv, in one child process (see above)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
-    env["PYTHONPATH"] = str(ROOT)
-    results = scratch / "results.json"
-    child = subprocess.run(
-        [sys.executable, "-c", RUNNER, json.dumps(argvs), str(results)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
-    return [
-        subprocess.CompletedProcess(argv, code, output, "")
-        for argv, (code, output) in zip(argvs, json.loads(results.read_text()), strict=True)
-    ]
 
 
 @pytest.fixture(scope="module")

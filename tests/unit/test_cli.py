@@ -6,100 +6,104 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from boost_titan.config.cli import condense_tyro_message, with_boost_section
 from tests.helpers import DEBUG_TOML, ROOT
-from tests.helpers.commands import assert_one_error, run_module
+from tests.helpers.commands import assert_one_error, check_each, run_module
 
 
-def write(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "job.toml"
-    path.write_text(text)
-    return str(path)
+def _toml(text: str) -> Callable[[Path], list[str]]:
+    """A case whose job file (under its folder) holds `text`."""
+
+    def args(folder: Path) -> list[str]:
+        path = folder / "job.toml"
+        path.write_text(text)
+        return ["--job.config_file", str(path)]
+
+    return args
 
 
-def check(*args: str) -> subprocess.CompletedProcess:
-    return run_module("boost_titan.check", *args)
+def _debug(*args: str) -> Callable[[Path], list[str]]:
+    """A case on debug.toml, its outputs under its folder."""
+    return lambda folder: [
+        "--job.config_file",
+        str(DEBUG_TOML),
+        "--job.dump_folder",
+        str(folder / "o"),
+        *args,
+    ]
+
+
+def _blocked_output(folder: Path) -> list[str]:
+    (folder / "file").write_text("not a folder")
+    return ["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(folder / "file/out")]
+
+
+# name -> (check's arguments, made in the case's own folder; fragments of its one error line)
+ERRORS: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
+    "malformed toml": (_toml("[training\nsteps = 3\n"), ["malformed TOML", "job.toml"]),
+    "missing config file": (
+        lambda folder: ["--job.config_file", str(folder / "nope.toml")],
+        ["not found"],
+    ),
+    "unknown key in toml": (_toml("[training]\nstepz = 3\n"), ["training.stepz", "training.steps"]),
+    "unknown section in toml": (_toml("[trainingg]\nsteps = 3\n"), ["[trainingg]", "training"]),
+    "wrong value type in toml": (_toml('[training]\nsteps = "many"\n'), ["training.steps", "int"]),
+    "unknown command-line option": (
+        _debug("--training.stepz", "3"),
+        ["--training.stepz", "--training.steps"],
+    ),
+    "bad command-line value": (_debug("--boost.rank", "x"), ["--boost.rank"]),
+    # debug.toml is TP=2 with dp_shard -1: 3 processes cannot be split into TP pairs
+    "nproc not a multiple of TP": (_debug("--nproc", "3"), ["3 processes"]),
+    "nproc above the degrees": (
+        _debug("--nproc", "4", "--parallelism.data_parallel_shard_degree", "1"),
+        ["need 2 processes", "4 were requested"],
+    ),
+    "unwritable output folder": (_blocked_output, ["not writable", "--job.dump_folder"]),
+}
+VALID = "valid config"
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """`python -m boost_titan.check` on every case of ERRORS and on debug.toml (VALID), all
+    in one child process, each case in a folder of its own."""
+    root = tmp_path_factory.mktemp("cli")
+    argvs = {}
+    for i, name in enumerate([*ERRORS, VALID]):
+        folder = root / f"case{i}"
+        folder.mkdir()
+        argvs[name] = _debug()(folder) if name == VALID else ERRORS[name][0](folder)
+    return dict(zip(argvs, check_each(list(argvs.values()), root), strict=True))
 
 
 # ---- one-line errors ------------------------------------------------------------------
-def test_malformed_toml(tmp_path):
-    path = write(tmp_path, "[training\nsteps = 3\n")
-    assert_one_error(check("--job.config_file", path), "malformed TOML", path)
-
-
-def test_missing_config_file(tmp_path):
-    assert_one_error(check("--job.config_file", str(tmp_path / "nope.toml")), "not found")
-
-
-def test_unknown_key_in_toml(tmp_path):
-    path = write(tmp_path, "[training]\nstepz = 3\n")
-    assert_one_error(check("--job.config_file", path), "training.stepz", "training.steps")
-
-
-def test_unknown_section_in_toml(tmp_path):
-    path = write(tmp_path, "[trainingg]\nsteps = 3\n")
-    assert_one_error(check("--job.config_file", path), "[trainingg]", "training")
-
-
-def test_wrong_value_type_in_toml(tmp_path):
-    path = write(tmp_path, '[training]\nsteps = "many"\n')
-    assert_one_error(check("--job.config_file", path), "training.steps", "int")
-
-
-def test_unknown_command_line_option():
-    line = assert_one_error(check("--job.config_file", str(DEBUG_TOML), "--training.stepz", "3"))
-    assert "--training.stepz" in line and "--training.steps" in line
-
-
-def test_bad_command_line_value():
-    assert_one_error(
-        check("--job.config_file", str(DEBUG_TOML), "--boost.rank", "x"), "--boost.rank"
-    )
-
-
-def test_nproc_mismatch():
-    # debug.toml is TP=2 with dp_shard -1: 3 processes cannot be split into TP pairs.
-    assert_one_error(check("--job.config_file", str(DEBUG_TOML), "--nproc", "3"), "3 processes")
-    assert_one_error(
-        check(
-            "--job.config_file",
-            str(DEBUG_TOML),
-            "--nproc",
-            "4",
-            "--parallelism.data_parallel_shard_degree",
-            "1",
-        ),
-        "need 2 processes",
-        "4 were requested",
-    )
-
-
-def test_unwritable_output_folder(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
-    assert_one_error(
-        check("--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(blocker / "out")),
-        "not writable",
-        "--job.dump_folder",
-    )
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_bad_config_or_command_line(checked, case):
+    assert_one_error(checked[case], *ERRORS[case][1])
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits")
 def test_read_only_output_folder(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir(mode=0o500)
-    assert_one_error(
-        check("--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(folder / "out")),
-        "not writable",
+    result = run_module(
+        "boost_titan.check",
+        "--job.config_file",
+        str(DEBUG_TOML),
+        "--job.dump_folder",
+        str(folder / "out"),
     )
+    assert_one_error(result, "not writable")
 
 
-def test_valid_config_passes(tmp_path):
-    result = check("--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(tmp_path / "o"))
+def test_valid_config_passes(checked):
+    result = checked[VALID]
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("config ok: boost_llama debug"), result.stdout
     assert "2 processes (tp 2)" in result.stdout

@@ -2,8 +2,9 @@
 
 Fast tests build each arch's model in this process and save it with DCP (`no_dist`, the
 layout TorchTitan writes: plain model FQNs next to optimizer / lr_scheduler / dataloader /
-train_state entries). `tests/distributed/test_export.py` exports a real seed checkpoint and
-trains from it under BTP TP=2 next to a run that loads the DCP checkpoint itself.
+train_state entries). `tests/distributed/test_training_parity.py`'s
+`test_trainer_starts_from_export` exports a real seed checkpoint and trains from it under
+BTP TP=2 next to the run that loads the DCP checkpoint itself.
 """
 
 from __future__ import annotations

@@ -6,10 +6,13 @@ reproduce an uninterrupted one)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import signal
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from boost_titan import torchrun
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.checkpoint_files import save_failure
+from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
 from boost_titan.runtime.nonfinite import NonFiniteGuard, RankView, blame, nonfinite
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints, shared_store_warning
 from boost_titan.runtime.stopping import (
@@ -221,6 +224,75 @@ def test_save_failure_names_the_reason_and_the_kept_checkpoint():
     assert "(a write was cut short: disk full or a file-size limit); no complete" in save_failure(
         short, "/c/step-2", None
     )
+
+
+@contextlib.contextmanager
+def _unwritable(folder: Path):
+    """`folder` refuses new entries while open: chmod for a user, the immutable attribute
+    for root (who writes through any mode bits)."""
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        undo = lambda: folder.chmod(0o700)  # noqa: E731
+    else:
+        made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"root cannot make a folder unwritable here: {made.stderr.strip()}")
+        undo = lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)  # noqa: E731
+    try:
+        yield
+    finally:
+        undo()
+
+
+class _Checkpointer:
+    """The two members of TorchTitan's CheckpointManager that AsyncSaveFolder uses."""
+
+    save_future = None
+
+    def dcp_save(self, state_dict, checkpoint_id, async_mode):
+        import torch.distributed.checkpoint as dcp
+
+        if async_mode:
+            return dcp.async_save(state_dict, checkpoint_id=checkpoint_id)
+        dcp.save(state_dict, checkpoint_id=checkpoint_id)
+
+
+def test_unwritable_folder_names_the_failed_save_and_keeps_the_last(tmp_path):
+    """One gloo rank, real DCP saves: once the checkpoint folder is unwritable, a synchronous
+    save and an async one fail; the async failure, raised a step later as TorchTitan does,
+    is named by the step that was saving, and the kept checkpoint loads."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ckpt = _Checkpointer()
+        folders = AsyncSaveFolder(ckpt)
+        state = {"w": torch.randn(8, 8)}
+        ckpt.dcp_save(state, checkpoint_id=str(tmp_path / "step-3"), async_mode=False)
+        with _unwritable(tmp_path):
+            with pytest.raises(CheckpointException) as raised:
+                ckpt.dcp_save(state, checkpoint_id=str(tmp_path / "step-6"), async_mode=False)
+            assert folders.failed(raised.value, str(tmp_path / "step-6")).endswith("step-6")
+            ckpt.save_future = ckpt.dcp_save(
+                state, checkpoint_id=str(tmp_path / "step-7"), async_mode=True
+            )
+            error = ckpt.save_future.exception(timeout=60)
+        assert isinstance(error, CheckpointException)
+        failed = folders.failed(error, str(tmp_path / "step-9"))  # raised at step 9's save
+        line = save_failure(error.failures, failed, latest_checkpoint(str(tmp_path)))
+        reason = "Permission denied" if os.geteuid() != 0 else "Operation not permitted"
+        assert line == (
+            f"saving the checkpoint {tmp_path / 'step-7'} failed on rank 0 ({reason}); the "
+            f"newest complete checkpoint, {tmp_path / 'step-3'}, stays loadable: free space in "
+            f"(or make writable) {tmp_path}, then rerun"
+        )
+        loaded = {"w": torch.zeros(8, 8)}
+        dcp.load(loaded, checkpoint_id=str(tmp_path / "step-3"))
+        assert torch.equal(loaded["w"], state["w"])
+    finally:
+        dist.destroy_process_group()
 
 
 # ---- the end of a run --------------------------------------------------------------------------
