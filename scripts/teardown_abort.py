@@ -1,13 +1,14 @@
-"""Show why a finished run could exit with SIGABRT: a gloo rank that leaves the interpreter
-with live process groups while its peer is still up may abort ("terminate called without
-an active exception"); one that destroys them first exits 0.
+"""Try to reproduce the suspected cause of a finished run's SIGABRT: a gloo rank that leaves
+the interpreter with live process groups while its peer is still up may abort ("terminate
+called without an active exception"); one that destroys them first should not.
 
     python scripts/teardown_abort.py [RUNS]      (default 6 runs per variant, ~2 min)
 
 Each run is a 2-rank torchrun job of this file: both ranks all-reduce on the default group
 and a second gloo group (as TorchTitan's async checkpointer makes), then rank 1 sleeps 3 s
 while rank 0 exits, with or without `destroy_process_group`. Prints per variant how many
-runs exited non-zero and how many printed the abort; `runtime/teardown.py` is the fix.
+runs exited non-zero and how many printed the abort (`runtime/teardown.py` ends every run
+with destroyed groups either way).
 """
 
 from __future__ import annotations

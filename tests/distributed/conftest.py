@@ -37,7 +37,7 @@ class TrainingRun:
 
 @pytest.fixture(scope="session")
 def two_process_run(tmp_path_factory) -> TrainingRun:
-    """30 eager steps of debug.toml under torchrun on 2 processes, shared by the tests that
+    """10 eager steps of debug.toml under torchrun on 2 processes, shared by the tests that
     need a real training run (one launch for all of them)."""
     from boost_titan.runtime.run_log import read_log
 
@@ -67,12 +67,12 @@ def two_process_run(tmp_path_factory) -> TrainingRun:
             "--job.dump_folder",
             str(folder),
             "--training.steps",
-            "30",
+            "10",
             "--metrics.log_freq",
             "5",
             "--metrics.disable_color_printing",
             "--checkpoint.interval",
-            "15",
+            "5",
             *schedule,
         ],
         cwd=ROOT,

@@ -11,8 +11,8 @@ def test_two_process_training_learns(two_process_run):
     """debug.toml (CoLA, BTP TP=2) on 2 CPU processes: the logged loss goes down."""
     output = two_process_run.output
     losses = [(int(s), float(v)) for s, v in LOSS.findall(output)]
-    assert [s for s, _ in losses][:2] == [1, 5] and losses[-1][0] == 30, output[-4000:]
+    assert [s for s, _ in losses] == [1, 5, 10], output[-4000:]
     assert losses[-1][1] < losses[0][1] - 0.5, losses
-    assert "Summary: ran 30 steps (1-30)" in output
-    assert (two_process_run.folder / "checkpoint" / "step-30" / ".metadata").is_file()
-    assert len(two_process_run.rows) == 30
+    assert "Summary: ran 10 steps (1-10)" in output
+    assert (two_process_run.folder / "checkpoint" / "step-10" / ".metadata").is_file()
+    assert len(two_process_run.rows) == 10

@@ -247,6 +247,10 @@ def test_stops_chain_into_the_uninterrupted_run(reference, tmp_path):
         f"full or a file-size limit); the newest complete checkpoint, {kept}, stays loadable: "
         f"free space in (or make writable) {folder}, then rerun"
     }, output[-4000:]
+    # the workers print no traceback (torchrun's own ChildFailedError report is unprefixed)
+    assert not [
+        line for line in output.splitlines() if line.startswith("[") and "Traceback" in line
+    ]
     assert latest_checkpoint(str(folder)) == kept and not is_complete_checkpoint(str(step))
     check_readable(kept, "the kept checkpoint")
     output = _train(tmp_path, STEPS)
