@@ -28,8 +28,9 @@ plain() {  # plain DUMP: torchrun without restarts, every rank's output
 
 same_losses() {  # same_losses DUMP: the last 7 steps equal the reference's steps 4-10
     python - "$OUT/reference/losses.jsonl" "$1/losses.jsonl" <<'EOF'
-import json, sys
-rows = [[(r["step"], r["loss"]) for r in map(json.loads, open(p)) if "loss" in r] for p in sys.argv[1:]]
+import sys
+from boost_titan.runtime.run_log import read_log
+rows = [[(r["step"], r["loss"]) for r in read_log(path)[0]] for path in sys.argv[1:]]
 sys.exit(0 if rows[1][-7:] == rows[0][3:] else 1)
 EOF
 }

@@ -135,4 +135,6 @@ class AsyncSaveFolder:
         future = self.checkpointer.save_future
         if future is None or not future.done() or future.cancelled():
             return current
-        return self.folder or current if future.exception() is error else current
+        if future.exception() is not error:
+            return current
+        return self.folder or current
