@@ -28,6 +28,7 @@ from boost_titan.runtime.checkpoint_files import (
     is_complete_checkpoint,
     latest_checkpoint,
 )
+from boost_titan.runtime.cuda_graphs import graphs_refusal
 from boost_titan.runtime.dump_lock import DumpFolderLock
 from boost_titan.runtime.precision import Precision
 
@@ -342,6 +343,9 @@ def check(args: list[str]) -> str:
     world, degrees = resolve_world(job, nproc)
     check_batch(job, degrees)
     check_run_limits(job.boost)
+    refusal = graphs_refusal(job.boost.cuda_graphs, degrees["pp"] > 1)
+    if refusal:
+        raise ConfigError(refusal)
     check_output_folder(job.job.dump_folder)
     check_data(job)
     check_initial_checkpoint(job.checkpoint)

@@ -51,8 +51,9 @@ def _drop_error_file() -> None:
         os.remove(path)
 
 
-def run() -> None:
-    """Parse (one-line errors), then train; exit 2 on a user error, 3 on a diverged loss."""
+def run(trainer_cls: type[BoostTrainer] = BoostTrainer) -> None:
+    """Parse (one-line errors), then train with `trainer_cls`; exit 2 on a user error, 3 on
+    a diverged loss."""
     rank0 = os.environ.get("RANK", "0") == "0"
     warning = shared_store_warning()
     if warning and rank0:
@@ -64,7 +65,7 @@ def run() -> None:
         if rank0:
             lock = DumpFolderLock(job.job.dump_folder)
             lock.acquire()
-        titan_main(BoostTrainer)
+        titan_main(trainer_cls)
     except ConfigError as e:
         _drop_error_file()
         fail(str(e), code=2)

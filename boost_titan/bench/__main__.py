@@ -427,6 +427,19 @@ def _run_compile(ns: argparse.Namespace) -> int:
     return compiled.run(ns)
 
 
+# ---- step ------------------------------------------------------------------------------
+def _add_step_args(parser: argparse.ArgumentParser) -> None:
+    from boost_titan.bench.measure import step
+
+    step.add_args(parser)
+
+
+def _run_step(ns: argparse.Namespace) -> int:
+    from boost_titan.bench.measure import step
+
+    return step.run(ns, ns.extra)
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "model": Subcommand("analytic comm/FLOPs/memory/step-time model", _add_model_args, _run_model),
     "precision": Subcommand(
@@ -463,6 +476,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         _add_compile_args,
         _run_compile,
     ),
+    "step": Subcommand(
+        "a few real trainer steps of a job (--job.config_file TOML [overrides]): tokens/s, "
+        "host time and launches per micro-batch, weight casts (CPU or CUDA)",
+        _add_step_args,
+        _run_step,
+    ),
 }
 
 
@@ -475,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
         subparser = sub.add_parser(name, help=command.help)
         if name == chosen:
             command.add_args(subparser)
-    ns = parser.parse_args(argv)
+    ns, extra = parser.parse_known_args(argv)
+    if extra and not getattr(ns, "trainer_args", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    ns.extra = extra
     try:
         return SUBCOMMANDS[ns.command].run(ns)
     except ConfigError as e:

@@ -1,16 +1,24 @@
 """Data parallelism and mixed precision, the last step of `parallelize_boost`.
 
-- dp_shard or cp > 1: FSDP2 (HSDP with dp_replicate > 1), as TorchTitan does.
+- dp_shard or cp > 1: FSDP2 (HSDP with dp_replicate > 1), as TorchTitan does, one unit per
+  block.
 - Otherwise, for bf16 compute from fp32 weights (`Precision.casts_for_compute`): FSDP2 on a
   mesh whose shard dim has 1 rank, so its `MixedPrecisionPolicy` gives every layout what FSDP
   runs get (bf16 parameters in compute, fp32 master weights, gradients accumulated and reduced
   in fp32), as TorchTitan's main branch does (pytorch/torchtitan#2900, issue #2886).
   TorchTitan 0.2.2 builds that "fsdp" dim with the fake backend; FSDP2 runs no collective over
   a 1-rank dim (torch 2.13 `FSDPParamGroup.unshard` casts the weights into the unsharded
-  copy, `foreach_reduce` copies the gradients). TP-only, PP-only (each stage; TorchTitan's PP
-  policy keeps the bf16 copy from forward to backward), TP x PP and one device use the 1-D
-  "fsdp" mesh; elsewhere each block's bf16 copy is freed after its forward and cast again
-  in backward. dp_replicate > 1 uses HSDP over (dp_replicate, fsdp = 1), as FSDP2's
+  copy, `foreach_reduce` copies the gradients). Nothing is sharded there, so nothing is
+  resharded after forward: the bf16 copy made by a step's first forward serves every
+  micro-batch of the step, and gradients are reduced once after the last one
+  (`runtime.accumulation`: one cast per weight per step).
+  TP-only, PP-only (each stage), TP x PP and one device wrap the whole model (stage) as ONE
+  unit on the 1-D "fsdp" mesh: per-unit hooks run once per micro-batch instead of once per
+  block (per-block units only pay off where an all-gather or a reduction can overlap
+  compute), at the price of the whole stage's gradients passing through one fp32 reduction
+  buffer at the end of the step's backward (`bench.model.memory` counts it).
+  dp_replicate > 1 uses HSDP over (dp_replicate, fsdp = 1) with per-block units, so each
+  block's gradient all-reduce overlaps the backward of the blocks before it, as FSDP2's
   maintainers suggest for replicated mixed precision (pytorch/torchtitan#1469): its fp32
   gradient all-reduce over dp_replicate moves DDP's bytes, while DDP under `torch.autocast`
   would compute differently from every other layout (and autocast does not fit BTP's
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.models.llama3.infra.parallelize import apply_ddp, apply_fsdp
@@ -42,6 +51,18 @@ def _one_rank_shard_mesh(parallel_dims: ParallelDims, names: list[str]) -> Devic
     return parallel_dims._meshes["fsdp"]
 
 
+def _one_unit(model: nn.Module, mesh: DeviceMesh, training) -> None:
+    """FSDP2 over the whole model as one unit on a 1-rank mesh: the cast once per step, no
+    per-block hooks (module docstring)."""
+    policy = MixedPrecisionPolicy(
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+    )
+    offload = {"offload_policy": CPUOffloadPolicy()} if training.enable_cpu_offload else {}
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False, **offload)
+    model.set_gradient_divide_factor(1.0)  # the loss is divided by the global token count
+
+
 def apply_data_parallel(
     model: nn.Module, parallel_dims: ParallelDims, job_config, compile_model: bool
 ) -> None:
@@ -49,23 +70,29 @@ def apply_data_parallel(
     training = job_config.training
     replicate = parallel_dims.dp_replicate_enabled
     names = ["dp_replicate", "fsdp"] if replicate else ["fsdp"]
-    if parallel_dims.fsdp_enabled:
-        mesh = parallel_dims.get_mesh(names)
-    elif Precision.of(training).casts_for_compute:
-        mesh = _one_rank_shard_mesh(parallel_dims, names)
-    else:
+    if not parallel_dims.fsdp_enabled and not Precision.of(training).casts_for_compute:
         if replicate:
             apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
         return
-    apply_fsdp(
-        model,
-        mesh,
-        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
-        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
-        pp_enabled=parallel_dims.pp_enabled,
-        cpu_offload=training.enable_cpu_offload,
-        reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
-    )
+    if parallel_dims.fsdp_enabled or replicate:
+        sharded = parallel_dims.fsdp_enabled
+        mesh = (
+            parallel_dims.get_mesh(names) if sharded else _one_rank_shard_mesh(parallel_dims, names)
+        )
+        apply_fsdp(
+            model,
+            mesh,
+            param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+            pp_enabled=parallel_dims.pp_enabled,
+            cpu_offload=training.enable_cpu_offload,
+            # a 1-rank shard dim has nothing to reshard (runtime.accumulation)
+            reshard_after_forward_policy=(
+                job_config.parallelism.fsdp_reshard_after_forward if sharded else "never"
+            ),
+        )
+    else:
+        _one_unit(model, _one_rank_shard_mesh(parallel_dims, names), training)
     force_sum_reductions(model)  # gloo (CPU) has no PREMUL_SUM
     if parallel_dims.fsdp_enabled:
         return
@@ -75,4 +102,7 @@ def apply_data_parallel(
             f"all-reduced in {training.mixed_precision_reduce} over dp_replicate)"
         )
     else:
-        logger.info("Applied FSDP2 on a 1-rank mesh for mixed precision (no collective)")
+        logger.info(
+            "Applied FSDP2 on a 1-rank mesh for mixed precision, one unit (no collective; "
+            "weights cast once per step)"
+        )

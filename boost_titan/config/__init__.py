@@ -63,6 +63,11 @@ class Boost:
     of the documents) | global (every rank reads the one stream and keeps its rows of each
     global batch, so the batches do not depend on the DP degree; every rank tokenizes all)."""
 
+    cuda_graphs: bool = False
+    """On CUDA, capture each micro-batch's forward + loss + backward as a CUDA graph and
+    replay it (`boost_titan.runtime.cuda_graphs`); no effect on CPU; refused with pipeline
+    parallelism. Off by default until a CUDA run shows it equals eager bit for bit."""
+
     time_budget_minutes: float = 0.0
     """Wall-clock budget of one invocation, from the trainer's start (0: none). When it runs
     out, training stops after the current step with a checkpoint, as on SIGTERM

@@ -6,8 +6,8 @@ for each shard size, so the logged `grad_norm` and the clipping factor differ be
 and TP2 although the gradients agree. Here each rank sums the squares of its local
 gradient shards in fp64; the sums of gradients spread over the same process groups are
 added up and all-reduced over those groups once, then over the pipeline stages. Layouts
-then agree to fp64 rounding. The cost is one extra read of the gradients in fp64 and one
-tiny all-reduce per sharding kind and group.
+then agree to fp64 rounding. The cost is one extra read of the gradients (multi-tensor
+kernels, not one per gradient) and one tiny all-reduce per sharding kind and group.
 """
 
 from __future__ import annotations
@@ -36,19 +36,21 @@ def _groups(grad: torch.Tensor) -> tuple[dist.ProcessGroup, ...]:
 
 
 def total_norm(grads: Iterable[torch.Tensor], pp_mesh: DeviceMesh | None = None) -> torch.Tensor:
-    """sqrt(sum of squares of every gradient element), in fp64, the same on every rank."""
-    sums: dict[tuple[str, ...], tuple[tuple[dist.ProcessGroup, ...], torch.Tensor]] = {}
+    """sqrt(sum of squares of every gradient element), in fp64, the same on every rank.
+    Gradients spread over the same groups are normed together by one multi-tensor
+    `_foreach_norm` (a few kernels however many gradients), each in fp64."""
+    spread: dict[tuple[str, ...], tuple[tuple[dist.ProcessGroup, ...], list[torch.Tensor]]] = {}
     device = None
     for grad in grads:
         groups = _groups(grad)
         local = grad.to_local() if isinstance(grad, DTensor) else grad
         device = local.device
-        square = torch.linalg.vector_norm(local, dtype=torch.float64).square()
         key = tuple(group.group_name for group in groups)
-        previous = sums.get(key, (groups, torch.zeros((), dtype=torch.float64, device=device)))[1]
-        sums[key] = (groups, previous + square)
+        spread.setdefault(key, (groups, []))[1].append(local)
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for groups, square in sums.values():
+    for groups, locals_ in spread.values():
+        norms = torch._foreach_norm(locals_, 2, dtype=torch.float64)
+        square = torch.stack(norms).square().sum()
         for group in groups:
             dist.all_reduce(square, group=group)
         total = total + square

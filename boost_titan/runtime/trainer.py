@@ -33,7 +33,9 @@
   compute, fp32 master weights and gradient reductions" or "Precision: fp32"). TorchTitan's
   `maybe_enable_amp` (autocast on one device and under DDP; fp32 and a warning for TP or PP
   without FSDP) is replaced by `no_autocast` before `Trainer.__init__` calls it: FSDP2's
-  mixed-precision policy does every cast, on every layout (`boost_llama.data_parallel`).
+  mixed-precision policy does every cast, on every layout (`boost_llama.data_parallel`),
+  once per weight per step where nothing is sharded (`runtime.accumulation`, set before
+  every micro-batch).
 - On CPU the NCCL-only settings stay quiet: the flight recorder is off (it would only leave
   an empty `comm_traces/`), and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is dropped
   (TorchTitan warns that it overrides it).
@@ -41,6 +43,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -57,7 +60,9 @@ from torchtitan.train import Trainer
 
 from boost_titan.config import check_run_limits
 from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
+from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall, graphs_refusal
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
 from boost_titan.runtime.nonfinite import (
@@ -113,6 +118,11 @@ class BoostTrainer(Trainer):
     def __init__(self, job_config):
         boost = job_config.boost
         check_run_limits(boost)
+        refusal = graphs_refusal(
+            boost.cuda_graphs, job_config.parallelism.pipeline_parallel_degree > 1
+        )
+        if refusal:
+            raise ConfigError(refusal)
         self.stop = StopRequest(boost.time_budget_minutes)
         self.stop.install()  # before the long set-up: a SIGTERM now stops after step 1
         self.stop_reason: str | None = None
@@ -133,6 +143,14 @@ class BoostTrainer(Trainer):
             self.pp_schedule._loss_fn = self.pp_loss
         # The loss lives on the last PP stage and is replicated over TP: count it once.
         self.owns_loss = owns_loss(dims, dims.pp_enabled and self.pp_has_last_stage)
+        # PP schedules defer resharding and reduction to a stage's last backward themselves
+        self.fsdp_modules = [] if dims.pp_enabled else fsdp_modules(self.model_parts)
+        self.accumulation = Accumulation.for_layout(
+            shards_weights=dims.fsdp_enabled,
+            reshard_policy=job_config.parallelism.fsdp_reshard_after_forward,
+        )
+        self.microbatch = 0
+        self.graphed = self.graphed_microbatch() if boost.cuda_graphs else None
         self.dp_degree = dims.dp_replicate * dims.dp_shard
         log_path = None
         if dist.get_rank() == 0:
@@ -147,6 +165,31 @@ class BoostTrainer(Trainer):
             self.validator.on_result = lambda step, result, seconds: self.run_log.record_validation(
                 step, result.loss, result.tokens, seconds
             )
+
+    def graphed_microbatch(self) -> GraphedCall | None:
+        """The CUDA-graphed micro-batch (`runtime.cuda_graphs`), or None off CUDA."""
+        if self.device.type != "cuda":
+            logger.info("CUDA graphs: off (no CUDA device; --boost.cuda_graphs does nothing here)")
+            return None
+        # every micro-batch the same work; gradients zeroed in place (fixed addresses)
+        self.accumulation = Accumulation(keep_weights=False, defer_reduction=False)
+        self.optimizers.zero_grad = functools.partial(self.optimizers.zero_grad, set_to_none=False)
+        logger.info(
+            "CUDA graphs: each micro-batch's forward + loss + backward is captured in step 2 "
+            "and replayed (unverified on GPUs: compare with a run without --boost.cuda_graphs)"
+        )
+        return GraphedCall(self.eager_microbatch, CudaGraphs())
+
+    def eager_microbatch(
+        self, labels: torch.Tensor, global_valid_tokens: torch.Tensor, inputs: torch.Tensor
+    ) -> torch.Tensor:
+        """TorchTitan's forward + loss + backward of one micro-batch (what a graph captures)."""
+        return Trainer.forward_backward_step(
+            self,
+            input_dict={"input": inputs},
+            labels=labels,
+            global_valid_tokens=global_valid_tokens,
+        )
 
     def init_distributed(self):
         if on_cpu():  # both are NCCL's (see the module docstring)
@@ -165,9 +208,23 @@ class BoostTrainer(Trainer):
         global_valid_tokens: torch.Tensor,
     ) -> torch.Tensor:
         if self.pp_loss is None:
-            loss = super().forward_backward_step(
-                input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+            self.accumulation.before_microbatch(
+                self.fsdp_modules, self.microbatch, self.gradient_accumulation_steps
             )
+            self.microbatch += 1
+            # a device tensor (TorchTitan passes a float under DP): CUDA graphs copy it in
+            tokens = torch.as_tensor(global_valid_tokens, dtype=torch.float32, device=self.device)
+            if self.graphed is not None and self.step > 1:
+                if set(input_dict) != {"input"}:
+                    raise ConfigError(
+                        f"CUDA graphs take the token input only, got {sorted(input_dict)}; "
+                        "train without --boost.cuda_graphs"
+                    )
+                loss = self.graphed(labels, tokens, input_dict["input"])
+            else:
+                loss = super().forward_backward_step(
+                    input_dict=input_dict, labels=labels, global_valid_tokens=tokens
+                )
         else:
             self.pp_loss.denominator = global_valid_tokens
             try:
@@ -217,6 +274,10 @@ class BoostTrainer(Trainer):
 
     def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]):
         self.run_log.start()
+        self.microbatch = 0
+        # an eager forward since the last step (validation) may have left weights unsharded
+        for module in self.fsdp_modules:
+            module.reshard()
         self.step_losses = []
         self.grad_norm = None
         tokens_before = self.ntokens_seen

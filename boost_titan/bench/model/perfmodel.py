@@ -583,13 +583,13 @@ def float8_cast_streams(
     }
 
 
-def block_time(
+def block_phases(
     args: ModelShape, plan: Plan, gpu: GpuProfile, selected: frozenset[str] = frozenset()
-) -> dict[str, float]:
-    """Seconds of one block per micro-batch on one rank, forward + backward (+ what `ac`
-    recomputes), by class: gemm, memory, attention, comm (exposed) and comm_hidden (the
-    backward collectives' time spent behind weight-grad GEMMs). The forward GEMMs named in
-    `selected` run in float8 (`float8_selection`), with their casts as memory-bound work."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds of one block per micro-batch on one rank by class, (forward, backward): gemm,
+    memory, attention, comm (exposed) and, in backward, comm_hidden (collective time behind
+    weight-grad GEMMs) and what `ac` recomputes. The forward GEMMs named in `selected` run
+    in float8 (`float8_selection`), with their casts as memory-bound work."""
     gemms = layer_gemms(args, plan)
     weight_grad_f8 = bool(selected) and float8.recipe_shape(plan.float8)[0] == 3
 
@@ -614,7 +614,9 @@ def block_time(
     cast_bwd = [s for _, bwd in casts.values() for s in bwd]
     mem_fwd = costs.stream_time(fwd_streams, gpu, plan.tokens) + costs.stream_time(cast_fwd, gpu)
     mem_bwd = costs.stream_time(bwd_streams, gpu, plan.tokens) + costs.stream_time(cast_bwd, gpu)
-    mem_weights = costs.stream_time(weight_streams(args, plan), gpu)
+    weights = weight_streams(args, plan)
+    concat = [w for w in weights if w.name.endswith(".concat_weights")]
+    scale = [w for w in weights if not w.name.endswith(".concat_weights")]
     fwd_c, bwd_c = layer_collectives(args, plan)
     comm_fwd = sum(
         chunked_exposed(gemm_fwd[c.name], c, plan, gpu)
@@ -623,11 +625,17 @@ def block_time(
         for c in fwd_c
     )
     comm_bwd, hidden = overlapped(bwd_c, weight_grads, plan, gpu)
-    parts = {
-        "gemm": sum(gemm_fwd.values()) + input_grads + sum(weight_grads.values()),
-        "memory": mem_fwd + mem_bwd + mem_weights,
-        "attention": attn_fwd + attn_bwd,
-        "comm": comm_fwd + comm_bwd,
+    forward = {
+        "gemm": sum(gemm_fwd.values()),
+        "memory": mem_fwd + costs.stream_time(concat, gpu),
+        "attention": attn_fwd,
+        "comm": comm_fwd,
+    }
+    backward = {
+        "gemm": input_grads + sum(weight_grads.values()),
+        "memory": mem_bwd + costs.stream_time(scale, gpu),
+        "attention": attn_bwd,
+        "comm": comm_bwd,
         "comm_hidden": hidden,
     }
     b_gemms = sum(t for name, t in gemm_fwd.items() if name.endswith(".B"))
@@ -637,7 +645,17 @@ def block_time(
     replay = _recomputed(
         plan, sum(gemm_fwd.values()), b_gemms, attn_fwd, mem_fwd, comm_fwd, a_casts
     )
-    return {k: v + replay.get(k, 0.0) for k, v in parts.items()}
+    return forward, {k: v + replay.get(k, 0.0) for k, v in backward.items()}
+
+
+def block_time(
+    args: ModelShape, plan: Plan, gpu: GpuProfile, selected: frozenset[str] = frozenset()
+) -> dict[str, float]:
+    """Seconds of one block per micro-batch on one rank, forward + backward (+ what `ac`
+    recomputes), by class: gemm, memory, attention, comm (exposed) and comm_hidden
+    (`block_phases` summed)."""
+    forward, backward = block_phases(args, plan, gpu, selected)
+    return {k: forward.get(k, 0.0) + v for k, v in backward.items()}
 
 
 def _recomputed(
