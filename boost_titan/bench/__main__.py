@@ -153,6 +153,8 @@ CONFIG_OPTIONS = (
     "float8",
     "float8_filter",
     "float8_casts",
+    "compile",
+    "cuda_graphs",
 )
 """`model` options a `--config` job sets itself."""
 
@@ -185,6 +187,17 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         choices=CASTS,
         default="eager",
         help="float8 casts as torchao runs them eagerly, or fused by torch.compile",
+    )
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="blocks under torch.compile ([compile] enable): fewer kernel launches",
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="[boost] cuda_graphs: one graph launch per micro-batch",
     )
     parser.add_argument(
         "--config",
@@ -248,6 +261,8 @@ def _run_model(ns: argparse.Namespace) -> int:
             float8=ns.float8,
             float8_filter=tuple(ns.float8_filter),
             float8_casts=ns.float8_casts,
+            compiled=ns.compile,
+            cuda_graphs=ns.cuda_graphs,
         )
     if ns.json != "-":
         print(format_records(records))
@@ -303,12 +318,13 @@ def _add_validate_args(parser: argparse.ArgumentParser) -> None:
 def _run_validate(ns: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from boost_titan.bench.model import records, validation
+    from boost_titan.bench.model import measured, records, validation
 
     rows = validation.validation_rows(ns.gpu, ns.ac)
     gemm, comm = validation.gemm_ablation(ns.gpu), validation.comm_ablation(ns.gpu)
     switches = validation.switch_rows(ns.gpu)
     constants = validation.constant_rows(ns.gpu)
+    hosts = measured.host_rows()
     if ns.json != "-":
         print(f"Constants of GPU profile {ns.gpu} (sources: boost_titan/bench/model/gpus.py)")
         print(records.format_constants(constants))
@@ -329,12 +345,21 @@ def _run_validate(ns: argparse.Namespace) -> int:
         print(records.format_comm_ablation(comm))
         print("\nThe product's switches: BTP's predicted step, default vs flipped")
         print(records.format_switches(switches))
+        print(
+            "\nThe host term: 1B on one H100, measured with commit 18fc3d3 (casts every "
+            "micro-batch) vs predicted;\n'this code' is the model's prediction for the "
+            f"product now ({measured.HOST_FIT.name} {measured.HOST_FIT.micro_batch}x"
+            f"{measured.HOST_FIT.microbatches} fits host_launch_s = "
+            f"{measured.fit_host_launch() * 1e6:.1f} us)"
+        )
+        print(measured.format_host_rows(hosts))
     tagged = (
         [{"table": "constant"} | asdict(r) for r in constants]
         + [{"table": "iteration"} | r.to_json() for r in rows]
         + [{"table": "gemm_ablation"} | asdict(r) for r in gemm]
         + [{"table": "comm_ablation"} | asdict(r) for r in comm]
         + [{"table": "switch", "speedup": r.speedup} | asdict(r) for r in switches]
+        + [{"table": "host", "error": r.error} | asdict(r) for r in hosts]
     )
     _emit_json(tagged, ns.json)
     return 0

@@ -11,14 +11,14 @@
   copy, `foreach_reduce` copies the gradients). Nothing is sharded there, so nothing is
   resharded after forward: the bf16 copy made by a step's first forward serves every
   micro-batch of the step, and gradients are reduced once after the last one
-  (`runtime.accumulation`: one cast per weight per step).
-  TP-only, PP-only (each stage), TP x PP and one device wrap the whole model (stage) as ONE
-  unit on the 1-D "fsdp" mesh: per-unit hooks run once per micro-batch instead of once per
-  block (per-block units only pay off where an all-gather or a reduction can overlap
-  compute), at the price of the whole stage's gradients passing through one fp32 reduction
-  buffer at the end of the step's backward (`bench.model.memory` counts it).
-  dp_replicate > 1 uses HSDP over (dp_replicate, fsdp = 1) with per-block units, so each
-  block's gradient all-reduce overlaps the backward of the blocks before it, as FSDP2's
+  (`runtime.accumulation`: one cast per weight per step). The units stay TorchTitan's, one
+  per block: a block's casts and gradient additions then run between the GEMMs of its
+  neighbours, which hides them wherever the GPU is the busier (one unit for the whole
+  model would save FSDP2's per-block hooks on the host, but cast every weight in one
+  burst before any GEMM, where nothing hides it: about 13% of a CoLA 1B step at
+  micro-batch 4 on an H100, by `bench.model.host`).
+  TP-only, PP-only (each stage), TP x PP and one device use the 1-D "fsdp" mesh;
+  dp_replicate > 1 uses HSDP over (dp_replicate, fsdp = 1), as FSDP2's
   maintainers suggest for replicated mixed precision (pytorch/torchtitan#1469): its fp32
   gradient all-reduce over dp_replicate moves DDP's bytes, while DDP under `torch.autocast`
   would compute differently from every other layout (and autocast does not fit BTP's
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.models.llama3.infra.parallelize import apply_ddp, apply_fsdp
@@ -51,18 +50,6 @@ def _one_rank_shard_mesh(parallel_dims: ParallelDims, names: list[str]) -> Devic
     return parallel_dims._meshes["fsdp"]
 
 
-def _one_unit(model: nn.Module, mesh: DeviceMesh, training) -> None:
-    """FSDP2 over the whole model as one unit on a 1-rank mesh: the cast once per step, no
-    per-block hooks (module docstring)."""
-    policy = MixedPrecisionPolicy(
-        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
-        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
-    )
-    offload = {"offload_policy": CPUOffloadPolicy()} if training.enable_cpu_offload else {}
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False, **offload)
-    model.set_gradient_divide_factor(1.0)  # the loss is divided by the global token count
-
-
 def apply_data_parallel(
     model: nn.Module, parallel_dims: ParallelDims, job_config, compile_model: bool
 ) -> None:
@@ -74,25 +61,19 @@ def apply_data_parallel(
         if replicate:
             apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
         return
-    if parallel_dims.fsdp_enabled or replicate:
-        sharded = parallel_dims.fsdp_enabled
-        mesh = (
-            parallel_dims.get_mesh(names) if sharded else _one_rank_shard_mesh(parallel_dims, names)
-        )
-        apply_fsdp(
-            model,
-            mesh,
-            param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
-            reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
-            pp_enabled=parallel_dims.pp_enabled,
-            cpu_offload=training.enable_cpu_offload,
-            # a 1-rank shard dim has nothing to reshard (runtime.accumulation)
-            reshard_after_forward_policy=(
-                job_config.parallelism.fsdp_reshard_after_forward if sharded else "never"
-            ),
-        )
-    else:
-        _one_unit(model, _one_rank_shard_mesh(parallel_dims, names), training)
+    sharded = parallel_dims.fsdp_enabled
+    apply_fsdp(
+        model,
+        parallel_dims.get_mesh(names) if sharded else _one_rank_shard_mesh(parallel_dims, names),
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+        pp_enabled=parallel_dims.pp_enabled,
+        cpu_offload=training.enable_cpu_offload,
+        # a 1-rank shard dim has nothing to reshard (runtime.accumulation)
+        reshard_after_forward_policy=(
+            job_config.parallelism.fsdp_reshard_after_forward if sharded else "never"
+        ),
+    )
     force_sum_reductions(model)  # gloo (CPU) has no PREMUL_SUM
     if parallel_dims.fsdp_enabled:
         return
@@ -103,6 +84,6 @@ def apply_data_parallel(
         )
     else:
         logger.info(
-            "Applied FSDP2 on a 1-rank mesh for mixed precision, one unit (no collective; "
-            "weights cast once per step)"
+            "Applied FSDP2 on a 1-rank mesh for mixed precision (no collective; weights cast "
+            "once per step)"
         )

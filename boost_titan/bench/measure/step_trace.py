@@ -14,7 +14,9 @@ Chrome-trace JSON (`export_chrome_trace`). Counted, from the trace's complete ev
 - parameter casts: ATen casts into the compute dtype that FSDP2 runs while it unshards
   weights (inside its pre-forward, pre-backward and all-gather ranges; the casts of a
   module's inputs are activations, not weights): a `to` per weight on a 1-rank mesh,
-  one `_foreach_copy_` of every weight of a unit when it all-gathers.
+  one `_foreach_copy_` of every weight of a unit when it all-gathers (FSDP2 takes that path
+  only to cast; its copy into the all-gather buffer, `fsdp::all_gather_copy_in`, is not
+  one).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ UNSHARD_SCOPES = ("FSDP::pre_forward", "FSDP::pre_backward", "FSDP::all_gather",
 """FSDP2's record_function ranges in which it casts weights to the compute dtype."""
 INPUT_CASTS = "FSDP::cast_forward_inputs"
 """FSDP2's range for casting a module's inputs (activations, not weights)."""
+COPY_IN = "fsdp::all_gather_copy_in"
+"""FSDP2's op that copies the already cast weights into the all-gather buffer."""
 CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::_foreach_copy_"})
 COMPUTE_DTYPES = {"bfloat16": 15, "float16": 5}
 """c10::ScalarType codes of the compute dtypes, as a trace's concrete inputs print them."""
@@ -126,21 +130,19 @@ def _casts(found: list[Event], tops: list[Event], dtype: str) -> int:
     """Weight casts to `dtype` inside FSDP2's unshard ranges (module docstring)."""
     code = str(COMPUTE_DTYPES.get(dtype, -1))
     scopes = [e for e in found if e.name.startswith(UNSHARD_SCOPES)]
-    inputs = [e for e in found if e.name == INPUT_CASTS]
+    skipped = [e for e in found if e.name in (INPUT_CASTS, COPY_IN)]
     count = 0
     for op in tops:
         if op.name not in CAST_OPS or not any(op.within(s) for s in scopes):
             continue
-        if any(op.within(s) for s in inputs):
+        if any(op.within(s) for s in skipped):
             continue
         if op.name != "aten::_foreach_copy_":
             concrete = op.args.get("Concrete Inputs") or []
             count += len(concrete) > 1 and str(concrete[1]) == code
-        else:  # a foreach copy casts every weight of a unit: count the tensors
+        else:  # FSDP2 casts a unit's weights with one foreach copy: count the tensors
             dims = op.args.get("Input Dims") or [[]]
-            types = op.args.get("Input type") or []
-            if len(types) > 1 and types[0] != types[1]:
-                count += len(dims[0]) if dims and isinstance(dims[0], list) else 1
+            count += len(dims[0]) if dims and isinstance(dims[0], list) else 1
     return count
 
 

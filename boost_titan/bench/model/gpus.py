@@ -103,6 +103,11 @@ class GpuProfile:
     """Inter-node bandwidth per GPU, bytes/s, as NCCL models the NIC [NCCL]."""
     launch_s: float = 4e-6
     """Fixed cost of one kernel launch [GRAPH]."""
+    host_launch_s: float = 4.2e-5
+    """Host seconds per kernel the training step launches (Python, dispatch, autograd,
+    FSDP2's hooks, the launch itself), fitted to one H100 row measured with the product
+    (`measured.HOST_FIT`, `measured.fit_host_launch`: 41.9 us); the other profiles assume a
+    host as fast as that machine's."""
 
     @property
     def has_float8(self) -> bool:

@@ -218,6 +218,8 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
         float8=recipe,
         float8_filter=filters,
         float8_casts="fused" if compiled else "eager",
+        compiled=compiled,
+        cuda_graphs=job.boost.cuda_graphs,
     )
     flavor = job.model.flavor
     args = model_args(flavor, job.boost.arch, strategy)

@@ -28,9 +28,9 @@ Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from boost_titan.bench.model import costs, float8
+from boost_titan.bench.model import costs, float8, host
 from boost_titan.bench.model.gpus import FLOAT8, GPUS, GpuProfile, gpu_profile
 from boost_titan.bench.model.records import PerfRecord
 from boost_titan.bench.model.streams import block_streams, embedding_streams, head_streams
@@ -71,9 +71,10 @@ NORM_FED = ("q", "gate")
 statistic (grouped or not), and sync RMSNorm's own all-reduce sits before it."""
 SHARED_INPUTS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
 """Projections grouped by the input they consume (the two norm outputs, o's, down's)."""
-TIME_PARTS = ("gemm", "memory", "attention", "optimizer", "comm", "bubble")
+TIME_PARTS = ("gemm", "memory", "attention", "optimizer", "comm", "bubble", "host")
 """Classes a predicted step splits into; they add up to the step time. comm is the
-communication nothing hides (TP collectives not overlapped, pipeline sends)."""
+communication nothing hides (TP collectives not overlapped, pipeline sends); host the time
+the GPU waits for the host to launch kernels (`host`)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,15 @@ class Plan:
     """TorchTitan's `filter_fqns` (with `auto_filter_small_kn`: torchao's size filter)."""
     float8_casts: str = "eager"
     """How the float8 casts run (`bench.model.float8.CASTS`): eager, or fused by torch.compile."""
+    compiled: bool = False
+    """Blocks under torch.compile (`[compile] enable`, off by TorchTitan's default): each
+    memory-bound operation one fused kernel (`host.stream_kernels`); False: eager, as
+    dispatched. Changes launches only: the GPU time prices eager traffic either way."""
+    cuda_graphs: bool = False
+    """`[boost] cuda_graphs`: a micro-batch is one graph launch (`host`)."""
+    legacy_launches: bool = False
+    """The launch pattern of commit 18fc3d3 (`host.weight_launches`), on which the H100 rows
+    of `measured` were taken."""
 
     @property
     def tokens(self) -> int:
@@ -761,22 +771,149 @@ def _selections(args: ModelShape, plan: Plan, blocks: range) -> dict[frozenset[s
     return counts
 
 
+def block_launches(args: ModelShape, plan: Plan, selected: frozenset[str]) -> tuple[int, int]:
+    """Kernels one block launches per micro-batch on one rank: (forward, backward with what
+    `ac` recomputes), counted as the module docstring of `host` says."""
+    gemms = layer_gemms(args, plan)
+    fwd_s, bwd_s = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
+    casts = float8_cast_streams(args, plan, selected).values()
+    weights = weight_streams(args, plan)
+    concat = [w for w in weights if w.name.endswith(".concat_weights")]
+    scale = [w for w in weights if not w.name.endswith(".concat_weights")]
+    fwd_c, bwd_c = layer_collectives(args, plan)
+    chunks, compiled = plan.overlap_chunks, plan.compiled
+    cast_fwd = [c for fwd, _ in casts for c in fwd]
+    cast_bwd = [c for _, bwd in casts for c in bwd]
+    fwd = len(gemms) + 1 + host.stream_kernels(fwd_s + concat + cast_fwd, compiled)
+    fwd += chunks * len(fwd_c)
+    bwd = 2 * len(gemms) + host.FLASH_BACKWARD_LAUNCHES
+    bwd += host.stream_kernels(bwd_s + scale + cast_bwd, compiled) + chunks * len(bwd_c)
+    firsts = sum(g.name.endswith(".A") for g in gemms)
+    recompute = {
+        "none": 0,
+        "full": fwd,
+        "selective": fwd // 2,
+        "lowrank": fwd - firsts - chunks * len(fwd_c),
+    }[plan.ac]
+    return fwd, bwd + recompute
+
+
+def weight_casts(args: ModelShape, plan: Plan) -> Stream:
+    """FSDP2's casts of the weights to the compute dtype and copies into the unsharded
+    weights, per step on the busiest rank (bf16 training with fp32 master weights only):
+    once per step, twice per micro-batch with `legacy_launches`, once per micro-batch under
+    CUDA graphs (`host.weight_launches`)."""
+    if plan.state != "bf16":
+        return Stream("weight_casts", 0, 0)
+    passes = {"product": 1, "legacy": 2 * plan.microbatches, "graphs": plan.microbatches}
+    count = passes[_launch_kind(plan)]
+    tensors = _rank_tensors(args, plan)
+    read_cast_copy = FP32_BYTES + 2 * plan.dtype_bytes + 2 * plan.dtype_bytes
+    return Stream(
+        "weight_casts", count * read_cast_copy * params_per_rank(args, plan), 2 * count * tensors
+    )
+
+
+def _ends_launches(args: ModelShape, plan: Plan, stage: int) -> int:
+    """Kernels of the model's ends on `stage` per micro-batch."""
+    launches = sum(host.EMBEDDING_LAUNCHES) * (stage == 0)
+    if stage == plan.pp - 1:
+        fwd_c, bwd_c = step_collectives(args, plan)
+        head = host.HEAD_LAUNCHES["compiled" if plan.compiled else "eager"]
+        launches += 3 + sum(head) + len(fwd_c) + len(bwd_c)
+    return launches
+
+
+def _param_tensors(args: ModelShape, plan: Plan, stage: int) -> tuple[int, int]:
+    """(parameter tensors of one block, of the ends) on one rank of `stage`."""
+    per_block = 2 + len(PROJECTIONS) * (2 if args.low_rank else 1)
+    return per_block, (stage == 0) + 2 * (stage == plan.pp - 1)
+
+
+def _rank_tensors(args: ModelShape, plan: Plan) -> int:
+    """Parameter tensors on the busiest rank (the stage holding the most)."""
+    counts = []
+    for s in range(plan.pp):
+        per_block, ends = _param_tensors(args, plan, s)
+        counts.append(_stage_layers(args, plan)[s] * per_block + ends)
+    return max(counts)
+
+
+def _launch_kind(plan: Plan) -> str:
+    """`host.weight_launches`' pattern for `plan`."""
+    if plan.cuda_graphs:
+        return "graphs"
+    return "legacy" if plan.legacy_launches else "product"
+
+
+def _stage_host(
+    args: ModelShape,
+    plan: Plan,
+    gpu: GpuProfile,
+    stage: int,
+    phases: list[tuple[int, dict[str, float], dict[str, float], tuple[int, int]]],
+    ends: tuple[dict[str, float], int],
+) -> dict[str, float]:
+    """Host seconds per micro-batch of one stage beyond its GPU time (`host`), and (graphs)
+    the weight handling each replay runs on the GPU: `phases` are (count, forward,
+    backward, launches) of its blocks, `ends` (parts, launches) of its embedding and/or
+    head."""
+    block_tensors, end_tensors = _param_tensors(args, plan, stage)
+    blocks = _stage_layers(args, plan)[stage]
+    weights = host.weight_launches(
+        block_tensors, end_tensors, blocks, plan.microbatches, _launch_kind(plan)
+    )
+    h = gpu.host_launch_s
+
+    def gpu_s(parts: dict[str, float]) -> float:
+        return sum(v for k, v in parts.items() if k != "comm_hidden")
+
+    work = []
+    for count, fwd, bwd, (launches_fwd, launches_bwd) in phases:
+        work.append(
+            host.Phase(
+                "forward", count * (launches_fwd + weights.block_forward), count * gpu_s(fwd)
+            )
+        )
+        work.append(
+            host.Phase(
+                "backward", count * (launches_bwd + weights.block_backward), count * gpu_s(bwd)
+            )
+        )
+    work.append(host.Phase("ends", ends[1] + weights.ends, gpu_s(ends[0])))
+    if plan.cuda_graphs:
+        gpu_total = sum(p.gpu_s for p in work)
+        return {"host": max(0.0, host.GRAPH_LAUNCHES * h - gpu_total)}
+    return {"host": host.host_exposed(work, h)}
+
+
 def stage_times(args: ModelShape, plan: Plan, gpu: GpuProfile) -> list[dict[str, float]]:
-    """Seconds per micro-batch of each pipeline stage by class: its blocks, its ends and,
-    across stages, receiving activations (forward) and grads (backward) over the network."""
-    blocks: dict[frozenset[str], dict[str, float]] = {}
+    """Seconds per micro-batch of each pipeline stage by class: its blocks, its ends,
+    across stages receiving activations (forward) and grads (backward) over the network,
+    and the host's launches beyond what the GPU's work hides (`host`)."""
+    blocks: dict[frozenset[str], tuple[dict, dict, tuple[int, int]]] = {}
     embedding, output = ends_time(args, plan, gpu)
     send = costs.send_time(plan.tokens * pipeline_send_elements(args, plan) * plan.dtype_bytes, gpu)
     stages = []
     for s, layers in enumerate(_stage_blocks(args, plan)):
         parts: dict[str, float] = {}
+        phases = []
         for selected, count in _selections(args, plan, layers).items():
             if selected not in blocks:
-                blocks[selected] = block_time(args, plan, gpu, selected)
-            parts = {k: parts.get(k, 0.0) + count * v for k, v in blocks[selected].items()}
+                fwd, bwd = block_phases(args, plan, gpu, selected)
+                blocks[selected] = (fwd, bwd, block_launches(args, plan, selected))
+            fwd, bwd, launches = blocks[selected]
+            phases.append((count, fwd, bwd, launches))
+            for k, v in {**fwd, **{k: fwd.get(k, 0.0) + v for k, v in bwd.items()}}.items():
+                parts[k] = parts.get(k, 0.0) + count * v
+        ends: dict[str, float] = {}
         for end in [embedding] * (s == 0) + [output] * (s == plan.pp - 1):
             parts = {k: parts[k] + end.get(k, 0.0) for k in parts}
+            ends = {k: ends.get(k, 0.0) + v for k, v in end.items()}
         parts["comm"] += ((s > 0) + (s < plan.pp - 1)) * send
+        extra = _stage_host(args, plan, gpu, s, phases, (ends, _ends_launches(args, plan, s)))
+        for k, v in extra.items():
+            parts[k] = parts.get(k, 0.0) + v
         stages.append(parts)
     return stages
 
@@ -796,9 +933,14 @@ def step_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]
     parts["bubble"] = sum(totals) - max(totals)
     params, grad_bytes = params_per_rank(args, plan), STATE_BYTES[plan.state][1]
     accumulate = Stream("accumulate_grads", (plan.microbatches - 1) * 3 * params * grad_bytes)
-    parts["memory"] += costs.stream_time([accumulate], gpu)
+    parts["memory"] += costs.stream_time([accumulate, weight_casts(args, plan)], gpu)
     update = params * (ADAMW_BYTES_PER_PARAM[plan.state] + CLIP_GRAD_PASSES * grad_bytes)
     parts["optimizer"] = costs.hbm_time(update, gpu) + OPTIMIZER_LAUNCHES * gpu.launch_s
+    launches = host.optimizer_launches(_rank_tensors(args, plan), plan.legacy_launches)
+    launches += host.STEP_LAUNCHES
+    parts["host"] += host.host_exposed(
+        [host.Phase("optimizer", launches, parts["optimizer"])], gpu.host_launch_s
+    )
     step = sum(parts.values())
     return parts | {"step": step, "comm_hidden": plan.microbatches * slowest["comm_hidden"]}
 
@@ -814,11 +956,16 @@ def recompute_flops(args: ModelShape, plan: Plan) -> int:
 
 
 # ---- records ---------------------------------------------------------------------------
-def evaluate(flavor: str, args: ModelShape, plan: Plan, gpus: list[str]) -> PerfRecord:
+def evaluate(
+    flavor: str, args: ModelShape, plan: Plan, gpus: list[str], *, gpu_work_only: bool = False
+) -> PerfRecord:
     """The full record of one configuration; step times on every profile in `gpus`, the
-    first of which `add_speedups` compares on."""
+    first of which `add_speedups` compares on. `gpu_work_only`: the GPU's work alone, no
+    host term (for code whose host cost the model does not know)."""
     check(args, plan)
     profiles = {g: gpu_profile(g) for g in gpus}
+    if gpu_work_only:
+        profiles = {g: replace(p, host_launch_s=0.0) for g, p in profiles.items()}
     for name, profile in profiles.items():
         if plan.tp > profile.gpus_per_node:
             raise ConfigError(

@@ -145,7 +145,14 @@ def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
                 continue
             for pp in _divisors(request.gpus // tp):
                 dp = request.gpus // (tp * pp)
-                base = Plan(strategy=strategy, tp=tp, pp=pp, seq_len=request.seq_len)
+                base = Plan(  # the written config compiles (float8's casts fuse)
+                    strategy=strategy,
+                    tp=tp,
+                    pp=pp,
+                    seq_len=request.seq_len,
+                    compiled=True,
+                    float8_casts="fused",
+                )
                 why = _structural(args, base, gpu)
                 if not why and request.global_batch % dp:
                     why = f"global batch {request.global_batch} is not a multiple of dp {dp}"
@@ -367,7 +374,10 @@ tensor_parallel_degree = {p.tp}
 {pipeline}
 [activation_checkpoint]
 mode = "{ac}"
-{selective}{float8}"""
+{selective}
+[compile]
+enable = true
+{float8}"""
 
 
 # ---- command line ------------------------------------------------------------------------
