@@ -181,4 +181,24 @@ def run(ns: argparse.Namespace, trainer_args: list[str]) -> int:
     return 0
 
 
-__all__ = ["add_args", "format_report", "measure", "run"]
+def main(argv: list[str] | None = None) -> int:
+    """`python -m boost_titan.bench.measure.step ...`: `bench step` without the bench CLI
+    (scripts/compare_step.py runs it in an older checkout)."""
+    import sys
+
+    from boost_titan.config.cli import OneLineParser
+
+    parser = OneLineParser(prog="python -m boost_titan.bench.measure.step")
+    add_args(parser)
+    ns, trainer_args = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(ns, trainer_args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+__all__ = ["add_args", "format_report", "main", "measure", "run"]

@@ -12,6 +12,7 @@ the JSON file `BOOST_TITAN_STEP_REPORT` (and the trace to `BOOST_TITAN_STEP_TRAC
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import statistics
@@ -142,4 +143,8 @@ class ProbedTrainer(BoostTrainer):
 
 
 if __name__ == "__main__":
-    train.run(ProbedTrainer)
+    if "trainer_cls" in inspect.signature(train.run).parameters:
+        train.run(ProbedTrainer)
+    else:  # a checkout from before `run` took the trainer (scripts/compare_step.py)
+        train.BoostTrainer = ProbedTrainer
+        train.run()
