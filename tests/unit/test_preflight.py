@@ -23,7 +23,7 @@ from boost_titan.runtime.dump_lock import LOCK_FILE
 from boost_titan.torchrun_relay import relay
 from tests.helpers import DEBUG_TOML, ROOT
 from tests.helpers.checkpoints import save_model_checkpoint
-from tests.helpers.commands import clean_env, hold_lock, run_module
+from tests.helpers.commands import assert_one_error, clean_env, hold_lock, run_module
 from tests.helpers.corpus import write_tiktoken
 
 
@@ -287,6 +287,20 @@ def test_relay_command_returns_the_worker_status():
     assert result.stdout.splitlines()[-1].startswith("error: cannot read")
     result = run_module("boost_titan.torchrun_relay", sys.executable, "-c", "print('hi'); exit(5)")
     assert (result.returncode, result.stdout) == (5, "hi\n")
+
+
+def test_relay_help_and_a_missing_launcher():
+    result = run_module("boost_titan.torchrun_relay", "--help")
+    assert result.returncode == 0 and result.stdout.startswith("usage: python -m boost_titan")
+    result = run_module("boost_titan.torchrun_relay", "no-such-launcher", "--nproc_per_node=2")
+    assert_one_error(result, "cannot run 'no-such-launcher' (No such file or directory)")
+
+
+def test_example_without_torchrun_names_the_command():
+    """(`hf_llama` joins its job through the same `examples.start_process_group`.)"""
+    result = run_module("boost_titan.examples.own_model")
+    fix = "run it as torchrun --nproc_per_node=2 -m boost_titan.examples.own_model"
+    assert_one_error(result, "no torchrun job to join", fix)
 
 
 # ---- command lines start fast ------------------------------------------------------------------
