@@ -32,8 +32,8 @@ class TrainingRun:
     folder: Path
     output: str
     flags: tuple[str, ...]
-    """The flags that set its LR schedule and data: a run given them too takes the same
-    first steps."""
+    """The flags that set its LR schedule, batch and data: a run given them too takes the
+    same first steps."""
     rows: list[dict]
     """Its losses.jsonl training rows (loss, exact fp64 grad norm per step)."""
 
@@ -43,13 +43,16 @@ def two_process_run(tmp_path_factory) -> TrainingRun:
     """10 eager steps of debug.toml under torchrun on 2 processes, shared by the tests that
     need a real training run (one launch for all of them). It trains on a JSON-lines corpus
     with a tiktoken `tokenizer.model` folder (Llama 3's format), both written here: the
-    `--training.dataset_path` / `--model.hf_assets_path` path of docs/gpus.md."""
+    `--training.dataset_path` / `--model.hf_assets_path` path of docs/gpus.md; its steps
+    accumulate 2 micro-batches (`[boost] gradient_accumulation_steps`)."""
     from boost_titan.runtime.run_log import read_log
 
     root = tmp_path_factory.mktemp("two-process-run")
     folder = root / "out"
     schedule = ("--lr_scheduler.warmup_steps", "2")  # capped the same in a 2-step run
-    flags = (*schedule, *real_data_args(root / "data"))
+    # debug.toml's 8 sequences per step as 2 accumulated micro-batches of 4
+    batch = ("--training.local_batch_size", "4", "--boost.gradient_accumulation_steps", "2")
+    flags = (*schedule, *batch, *real_data_args(root / "data"))
     env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     result = subprocess.run(

@@ -144,7 +144,9 @@ def test_model_that_fits_nowhere_leads_with_the_fix():
         planner.plan_layouts(request(flavor="30B"))
     assert planner.plan_layouts(request(flavor="30B", gpus=4)).ranked
     for gpus in (2, 3):
-        with pytest.raises(ConfigError, match="^30B fits no layout"):
+        with pytest.raises(
+            ConfigError, match=f"^30B fits no layout on {gpus} x 80 GiB; use --gpus 4 "
+        ):
             planner.plan_layouts(request(flavor="30B", gpus=gpus))
 
 
@@ -167,6 +169,27 @@ def test_batch_that_no_layout_takes_leads_with_the_fix():
     for batch in (5, 6, 7):
         with pytest.raises(ConfigError, match="^no layout of 30B on 64 GPUs takes"):
             planner.plan_layouts(request(**h100, global_batch=batch))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(flavor="30B", gpus=64, gpu="h100"),
+        dict(flavor="30B", gpus=3),
+        dict(flavor="13B", gpus=48, gpu="h100", global_batch=2),
+        dict(flavor="30B", gpus=16, gpu="h100", gpu_memory_gib=12.0, global_batch=1),
+    ],
+)
+def test_every_fix_an_error_suggests_plans(kw):
+    """Each `--global-batch N` / `--gpus N` an infeasible request's error suggests plans
+    (the last request fits no batch on its 16 small GPUs: no batch is suggested)."""
+    with pytest.raises(ConfigError) as error:
+        planner.plan_layouts(request(**kw))
+    fixes = re.findall(r"--(global-batch|gpus) (\d+)", str(error.value))
+    assert fixes or kw.get("gpu_memory_gib") == 12.0, str(error.value)
+    for flag, value in fixes:
+        field = "global_batch" if flag == "global-batch" else "gpus"
+        assert planner.plan_layouts(request(**(kw | {field: int(value)}))).ranked
 
 
 def test_a_batch_smaller_than_the_gpus_gets_a_note(capsys):
