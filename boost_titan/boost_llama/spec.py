@@ -106,16 +106,19 @@ def refuse_toy_corpus(job_config) -> None:
         return
     toy = []
     if resolve_dataset(training.dataset, training.dataset_path)[0] == STDLIB:
-        toy.append(
-            ("the built-in toy corpus (this Python's stdlib sources)", "--training.dataset_path")
-        )
+        toy.append(("the built-in toy corpus", "--training.dataset_path (your corpus)"))
     if locate_tokenizer(job_config.model.hf_assets_path)[0] == "default":
-        toy.append(("the built-in 4096-token tokenizer", "--model.hf_assets_path"))
+        toy.append(
+            (
+                "the built-in 4096-token tokenizer",
+                "--model.hf_assets_path (a tokenizer folder, e.g. Llama 3's original/)",
+            )
+        )
     if toy:
         raise ConfigError(
             f"the {flavor} model would train with {' and '.join(w for w, _ in toy)}; pass "
-            f"{' and '.join(o for _, o in toy)} (your corpus; a tokenizer folder such as Llama "
-            "3's original/: docs/gpus.md), or --boost.allow_toy_corpus to train on it anyway"
+            f"{' and '.join(o for _, o in toy)} (docs/gpus.md), or --boost.allow_toy_corpus "
+            "to go ahead anyway"
         )
 
 

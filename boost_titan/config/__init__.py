@@ -80,7 +80,8 @@ class Boost:
 
     allow_toy_corpus: bool = False
     """Let a model of 1B parameters or more train on the built-in toy corpus (the stdlib's
-    Python sources) or its 4096-token tokenizer; refused otherwise (`boost_titan.data`)."""
+    Python sources) or its 4096-token tokenizer; refused otherwise
+    (`boost_llama.spec.refuse_toy_corpus`)."""
 
 
 @dataclass

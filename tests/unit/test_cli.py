@@ -85,9 +85,9 @@ ERRORS: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
             + ["--job.dump_folder", str(folder / "o")]
         ),
         [
-            "the 1B model would train with the built-in toy corpus",
-            "pass --training.dataset_path and --model.hf_assets_path",
-            "or --boost.allow_toy_corpus",
+            "the 1B model would train with the built-in toy corpus and the built-in 4096-token",
+            "pass --training.dataset_path (your corpus) and --model.hf_assets_path (a tokenizer",
+            "or --boost.allow_toy_corpus to go ahead anyway",
         ],
     ),
 }

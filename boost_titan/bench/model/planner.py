@@ -429,6 +429,7 @@ def toml_text(result: Result, lay: Layout) -> str:
     selective = 'selective_ac_option = "2"\n' if ac == "selective" else ""
     chunks = "  # asked for with plan --overlap; unmeasured on GPUs" if p.overlap_chunks > 1 else ""
     interval = checkpoint_interval(lay.step_s)
+    minutes = interval * lay.step_s / 60
     return f"""# {r.flavor} {r.arch} on {r.gpus} x {r.gpu}: the pick of `boost_titan.plan --auto`.
 # Layout: {describe(lay)}.
 # Prediction (bench.model, {r.gpu} profile; not measured): {lay.step_s:.3f} s per step, \
@@ -477,9 +478,9 @@ data_parallel_shard_degree = -1
 tensor_parallel_degree = {p.tp}
 {pipeline}
 [checkpoint]
-# about every {CHECKPOINT_MINUTES} minutes of predicted time ({interval:,} steps x \
-{lay.step_s:.3f} s), the newest {KEEP_CHECKPOINTS} kept;
-# a rerun resumes from the newest
+# a save every {interval:,} steps: {minutes:.0f} minutes of predicted time (aim: \
+{CHECKPOINT_MINUTES}, at most the run's
+# {STEPS:,} steps); the newest {KEEP_CHECKPOINTS} kept, a rerun resumes from the newest
 enable = true
 interval = {interval}
 keep_latest_k = {KEEP_CHECKPOINTS}
