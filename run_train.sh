@@ -2,9 +2,11 @@
 # Train with TorchTitan: validate the job in one process, then launch torchrun.
 #
 #   ./run_train.sh                                   # train_configs/debug.toml
-#   CONFIG_FILE=train_configs/7B.toml NGPU=4 ./run_train.sh --training.steps 100
+#   CONFIG_FILE=train_configs/7B.toml NGPU=4 ./run_train.sh --training.steps 100 \
+#       --training.dataset_path /data/corpus.jsonl --model.hf_assets_path /models/llama3/original
 #
-# NGPU: processes (default: every CUDA GPU nvidia-smi lists, else 2 CPU processes).
+# NGPU: processes (default: every CUDA GPU nvidia-smi lists, else 2 CPU processes); a GPU
+# config on a multiple of its base count puts the extra GPUs into data parallelism.
 # LOG_RANK: ranks whose output is shown (default 0). Extra arguments override the TOML.
 # MAX_RESTARTS: torchrun restarts after a worker failure (default 0); each restart resumes
 # from the newest complete checkpoint in the dump folder.

@@ -6,7 +6,8 @@ Takes the same arguments as `boost_titan.train`. The process count comes from `-
 else the NGPU environment variable, else the smallest count the parallel degrees allow.
 Besides the configuration it opens what the job will read: a sample of every local
 dataset file, and the DCP metadata and files of the checkpoint it will load (the newest
-in the dump folder, else `checkpoint.initial_load_path`); it checks that no other job
+in the dump folder, else `checkpoint.initial_load_path`), whose weights must be the job's
+model's (names and shapes, from the metadata alone); it checks that no other job
 holds the dump folder, and prepares the default tokenizer once, before workers start.
 
 Exit status: 0 and `config ok: ...`; 2 and one `error: ...` line; FINISHED (4) and
@@ -16,17 +17,19 @@ Exit status: 0 and `config ok: ...`; 2 and one `error: ...` line; FINISHED (4) a
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
 
-from boost_titan.config import check_run_limits
+from boost_titan.config import check_run_limits, global_batch
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import (
     check_readable,
     is_complete_checkpoint,
     latest_checkpoint,
+    read_metadata,
 )
 from boost_titan.runtime.cuda_graphs import graphs_refusal
 from boost_titan.runtime.dump_lock import DumpFolderLock
@@ -100,8 +103,9 @@ def resolve_world(job, nproc: int | None) -> tuple[int, dict[str, int]]:
         world = others if nproc is None else nproc
         if world % others:
             raise ConfigError(
-                f"{world} processes cannot hold {layout} ({others} per data-parallel replica); "
-                f"use a multiple of {others} processes (--nproc / NGPU)"
+                f"{world} process{'es' * (world > 1)} cannot hold {layout} ({others} per "
+                f"data-parallel replica); use a multiple of {others} processes (--nproc / "
+                f"NGPU){_fitting_degrees(degrees, world)}"
             )
         dp_shard = world // others
     elif dp_shard < 1:
@@ -117,8 +121,30 @@ def resolve_world(job, nproc: int | None) -> tuple[int, dict[str, int]]:
     return world, {"dp_shard": dp_shard, **degrees}
 
 
-def check_batch(job, degrees: dict[str, int]) -> None:
-    """Global batch must split into local batches over the data-parallel ranks."""
+DEGREE_FLAGS = {
+    "dp_replicate": "data_parallel_replicate_degree",
+    "cp": "context_parallel_degree",
+    "tp": "tensor_parallel_degree",
+    "pp": "pipeline_parallel_degree",
+}
+
+
+def _fitting_degrees(degrees: dict[str, int], world: int) -> str:
+    """ ", or fit the layout to N: --parallelism.X d ..." for a `world` smaller than the
+    degrees' product (each degree cut to what the processes left allow), else ""."""
+    left, flags = world, []
+    for name in ("tp", "pp", "cp", "dp_replicate"):
+        fitted = math.gcd(degrees[name], left)
+        left //= fitted
+        if fitted != degrees[name]:
+            flags.append(f"--parallelism.{DEGREE_FLAGS[name]} {fitted}")
+    others = math.prod(degrees.values())
+    return f", or fit the layout to {world}: {' '.join(flags)}" if world < others else ""
+
+
+def check_batch(job, degrees: dict[str, int]) -> int:
+    """The global batch in sequences, checked to split into local batches over the
+    data-parallel ranks (`boost_titan.config.global_batch`)."""
     t = job.training
     dp = degrees["dp_shard"] * degrees["dp_replicate"]
     for name, value, least, what in (
@@ -131,17 +157,14 @@ def check_batch(job, degrees: dict[str, int]) -> None:
                 f"training.{name} {value} must be >= {least} ({what}); set --training.{name} "
                 f"to {least} or more"
             )
-    if t.global_batch_size > 0 and t.global_batch_size % (t.local_batch_size * dp):
-        raise ConfigError(
-            f"training.global_batch_size {t.global_batch_size} is not a multiple of "
-            f"local_batch_size {t.local_batch_size} x data-parallel degree {dp}; adjust one of them"
-        )
+    batch = global_batch(t, job.boost, dp)
     micro = job.parallelism.pipeline_parallel_microbatch_size
     if degrees["pp"] > 1 and t.local_batch_size % micro:
         raise ConfigError(
             f"training.local_batch_size {t.local_batch_size} is not a multiple of "
             f"parallelism.pipeline_parallel_microbatch_size {micro}"
         )
+    return batch
 
 
 def check_output_folder(folder: str) -> None:
@@ -177,8 +200,9 @@ def _missing_ancestors(folder: str) -> list[str]:
     return missing
 
 
-def check_model(job, world: int) -> None:
-    """Prepare default assets, then let the TrainSpec validate model x parallelism."""
+def check_model(job, world: int) -> int | None:
+    """Prepare default assets, then let the TrainSpec validate model x parallelism; return
+    the vocabulary size of a boost_llama model."""
     from torchtitan.protocols.train_spec import get_train_spec
 
     import boost_titan.boost_llama.spec
@@ -190,6 +214,9 @@ def check_model(job, world: int) -> None:
         raise ConfigError(f"unknown model.name {job.model.name!r}; use boost_llama") from None
     boost_titan.data.prepare_default_assets()
     boost_titan.boost_llama.spec.validate_job(job, world)
+    if job.model.name != boost_titan.boost_llama.spec.SPEC_NAME:
+        return None
+    return boost_titan.boost_llama.spec.model_args_for(job).vocab_size
 
 
 def check_data(job) -> None:
@@ -287,17 +314,13 @@ def check_initial_checkpoint(checkpoint) -> None:
         )
 
 
-def check_initial_readable(job) -> None:
-    """The DCP checkpoint at `checkpoint.initial_load_path` opens (its metadata unpickles
-    and every file it names is whole) and holds the job's model: every weight, with the
-    same shape, and no other weight (TorchTitan would stop with a traceback on a missing
-    one and silently drop an extra one). Call it when the job will read it: not resuming."""
-    checkpoint = job.checkpoint
-    path = checkpoint.initial_load_path
-    if not (path and checkpoint.enable and not checkpoint.initial_load_in_hf):
-        return
-    where = f"checkpoint.initial_load_path {path}"
-    metadata = check_readable(path, where=where)
+SAVED_WITH = "the model.flavor, [boost] arch and rank, and tokenizer it was saved with"
+
+
+def check_holds_model(job, metadata, where: str, fix: str) -> None:
+    """A DCP checkpoint (its `metadata`: keys and shapes, nothing else is read) holds the
+    job's model: every weight, with the same shape, and no other weight (TorchTitan would
+    stop with a traceback on a missing one and silently drop an extra one)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
 
@@ -310,15 +333,32 @@ def check_initial_readable(job) -> None:
         for key, meta in metadata.state_dict_metadata.items()
         if key.split(".")[0] not in training_state and isinstance(meta, TensorStorageMetadata)
     }
-    expected = model_shapes(model_args_for(job))
+    args = model_args_for(job)
+    expected = model_shapes(args)
     key = first_shape_mismatch(expected, stored)
     if key is not None:
         raise ConfigError(
             f"{where} has {key} {stored.get(key, 'missing')} but the job's model "
-            f"({job.model.flavor}, arch {job.boost.arch}) expects "
-            f"{expected.get(key, 'no such weight')}; train with the model.flavor, "
-            "[boost] arch and rank it was saved with"
+            f"({job.model.flavor}, arch {job.boost.arch}, rank {args.effective_rank}, vocab "
+            f"{args.vocab_size}) expects {expected.get(key, 'no such weight')}; {fix}"
         )
+
+
+def check_checkpoint_model(job) -> None:
+    """The DCP checkpoint the job loads holds the job's model (`check_holds_model`): the
+    one it resumes from (already checked readable), else `checkpoint.initial_load_path`,
+    which must also open (its metadata unpickles and every file it names is whole)."""
+    resume = resume_checkpoint(job)
+    if resume is not None:
+        where = f"the checkpoint to resume from, {resume},"
+        fix = f"set --job.dump_folder to a new folder for this model, or train with {SAVED_WITH}"
+        check_holds_model(job, read_metadata(resume, where), where, fix)
+        return
+    checkpoint = job.checkpoint
+    path = checkpoint.initial_load_path
+    if path and checkpoint.enable and not checkpoint.initial_load_in_hf:
+        where = f"checkpoint.initial_load_path {path}"
+        check_holds_model(job, check_readable(path, where=where), where, f"train with {SAVED_WITH}")
 
 
 def check_initial_export(job) -> None:
@@ -341,7 +381,7 @@ def check(args: list[str]) -> str:
     nproc, args = pop_nproc(args)
     job = parse_job_config(args)
     world, degrees = resolve_world(job, nproc)
-    check_batch(job, degrees)
+    batch = check_batch(job, degrees)
     check_run_limits(job.boost)
     refusal = graphs_refusal(job.boost.cuda_graphs, degrees["pp"] > 1)
     if refusal:
@@ -350,9 +390,9 @@ def check(args: list[str]) -> str:
     check_data(job)
     check_initial_checkpoint(job.checkpoint)
     resumed = check_resume(job)
-    check_model(job, world)
-    if resumed is None:
-        check_initial_readable(job)
+    vocab = check_model(job, world)
+    if vocab is not None:
+        check_checkpoint_model(job)
     check_initial_export(job)
     if resumed is not None and resumed >= job.training.steps:
         raise NothingToTrain(
@@ -371,7 +411,9 @@ def check(args: list[str]) -> str:
         f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
         f"{job.boost.tp_strategy} -> {strategy}) "
         f"on {world} process{'es' if world > 1 else ''} ({layout}), "
-        f"{precision}, seq_len {job.training.seq_len}, {job.training.steps} steps{start}, "
+        f"{precision}, {f'vocab {vocab}, ' if vocab else ''}"
+        f"global batch {batch} x seq_len {job.training.seq_len}, "
+        f"{job.training.steps} steps{start}, "
         f"outputs in {job.job.dump_folder}"
     )
 

@@ -20,7 +20,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from boost_titan.config.cli import OneLineParser, fail
+from boost_titan.boost_llama.shapes import flavor_named
+from boost_titan.config.cli import OneLineParser, fail, reader_gone
 from boost_titan.config.errors import ConfigError
 
 
@@ -62,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m boost_titan.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategy", default="btp", choices=("megatron", "vanilla", "btp"))
     parser.add_argument("--tp", type=int, default=2, help="TP degree (default 2)")
-    parser.add_argument("--flavor", default="debug", help="boost_llama flavor (default debug)")
+    parser.add_argument(
+        "--flavor", default="debug", type=flavor_named, help="boost_llama flavor, any case"
+    )
     parser.add_argument(
         "--arch", default=None, help="boost_llama arch (default: cola, fullrank for megatron)"
     )
@@ -79,9 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     planner.add_args(parser)
     ns = parser.parse_args(argv)
     try:
-        return planner.run(ns) if ns.auto else _show(ns)
+        code = planner.run(ns) if ns.auto else _show(ns)
+        sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's last flush
+        return code
     except ConfigError as e:
         fail(str(e))
+    except BrokenPipeError:
+        reader_gone()
 
 
 def _show(ns: argparse.Namespace) -> int:

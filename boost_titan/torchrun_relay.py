@@ -28,6 +28,7 @@ import sys
 from collections.abc import Iterable
 from typing import TextIO
 
+from boost_titan.config.cli import fail
 from boost_titan.runtime.stopping import STOP_LINE, STOPPED
 
 WORKER_LINE = re.compile(r"^\[[a-z_]+\d+\]:")
@@ -97,14 +98,27 @@ def relay(lines: Iterable[str], out: TextIO) -> int | None:
     return status
 
 
+USAGE = "usage: python -m boost_titan.torchrun_relay torchrun [arguments ...]"
+
+
 def main(argv: list[str] | None = None) -> None:
     command = list(sys.argv[1:] if argv is None else argv)
+    if command[:1] in (["-h"], ["--help"]):
+        print(f"{USAGE}\n\n{__doc__.split(chr(10) + chr(10))[0]}")
+        return
     if not command:
-        sys.exit("usage: python -m boost_titan.torchrun_relay torchrun [arguments ...]")
+        fail(f"no command to relay; {USAGE}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    child = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    )
+    try:
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
+    except OSError as e:
+        fail(
+            f"cannot run {command[0]!r} ({e.strerror}); the relay runs a launcher, e.g. "
+            "python -m boost_titan.torchrun_relay torchrun --nproc_per_node=2 -m "
+            "boost_titan.train --job.config_file train_configs/debug.toml"
+        )
     for forwarded in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(forwarded, lambda signum, _: child.send_signal(signum))
     status = relay(child.stdout, sys.stdout)

@@ -13,6 +13,8 @@ transformers is not imported here: a model is recognised by its modules and conf
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -29,9 +31,9 @@ HEAD_NORMS = ("q_norm", "k_norm")
 def hf_layout(model: nn.Module) -> ModelLayout:
     """The `ModelLayout` of a transformers ``*ForCausalLM`` of the Llama structure.
 
-    Works on the full-rank model and on its `to_low_rank` conversion (same names). It also
-    makes HF's own loss (``model(ids, labels=...)``) under a ``loss_parallel=True`` plan
-    fail in one line naming the fix (`guard_hf_loss`).
+    Works on the full-rank model and on its `to_low_rank` conversion (same names).
+    (`apply_plan` makes HF's own loss under a ``loss_parallel=True`` plan, and
+    ``save_pretrained``, fail in one line naming the fix: `guard_sharded_hf_model`.)
 
     Args:
         model (nn.Module): an unsharded transformers causal LM, e.g. ``LlamaForCausalLM``.
@@ -77,7 +79,6 @@ def hf_layout(model: nn.Module) -> ModelLayout:
     norms = [f"model.layers.{i}.{n}" for i in range(len(layers)) for n in block_norms]
     for fqn in [*norms, "model.norm"]:
         _check_norm(model.get_submodule(fqn), fqn, name)
-    guard_hf_loss(model)
     attn = [f"self_attn.{p}" for p in ATTENTION]
     mlp = [f"mlp.{p}" for p in MLP]
     return ModelLayout(
@@ -180,17 +181,34 @@ LOSS_PARALLEL_MESSAGE = (
     "loss_parallel=False, or compute the loss yourself inside "
     "torch.distributed.tensor.parallel.loss_parallel()"
 )
+SAVE_PRETRAINED_MESSAGE = (
+    "save_pretrained cannot write the DTensor shards apply_plan made; call "
+    "boost_titan.parallelize.save_hf(model, folder) on every rank (from_pretrained reads a "
+    "full-rank folder, load_hf a low-rank one)"
+)
 
 
-def guard_hf_loss(model: nn.Module) -> None:
-    """Make ``model(..., labels=...)`` with vocab-sharded DTensor logits (a plan built with
-    ``loss_parallel=True``) raise `PlanError` in one line instead of deep in HF's loss.
-
-    Installs two hooks once: the model notes whether `labels` were passed, `lm_head`
-    checks its output. Idempotent; `hf_layout` calls it.
-    """
-    if getattr(model, "_boost_titan_loss_guard", False):
+def guard_sharded_hf_model(model: nn.Module, head: str | None) -> None:
+    """After `apply_plan`: make what cannot work on a sharded transformers model fail in
+    one line naming the fix. ``save_pretrained`` points to `save_hf`; with a head that
+    returns vocab-sharded DTensor logits (`head`, a loss-parallel plan), a forward given
+    ``labels`` (HF's own loss) raises `LOSS_PARALLEL_MESSAGE`. Installed once; a model
+    without ``save_pretrained`` or a ``labels`` argument is left as it is."""
+    if getattr(model, "_boost_titan_guarded", False):
         return
+    if callable(getattr(model, "save_pretrained", None)):
+
+        def save_pretrained(*args, **kwargs):
+            raise PlanError(SAVE_PRETRAINED_MESSAGE)
+
+        model.save_pretrained = save_pretrained
+    if head is not None and "labels" in inspect.signature(model.forward).parameters:
+        _guard_loss(model, model.get_submodule(head))
+    model._boost_titan_guarded = True
+
+
+def _guard_loss(model: nn.Module, head: nn.Module) -> None:
+    """Hooks: the model notes whether `labels` were passed, `head` checks its output."""
     state = {"labels": False}
 
     def note_labels(module, args, kwargs) -> None:
@@ -201,5 +219,4 @@ def guard_hf_loss(model: nn.Module) -> None:
             raise PlanError(LOSS_PARALLEL_MESSAGE)
 
     model.register_forward_pre_hook(note_labels, with_kwargs=True)
-    model.lm_head.register_forward_hook(check_logits)
-    model._boost_titan_loss_guard = True
+    head.register_forward_hook(check_logits)

@@ -86,6 +86,54 @@ def _hf_loss_under_loss_parallel() -> None:
         model(ids, labels=ids)
 
 
+def _hand_written(**overrides) -> object:
+    """The Llama's layout written by hand (as a user would, without `hf_layout`)."""
+    from .plans import ModelLayout
+
+    attn = tuple(f"self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    mlp = tuple(f"mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj"))
+    fields = dict(
+        blocks="model.layers.*",
+        shared_inputs={"input_layernorm": attn[:3], "post_attention_layernorm": mlp[:2]},
+        own_inputs=(attn[3], mlp[2]),
+        embedding="model.embed_tokens",
+        final_norm="model.norm",
+        head="lm_head",
+        head_dim=TINY["hidden_size"] // TINY["num_attention_heads"],
+        qkv=attn[:3],
+        attention_out=attn[3:],
+    )
+    return ModelLayout(**(fields | overrides))
+
+
+def _hf_loss_hand_written() -> None:
+    from .plans import apply_plan, megatron_plan
+
+    model = _llama()
+    with _world_of_one() as mesh:
+        apply_plan(model, mesh, megatron_plan(_hand_written(), loss_parallel=True))
+        ids = torch.zeros(1, 4, dtype=torch.long)
+        model(ids, labels=ids)
+
+
+def _save_pretrained_sharded() -> None:
+    import tempfile
+
+    from .plans import apply_plan, megatron_plan
+
+    model = _llama()
+    with _world_of_one() as mesh, tempfile.TemporaryDirectory() as folder:
+        apply_plan(model, mesh, megatron_plan(_hand_written(), loss_parallel=False))
+        model.save_pretrained(folder)
+
+
+def _head_dim_left_at_zero() -> None:
+    from .plans import megatron_plan, resolve_plan
+
+    model = _llama(hidden_size=64, num_attention_heads=2, num_key_value_heads=2)
+    resolve_plan(model, megatron_plan(_hand_written(head_dim=0)), tp=4)
+
+
 def _apply_twice() -> None:
     from .hf import hf_layout
     from .plans import apply_plan, megatron_plan
@@ -130,6 +178,9 @@ CASES: list[tuple[str, str, Callable[[], object]]] = [
     ("misuse", "kv heads (2) that do not split over TP 4", _kv_heads_over_tp),
     ("misuse", "config.head_dim that disagrees with q_proj", _config_head_dim),
     ("misuse", "HF's loss (`labels=`) with `loss_parallel=True`", _hf_loss_under_loss_parallel),
+    ("misuse", "the same, with a hand-written `ModelLayout`", _hf_loss_hand_written),
+    ("misuse", "`save_pretrained` after `apply_plan`", _save_pretrained_sharded),
+    ("misuse", "`head_dim` left at 0 (2 kv heads, TP 4)", _head_dim_left_at_zero),
     ("misuse", "`apply_plan` on a sharded model", _apply_twice),
     ("misuse", "`to_low_rank` twice", _convert_twice),
     ("misuse", "`to_low_rank(activation='gelu')`", _bad_activation),

@@ -93,8 +93,9 @@ class ModelLayout:
         embedding (str): the token embedding. Default: ``"tok_embeddings"``.
         final_norm (str): the norm before the head. Default: ``"norm"``.
         head (str): the output projection. Default: ``"output"``.
-        head_dim (int): size of one attention head; 0 skips the head-count checks.
-            Default: 0.
+        head_dim (int): size of one attention head, for the check that the heads (and
+            kv heads) of `qkv` and `attention_out` split over the TP degree; required
+            under TP > 1 when those name projections. Default: 0.
         qkv (tuple[str, ...]): projections whose outputs are attention heads.
             Default: ``attention.wq``, ``.wk``, ``.wv``.
         attention_out (tuple[str, ...]): projections whose inputs are attention heads.
@@ -158,7 +159,7 @@ class ModelLayout:
 
     def head_dim_of(self, projection: str, *, output: bool) -> int | None:
         heads = self.qkv if output else self.attention_out
-        return self.head_dim or None if projection in heads else None
+        return self.head_dim if projection in heads else None
 
 
 def _head(*, reduce_input_grad: bool, loss_parallel: bool) -> ColumnParallel:
@@ -464,6 +465,7 @@ def resolve_plan(model: nn.Module, plan: Plan, tp: int) -> list[Resolved]:
                 r.style.validate(r.module, tp)
             except PlanError as e:
                 raise PlanError(f"{r.fqn}: {e}") from None
+    _check_embeddings(resolved)
     covered = {id(p) for r in resolved for p in r.module.parameters(recurse=False)}
     plain = [n for n, p in model.named_parameters() if id(p) not in covered]
     if plain:
@@ -508,6 +510,10 @@ def apply_plan(
     Returns:
         nn.Module: `model`, sharded.
 
+    A transformers model sharded here refuses, in one line naming the fix, what cannot
+    work on its DTensor parameters: ``save_pretrained`` (use `save_hf`) and, under a
+    loss-parallel head, its own loss (``labels=``).
+
     Raises:
         PlanError: the plan does not fit the model (see `resolve_plan`), `overlap_chunks`
             is below 1, the model is already sharded, or `verify` found a mismatch.
@@ -542,11 +548,30 @@ def apply_plan(
         r.style.overlap_chunks = overlap_chunks
         parallelize_module(r.module, mesh, r.style, src_data_rank=src_data_rank)
     key_compile_caches_by_rank(mesh)
+    from .hf import guard_sharded_hf_model
+
+    heads = [r.fqn for r in resolved if getattr(r.style, "output_dtensor", False)]
+    guard_sharded_hf_model(model, heads[0] if heads else None)
     if reference is not None:
         from .verify import verify_plan
 
         verify_plan(model, reference)
     return model
+
+
+def _check_embeddings(resolved: list[Resolved]) -> None:
+    """Every embedding of the plan in one style: they add into one residual stream, which
+    BTP shards along the hidden dim (a position embedding beside the token embedding
+    must then be a ShardedEmbedding too) and the other plans replicate."""
+    embeddings = [r for r in resolved if isinstance(r.module, nn.Embedding)]
+    for r in embeddings[1:]:
+        first = embeddings[0]
+        if type(r.style) is not type(first.style):
+            raise PlanError(
+                f"{r.fqn} is {type(r.style).__name__} but {first.fqn} is "
+                f"{type(first.style).__name__}: embeddings that add into the residual stream "
+                f"must be laid out alike; make {r.fqn} a {type(first.style).__name__}"
+            )
 
 
 def _check_untied(model: nn.Module) -> None:

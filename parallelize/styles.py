@@ -267,7 +267,8 @@ class ColumnParallel(TPStyle):
         output_dtensor (bool): return the output as a ``DTensor(Shard(-1))``, for a
             loss-parallel cross-entropy. Default: False.
         head_dim (int | None): the outputs are attention heads of that size, which must
-            split evenly over the ranks. Default: None.
+            split evenly over the ranks (0: of a size not given, refused under TP).
+            Default: None.
 
     Example::
 
@@ -630,9 +631,15 @@ class ShardedRMSNorm(TPStyle):
 
 
 def check_heads(features: int, head_dim: int | None, tp: int) -> None:
-    """Attention heads of `head_dim` in `features` must split evenly over `tp` ranks."""
-    if not head_dim:
+    """Attention heads of `head_dim` in `features` must split evenly over `tp` ranks
+    (None: no attention heads; 0: heads of an unknown size, refused under TP)."""
+    if head_dim is None or tp == 1:
         return
+    if head_dim == 0:
+        raise PlanError(
+            f"its attention heads cannot be checked to split over TP {tp}: ModelLayout.head_dim "
+            "is 0; set it to the size of one head (hf_layout reads it from a transformers config)"
+        )
     if features % head_dim:
         raise PlanError(
             f"{features} features are not a whole number of heads of {head_dim}; "

@@ -20,15 +20,14 @@ class BoostModelArgs(ModelShape, BaseModelArgs):
 
     # ---- TorchTitan protocol -------------------------------------------------------
     def update_from_config(self, job_config, **kwargs) -> None:
-        """Take arch/rank/grouping from `[boost]`, size the vocab from the tokenizer and
-        check seq_len against the model."""
-        from boost_titan.data import check_vocab_fits, tokenizer_vocab_size
+        """Take arch/rank/grouping from `[boost]`, size the vocab for the tokenizer
+        (`model_vocab_size`) and check seq_len against the model."""
+        from boost_titan.data import model_vocab_size, tokenizer_vocab_size
 
         tokenizer_vocab = tokenizer_vocab_size(job_config)
-        if self.vocab_size:
-            check_vocab_fits(tokenizer_vocab, self.vocab_size, job_config.model.flavor)
-        else:
-            self.vocab_size = tokenizer_vocab
+        self.vocab_size = model_vocab_size(
+            tokenizer_vocab, self.vocab_size, job_config.model.flavor
+        )
         boost = job_config.boost
         self.arch = boost.arch
         self.lax_base = boost.lax_base

@@ -143,6 +143,11 @@ FLAVORS: dict[str, ModelShape] = {
 }
 
 
+def flavor_named(name: str) -> str:
+    """The flavor `name` stands for, case aside ("7b" -> "7B"); an unknown name unchanged."""
+    return next((f for f in FLAVORS if f.lower() == name.lower()), name)
+
+
 def flavor_shape(flavor: str, **overrides) -> ModelShape:
     """A fresh copy of a flavor's shape with `overrides` applied."""
     if flavor not in FLAVORS:

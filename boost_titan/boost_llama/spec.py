@@ -6,6 +6,7 @@ parallelism in one process, before any process group exists.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 
 from torchtitan.components.loss import build_cross_entropy_loss
@@ -24,6 +25,7 @@ from .args import FLAVORS, BoostModelArgs, flavor_args
 from .float8 import install_converter, validate_float8
 from .model import BoostTransformer
 from .parallelize import parallelize_boost
+from .shapes import flavor_shape, param_count
 from .state_dict_adapter import BoostStateDictAdapter
 from .strategies import resolve_strategy, sizes
 
@@ -87,6 +89,39 @@ def validate_parallelism(args: BoostModelArgs, boost, parallelism) -> str:
     return strategy.name
 
 
+TOY_CORPUS_LIMIT = 10**9
+"""Full-rank parameters from which a flavor needs real data (1B and larger)."""
+
+
+def refuse_toy_corpus(job_config) -> None:
+    """A flavor of 1B parameters or more (full-rank count) may not train on the built-in
+    toy corpus or tokenizer unless `[boost] allow_toy_corpus`: one line naming the options."""
+    from boost_titan.data.corpus import STDLIB, resolve_dataset
+    from boost_titan.data.tokenizer import locate_tokenizer
+
+    flavor = job_config.model.flavor
+    training = job_config.training
+    full_rank = dataclasses.replace(flavor_shape(flavor), arch="fullrank")
+    if job_config.boost.allow_toy_corpus or param_count(full_rank) < TOY_CORPUS_LIMIT:
+        return
+    toy = []
+    if resolve_dataset(training.dataset, training.dataset_path)[0] == STDLIB:
+        toy.append(("the built-in toy corpus", "--training.dataset_path (your corpus)"))
+    if locate_tokenizer(job_config.model.hf_assets_path)[0] == "default":
+        toy.append(
+            (
+                "the built-in 4096-token tokenizer",
+                "--model.hf_assets_path (a tokenizer folder, e.g. Llama 3's original/)",
+            )
+        )
+    if toy:
+        raise ConfigError(
+            f"the {flavor} model would train with {' and '.join(w for w, _ in toy)}; pass "
+            f"{' and '.join(o for _, o in toy)} (docs/gpus.md), or --boost.allow_toy_corpus "
+            "to go ahead anyway"
+        )
+
+
 def validate_validation(job_config, args: BoostModelArgs) -> None:
     """Check an enabled `[validation]` section: its sizes and its documents' path."""
     validation = job_config.validation
@@ -109,6 +144,7 @@ def validate_job(job_config, world_size: int) -> None:
     """Raise ConfigError for a model, parallelism or validation setting that cannot work."""
     if job_config.model.name != SPEC_NAME:
         return
+    refuse_toy_corpus(job_config)
     args = model_args_for(job_config)
     validate_parallelism(args, job_config.boost, job_config.parallelism)
     validate_validation(job_config, args)
@@ -125,6 +161,11 @@ def validate_job(job_config, world_size: int) -> None:
         )
 
 
+def _build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config):
+    refuse_toy_corpus(job_config)  # also for a worker started without `check`
+    return build_dataloader(dp_world_size, dp_rank, tokenizer, job_config)
+
+
 def _parallelize(model, parallel_dims, job_config):
     validate_parallelism(model.args, job_config.boost, job_config.parallelism)
     return parallelize_boost(model, parallel_dims, job_config)
@@ -138,7 +179,7 @@ def build_spec() -> TrainSpec:
         pipelining_fn=pipeline_llm,
         build_optimizers_fn=build_optimizers,
         build_lr_schedulers_fn=build_lr_schedulers,
-        build_dataloader_fn=build_dataloader,
+        build_dataloader_fn=_build_dataloader,
         build_tokenizer_fn=build_tokenizer,
         build_loss_fn=build_cross_entropy_loss,
         build_validator_fn=BoostValidator,

@@ -77,10 +77,61 @@ class Boost:
     """Steps with a NaN/inf loss or gradient norm that may be skipped (no optimizer step)
     before the run stops; 0: stop at the first (`boost_titan.runtime.nonfinite`)."""
 
+    gradient_accumulation_steps: int = 0
+    """Micro-batches of `training.local_batch_size` sequences that each data-parallel
+    replica accumulates per step: the global batch is local_batch_size x this x DP degree,
+    so it follows the GPU count (`global_batch`). 0: `training.global_batch_size` decides,
+    as in TorchTitan (-1: local_batch_size x DP degree)."""
+
+    allow_toy_corpus: bool = False
+    """Let a model of 1B parameters or more train on the built-in toy corpus (the stdlib's
+    Python sources) or its 4096-token tokenizer; refused otherwise
+    (`boost_llama.spec.refuse_toy_corpus`)."""
+
 
 @dataclass
 class JobConfig:
     boost: Boost = field(default_factory=Boost)
+
+
+def data_parallel_degree(parallelism, world: int) -> int:
+    """TorchTitan's batch degree (dp_replicate x dp_shard) of `world` processes: those
+    that TP, PP and CP leave."""
+    p = parallelism
+    return world // (
+        p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree
+    )
+
+
+def global_batch(training, boost: Boost, dp: int) -> int:
+    """Sequences per optimizer step of a job whose data-parallel degree is `dp`:
+    local_batch_size x `[boost] gradient_accumulation_steps` x dp when that is set, else
+    TorchTitan's `training.global_batch_size` (-1: local_batch_size x dp). ConfigError (one
+    line) for a combination TorchTitan cannot split into whole micro-batches per rank."""
+    local, fixed = training.local_batch_size, training.global_batch_size
+    steps = boost.gradient_accumulation_steps
+    if steps < 0:
+        raise ConfigError(
+            f"[boost] gradient_accumulation_steps {steps} must be >= 0; set it to the "
+            "micro-batches per data-parallel replica and step (0: training.global_batch_size)"
+        )
+    if steps and fixed > 0:
+        raise ConfigError(
+            f"training.global_batch_size {fixed} and [boost] gradient_accumulation_steps "
+            f"{steps} both set the batch; keep one (--boost.gradient_accumulation_steps 0 "
+            "holds the global batch fixed, or drop global_batch_size to let it follow the GPUs)"
+        )
+    if steps:
+        return local * steps * dp
+    if fixed <= 0:
+        return local * dp
+    if fixed % (local * dp):
+        raise ConfigError(
+            f"training.global_batch_size {fixed} is not a multiple of local_batch_size {local} "
+            f"x data-parallel degree {dp}; adjust one of them, or set "
+            "--boost.gradient_accumulation_steps to let the global batch follow the GPU count"
+        )
+    return fixed
 
 
 def check_run_limits(boost: Boost) -> None:

@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import io
 import logging
+import os
 import sys
 import types
 import typing
@@ -55,6 +56,13 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print `error: <message>` as one line on stderr and exit with `code`."""
     print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def reader_gone() -> NoReturn:
+    """End quietly once the reader of stdout has gone (`... | head` got what it wanted):
+    stdout now points at /dev/null, so the interpreter's last flush cannot fail too."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(0)
 
 
 def config_file(args: list[str]) -> str | None:

@@ -15,7 +15,7 @@ from boost_titan.data.tokenizer import (
     DEFAULT_TOKENIZER,
     DEFAULT_VOCAB_SIZE,
     build_tokenizer,
-    check_vocab_fits,
+    model_vocab_size,
     prepare_default_assets,
     tokenizer_vocab_size,
 )
@@ -25,7 +25,7 @@ __all__ = [
     "DEFAULT_VOCAB_SIZE",
     "build_dataloader",
     "build_tokenizer",
-    "check_vocab_fits",
+    "model_vocab_size",
     "prepare_default_assets",
     "tokenizer_vocab_size",
 ]

@@ -255,11 +255,25 @@ def tokenizer_vocab_size(job_config: JobConfig) -> int:
     return _vocab_size(job_config.model.hf_assets_path)
 
 
-def check_vocab_fits(tokenizer_vocab: int, model_vocab: int, flavor: str) -> None:
-    """Refuse a tokenizer whose ids overflow a fixed-vocab flavor (`model_vocab > 0`)."""
-    if model_vocab > 0 and tokenizer_vocab > model_vocab:
-        raise ConfigError(
-            f"tokenizer vocab {tokenizer_vocab} is larger than the {flavor} model's vocab "
-            f"{model_vocab}; use a tokenizer with at most {model_vocab} tokens "
-            "(model.hf_assets_path) or a flavor with a larger vocab"
-        )
+VOCAB_MULTIPLE = 256
+"""A vocabulary grown to a tokenizer's is rounded up to a multiple of this (it then splits
+over every TP degree that divides 256)."""
+
+
+def model_vocab_size(tokenizer_vocab: int, flavor_vocab: int, flavor: str) -> int:
+    """The model's vocabulary: the flavor's; for a flavor without one (0), the tokenizer's;
+    for a tokenizer with more tokens than the flavor's (Llama 3's: 128,002 here), the
+    tokenizer's rounded up to a multiple of `VOCAB_MULTIPLE` (128,256), logged."""
+    if not flavor_vocab:
+        return tokenizer_vocab
+    if tokenizer_vocab <= flavor_vocab:
+        return flavor_vocab
+    grown = -(-tokenizer_vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    logging.getLogger(__name__).info(
+        "vocab %d: the %s flavor's %d rows grown to hold the tokenizer's %d tokens",
+        grown,
+        flavor,
+        flavor_vocab,
+        tokenizer_vocab,
+    )
+    return grown

@@ -4,15 +4,22 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
+
+from boost_titan.config.cli import fail
 
 
 def start_process_group() -> tuple[str, int, int]:
     """Join torchrun's process group (NCCL on CUDA, else gloo) unless already in one;
     (device, rank, world size)."""
     if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            spec = getattr(sys.modules["__main__"], "__spec__", None)
+            module = spec.name if spec else "boost_titan.examples.own_model"
+            fail(f"no torchrun job to join; run it as torchrun --nproc_per_node=2 -m {module}")
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":

@@ -58,7 +58,7 @@ from torchtitan.components.checkpoint import AsyncMode
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from boost_titan.config import check_run_limits
+from boost_titan.config import check_run_limits, data_parallel_degree, global_batch
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
@@ -132,6 +132,9 @@ class BoostTrainer(Trainer):
         self.finished = False
         self.step_loss = 0.0
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
+        # [boost] gradient_accumulation_steps: the global batch follows the DP degree
+        dp = data_parallel_degree(job_config.parallelism, int(os.environ.get("WORLD_SIZE", 1)))
+        job_config.training.global_batch_size = global_batch(job_config.training, boost, dp)
         super().__init__(job_config)
         self.async_save = AsyncSaveFolder(self.checkpointer)
         self.failed_save: CheckpointException | None = None

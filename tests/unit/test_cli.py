@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from boost_titan.config.cli import condense_tyro_message, with_boost_section
+from boost_titan.config.errors import ConfigError
 from tests.helpers import DEBUG_TOML, ROOT
 from tests.helpers.commands import assert_one_error, check_each, run_module
+from tests.helpers.corpus import real_data_args
 
 
 def _toml(text: str) -> Callable[[Path], list[str]]:
@@ -65,6 +68,28 @@ ERRORS: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
         ["need 2 processes", "4 were requested"],
     ),
     "unwritable output folder": (_blocked_output, ["not writable", "--job.dump_folder"]),
+    "one process for tp 2": (
+        _debug("--nproc", "1"),
+        [
+            "1 process cannot hold tp 2",
+            "fit the layout to 1: --parallelism.tensor_parallel_degree 1",
+        ],
+    ),
+    "fixed and following batch": (
+        _debug("--training.global_batch_size", "16", "--boost.gradient_accumulation_steps", "2"),
+        ["global_batch_size 16 and [boost] gradient_accumulation_steps 2 both set the batch"],
+    ),
+    "1B on the toy corpus": (
+        lambda folder: (
+            ["--job.config_file", str(ROOT / "train_configs/1B.toml")]
+            + ["--job.dump_folder", str(folder / "o")]
+        ),
+        [
+            "the 1B model would train with the built-in toy corpus and the built-in 4096-token",
+            "pass --training.dataset_path (your corpus) and --model.hf_assets_path (a tokenizer",
+            "or --boost.allow_toy_corpus to go ahead anyway",
+        ],
+    ),
 }
 VALID = "valid config"
 
@@ -121,27 +146,106 @@ def test_readme_lists_every_config():
     assert sorted(config for config, _, _ in readme_process_counts()) == configs
 
 
+@pytest.fixture(scope="module")
+def real_data(tmp_path_factory) -> list[str]:
+    """The real-data flags on a small local corpus and tiktoken tokenizer."""
+    return real_data_args(tmp_path_factory.mktemp("real-data"))
+
+
 @pytest.mark.parametrize("config, nproc, layout", readme_process_counts())
-def test_configs_validate_on_cpu_with_readme_process_count(
-    config, nproc, layout, tmp_path, monkeypatch
-):
-    """Each config passes `check` with README's process count, which is also what `check`
-    picks without --nproc."""
+def test_configs_scale_with_the_gpu_count(config, nproc, layout, real_data, tmp_path, monkeypatch):
+    """Each config passes `check` on README's process count (also what `check` picks
+    without --nproc), and on 2x and 8x it: the extra processes are data parallelism and
+    the global batch follows (4 sequences per replica for the GPU configs)."""
     from boost_titan.check import check as check_in_process
 
     monkeypatch.delenv("NGPU", raising=False)
-    args = [
-        "--job.config_file",
-        str(ROOT / "train_configs" / f"{config}.toml"),
-        "--job.dump_folder",
-        str(tmp_path),
-    ]
+    data = real_data if config != "debug" else []
+    args = ["--job.config_file", str(ROOT / "train_configs" / f"{config}.toml"), *data]
+    args += ["--job.dump_folder", str(tmp_path)]
     where = f"on {nproc} process{'es' if nproc > 1 else ''} ({layout})"
-    assert where in check_in_process(["--nproc", str(nproc), *args])
     summary = check_in_process(args)
     assert summary.startswith(f"config ok: boost_llama {config} (cola") and where in summary, (
         summary
     )
+    for k in (1, 2, 8):
+        summary = check_in_process(["--nproc", str(k * nproc), *args])
+        assert f"on {k * nproc} processes (dp_shard {k}" in summary or k == 1, summary
+        assert config == "debug" or f"global batch {4 * k} x seq_len 4096" in summary, summary
+
+
+def test_workers_refuse_the_toy_corpus_too():
+    """A worker started without `check` (torchrun directly) stops at its dataloader, before
+    reading any data; --boost.allow_toy_corpus lifts the refusal."""
+    from boost_titan.boost_llama.spec import build_spec, refuse_toy_corpus
+    from boost_titan.config.cli import parse_job_config
+
+    args = ["--job.config_file", str(ROOT / "train_configs" / "7B.toml")]
+    with pytest.raises(ConfigError, match="^the 7B model would train with the built-in toy"):
+        build_spec().build_dataloader_fn(1, 0, None, parse_job_config(args))
+    refuse_toy_corpus(parse_job_config([*args, "--boost.allow_toy_corpus"]))
+
+
+def documented_launches() -> list[tuple[str, list[str]]]:
+    """(command, `check` arguments) of every launch of a GPU config or of several nodes
+    documented in README.md, docs/*.md and scripts/slurm_train.sbatch's header: run_train.sh
+    (CONFIG_FILE, NGPU), torchrun (nodes x processes per node), sbatch (nodes x
+    GPUS_PER_NODE, default 8; CONFIG_FILE default 7B) and `check` itself."""
+    texts = [(ROOT / "README.md").read_text()]
+    texts += [page.read_text() for page in sorted((ROOT / "docs").glob("*.md"))]
+    blocks = [b for text in texts for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
+    header = (ROOT / "scripts" / "slurm_train.sbatch").read_text().split("\nset ")[0]
+    blocks.append("\n".join(line[4:] for line in header.splitlines() if line.startswith("#   ")))
+    commands = [c for b in blocks for c in re.sub(r"\\\n\s*", "", b).splitlines()]
+    launches = []
+    for command in commands:
+        words = shlex.split(command, comments=True)
+        env = {}
+        while words and re.match(r"^[A-Z_]+=", words[0]):
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+        args = _check_args(words, env)
+        if args is None:
+            continue
+        gpu_config = re.search(r"train_configs/\d+B\.toml", " ".join(args))
+        if gpu_config or "--nnodes" in command or "sbatch" in command:
+            launches.append((command, args))
+    return launches
+
+
+def _check_args(words: list[str], env: dict[str, str]) -> list[str] | None:
+    """`check`'s arguments for a launch command's words (None: not a launch)."""
+    flags = dict(w.lstrip("-").split("=", 1) for w in words if w.startswith("--") and "=" in w)
+    if words[:1] == ["./run_train.sh"]:
+        config = env.get("CONFIG_FILE", "train_configs/debug.toml")
+        nproc = ["--nproc", env["NGPU"]] if "NGPU" in env else []
+        return [*nproc, "--job.config_file", config, *words[1:]]
+    if words[:1] == ["torchrun"] and "boost_titan.train" in words:
+        nproc = int(flags.get("nnodes", 1)) * int(flags["nproc_per_node"])
+        return ["--nproc", str(nproc), *words[words.index("boost_titan.train") + 1 :]]
+    if words[:1] == ["sbatch"]:
+        script = words.index("scripts/slurm_train.sbatch")
+        nproc = int(flags.get("nodes", 2)) * int(env.get("GPUS_PER_NODE", 8))
+        config = env.get("CONFIG_FILE", "train_configs/7B.toml")
+        return ["--nproc", str(nproc), "--job.config_file", config, *words[script + 1 :]]
+    if words[:3] == ["python", "-m", "boost_titan.check"]:
+        return words[3:]
+    return None
+
+
+def test_documented_multi_gpu_launches_pass_check(real_data, tmp_path, monkeypatch):
+    """Every documented launch of a GPU config or of several nodes passes `check` with its
+    process count; its data paths are replaced by a small local corpus and tokenizer."""
+    from boost_titan.check import check as check_in_process
+
+    monkeypatch.delenv("NGPU", raising=False)
+    replace = dict(zip(real_data[::2], real_data[1::2], strict=True))
+    launches = documented_launches()
+    assert any("--nnodes" in c for c, _ in launches) and any("sbatch" in c for c, _ in launches)
+    for i, (command, args) in enumerate(launches):
+        args = [replace.get(prev, a) for prev, a in zip(["", *args], args, strict=False)]
+        args += ["--job.dump_folder", str(tmp_path / f"out{i}")]
+        assert check_in_process(args).startswith("config ok"), command
 
 
 # ---- helpers --------------------------------------------------------------------------

@@ -3,7 +3,6 @@ one-line errors, and batches from torchtitan's dataloader."""
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 from pathlib import Path
@@ -18,13 +17,14 @@ from boost_titan.data import (
     DEFAULT_VOCAB_SIZE,
     build_dataloader,
     build_tokenizer,
-    check_vocab_fits,
     corpus,
+    model_vocab_size,
     prepare_default_assets,
     probe,
     tokenizer_vocab_size,
 )
 from boost_titan.data import tokenizer as tk
+from tests.helpers.corpus import write_tiktoken
 
 TEXT = 'def greet(name: str) -> str:\n    return f"héllo, {name}!"  # ünïcode ✓\n'
 
@@ -95,15 +95,6 @@ def test_hf_tokenizer_dir_and_file():
 
 
 # ---- tiktoken ------------------------------------------------------------------------
-MERGES = [b"he", b"ll", b"hell", b"hello"]
-
-
-def write_tiktoken(path: Path) -> Path:
-    tokens = [bytes([b]) for b in range(256)] + MERGES
-    path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(tokens)))
-    return path
-
-
 @pytest.mark.parametrize("layout", ["dir", "model", "tiktoken"])
 def test_tiktoken_file(tmp_path, layout):
     name = {"dir": "tokenizer.model", "model": "tokenizer.model", "tiktoken": "x.tiktoken"}[layout]
@@ -136,14 +127,13 @@ def test_tokenizer_errors(tmp_path):
         assert words in one_line_error(excinfo)
 
 
-def test_check_vocab_fits():
-    check_vocab_fits(4096, 32000, "60M")
-    check_vocab_fits(128002, 0, "debug")  # 0: vocab taken from the tokenizer
-    with pytest.raises(ConfigError) as excinfo:
-        check_vocab_fits(128002, 32000, "60M")
-    assert one_line_error(excinfo).startswith(
-        "tokenizer vocab 128002 is larger than the 60M model's vocab 32000; "
-    )
+def test_model_vocab_size():
+    """The flavor's vocab; the tokenizer's where the flavor has none; grown to the
+    tokenizer's, padded to a multiple of 256, where the tokenizer has more (Llama 3)."""
+    assert model_vocab_size(4096, 32000, "60M") == 32000
+    assert model_vocab_size(258, 0, "debug") == 258  # 0: vocab taken from the tokenizer
+    assert model_vocab_size(128002, 32000, "7B") == 128256
+    assert model_vocab_size(32001, 32000, "7B") == 32256
 
 
 # ---- corpora ---------------------------------------------------------------------------

@@ -199,6 +199,27 @@ def test_misspelled_fqn():
     assert _one_line(e) == "blocks.0.attn.q_prj does not exist; fix the FQN in ModelLayout"
 
 
+@pytest.mark.parametrize("strategy", ["btp", "megatron"])
+def test_position_embedding_laid_out_unlike_the_tokens(strategy):
+    """A GPT-2-style learned position embedding beside the token embedding, listed in the
+    plan in another style than the tokens': the model would add a sharded and a replicated
+    hidden state (a raw shape error in its own code). Refused in one line before anything
+    is touched; listed alike, the plan applies."""
+    from boost_titan.parallelize import Replicated, ShardedEmbedding
+
+    model = fm.build("plain-cola", strategy)
+    model.pos = nn.Embedding(64, model.tok.embedding_dim)
+    plan = plan_for(fm.PLAIN_LAYOUT, strategy)
+    same, other = (ShardedEmbedding, Replicated)[:: 1 if strategy == "btp" else -1]
+    with pytest.raises(PlanError) as e:
+        _apply(model, {**plan, "pos": other()})
+    assert _one_line(e) == (
+        f"pos is {other.__name__} but tok is {same.__name__}: embeddings that add into the "
+        f"residual stream must be laid out alike; make pos a {same.__name__}"
+    )
+    _apply(model, {**plan, "pos": same()})
+
+
 def test_unknown_block_pattern():
     layout = dataclasses.replace(fm.PLAIN_LAYOUT, blocks="layers.*")
     with pytest.raises(PlanError, match="matches no module"):

@@ -4,12 +4,21 @@ auto-planner (`python -m boost_titan.plan --auto`)."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import shlex
 
 import pytest
 
 from boost_titan.bench.model import memory, perfmodel, planner
 from boost_titan.bench.model.perfmodel import Plan
 from boost_titan.config.errors import ConfigError
+from tests.helpers import ROOT
+from tests.helpers.corpus import real_data_args
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 GIB = memory.GIB
 
@@ -127,11 +136,103 @@ def test_rejections_name_the_reason():
     assert "pp 8 exceeds the 6 stage units (layers + embedding + head)" in split.structural
 
 
-def test_model_that_fits_nowhere_is_one_line():
-    with pytest.raises(
-        ConfigError, match=r"^30B fits no layout on 1 x 80 GiB; .* needs [\d.]+ GiB"
-    ):
+def test_model_that_fits_nowhere_leads_with_the_fix():
+    """30B on one 80 GiB GPU: the fewest GPUs that fit it (4: 2 and 3 do not) and the
+    memory one GPU would need come first, then the smallest layout's peak."""
+    fix = r"^30B fits no layout on 1 x 80 GiB; use --gpus 4 \(the fewest that fit it\) or GPUs"
+    with pytest.raises(ConfigError, match=fix + r" of ([\d.]+) GiB or more .* needs \1 GiB"):
         planner.plan_layouts(request(flavor="30B"))
+    assert planner.plan_layouts(request(flavor="30B", gpus=4)).ranked
+    for gpus in (2, 3):
+        with pytest.raises(
+            ConfigError, match=f"^30B fits no layout on {gpus} x 80 GiB; use --gpus 4 "
+        ):
+            planner.plan_layouts(request(flavor="30B", gpus=gpus))
+
+
+def test_batch_that_no_layout_takes_leads_with_the_fix():
+    """30B on 64 H100 with BOOST's batch of 4: no layout splits 4 sequences over 64 GPUs
+    (TP stays in an 8-GPU node, a pipeline needs a micro-batch per stage). The error names
+    --global-batch 8 (the smallest that plans: 5-7 do not) and --gpus 32 (the most that
+    take 4), each of which plans; not the 13 reasons."""
+    h100 = dict(flavor="30B", gpus=64, gpu="h100")
+    with pytest.raises(ConfigError) as error:
+        planner.plan_layouts(request(**h100))
+    message = str(error.value)
+    assert message.startswith("no layout of 30B on 64 GPUs takes a global batch of 4 sequences")
+    assert message.endswith(
+        "pass --global-batch 8 (the smallest that a layout on 64 GPUs takes) or --gpus 32 "
+        "(the most that take global batch 4)"
+    )
+    assert planner.plan_layouts(request(**h100, global_batch=8)).ranked
+    assert planner.plan_layouts(request(**(h100 | {"gpus": 32}))).ranked
+    for batch in (5, 6, 7):
+        with pytest.raises(ConfigError, match="^no layout of 30B on 64 GPUs takes"):
+            planner.plan_layouts(request(**h100, global_batch=batch))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(flavor="30B", gpus=64, gpu="h100"),
+        dict(flavor="30B", gpus=3),
+        dict(flavor="13B", gpus=48, gpu="h100", global_batch=2),
+        dict(flavor="30B", gpus=16, gpu="h100", gpu_memory_gib=12.0, global_batch=1),
+    ],
+)
+def test_every_fix_an_error_suggests_plans(kw):
+    """Each `--global-batch N` / `--gpus N` an infeasible request's error suggests plans
+    (the last request fits no batch on its 16 small GPUs: no batch is suggested)."""
+    with pytest.raises(ConfigError) as error:
+        planner.plan_layouts(request(**kw))
+    fixes = re.findall(r"--(global-batch|gpus) (\d+)", str(error.value))
+    assert fixes or kw.get("gpu_memory_gib") == 12.0, str(error.value)
+    for flag, value in fixes:
+        field = "global_batch" if flag == "global-batch" else "gpus"
+        assert planner.plan_layouts(request(**(kw | {field: int(value)}))).ranked
+
+
+def test_a_batch_smaller_than_the_gpus_gets_a_note(capsys):
+    """7B on 8 H100 with 4 sequences per step: at most 4 replicas, said in a note that
+    names the batch for every GPU; 32 sequences: no note."""
+    from boost_titan.plan import main
+
+    argv = ["--auto", "--flavor", "7B", "--gpus", "8", "--gpu", "h100", "--top", "1"]
+    assert main(argv) == 0
+    note = "note: global batch 4 allows at most 4 data-parallel replicas on 8 GPUs"
+    assert note in capsys.readouterr().out
+    assert main([*argv, "--global-batch", "32"]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
+def test_overlap_chunks_only_when_asked_for():
+    """Chunked all-reduces are unmeasured on GPUs: ranked only with --overlap."""
+    default = planner.plan_layouts(request(flavor="7B", gpus=4))
+    assert {lay.plan.overlap_chunks for lay in default.ranked} == {1}
+    asked = planner.plan_layouts(request(flavor="7B", gpus=4, overlap=True))
+    assert {lay.plan.overlap_chunks for lay in asked.ranked} == {1, 2, 4}
+
+
+def test_names_in_any_case(capsys):
+    from boost_titan.plan import main
+
+    assert main(["--auto", "--flavor", "7b", "--gpus", "4", "--gpu", "H100", "--top", "1"]) == 0
+    assert capsys.readouterr().out.startswith("7B cola on 4 x h100")
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`plan --auto ... | head`: the reader is gone before the table is written; no
+    traceback, status 0."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    argv = [sys.executable, "-m", "boost_titan.plan", "--auto", "--flavor", "1B", "--gpus", "1"]
+    result = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    os.close(write)
+    assert (result.returncode, result.stderr) == (0, "")
 
 
 @pytest.mark.parametrize(
@@ -157,14 +258,30 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
     assert message in err
 
 
+@pytest.fixture(scope="module")
+def real_data(tmp_path_factory) -> list[str]:
+    return real_data_args(tmp_path_factory.mktemp("real-data"))
+
+
+def _checked(path, gpus: int, real_data: list[str], out) -> dict:
+    """The TOML at `path` after `check --nproc gpus` passed it (with real data)."""
+    from boost_titan.check import check
+
+    args = ["--nproc", str(gpus), "--job.config_file", str(path), *real_data]
+    assert check([*args, "--job.dump_folder", str(out)]).startswith("config ok:")
+    return tomllib.loads(path.read_text())
+
+
 @pytest.mark.parametrize(
     "flavor,gpus,gpu,batch", [("13B", 8, "a100-hgx4", 8), ("1B", 1, "a100", 4)]
 )
-def test_written_toml_passes_check_and_prices_the_same(flavor, gpus, gpu, batch, tmp_path, capsys):
+def test_written_toml_passes_check_and_prices_the_same(
+    flavor, gpus, gpu, batch, real_data, tmp_path, capsys
+):
     """The winner's TOML (and, for 13B, the best pipelined layout's) passes `check
-    --nproc N` in process, and `bench model --config` reads back the very plan priced."""
+    --nproc N` in process, and `bench model --config` reads back the very plan priced;
+    checkpointing is on, every 30 predicted minutes or so."""
     from boost_titan.bench.model.job import job_plan
-    from boost_titan.check import check
     from boost_titan.plan import main
 
     path = tmp_path / "auto.toml"
@@ -178,7 +295,37 @@ def test_written_toml_passes_check_and_prices_the_same(flavor, gpus, gpu, batch,
     assert f"{layouts[0].step_s:.3f} s per step" in path.read_text().splitlines()[2]
     for i, lay in enumerate(layouts):
         path.write_text(planner.toml_text(result, lay))
-        out = str(tmp_path / f"out{i}")
-        ok = check(["--nproc", str(gpus), "--job.config_file", str(path), "--job.dump_folder", out])
-        assert ok.startswith("config ok:")
+        checkpoint = _checked(path, gpus, real_data, tmp_path / f"out{i}")["checkpoint"]
+        assert checkpoint["enable"] and checkpoint["keep_latest_k"] == 3
+        minutes = checkpoint["interval"] * lay.step_s / 60
+        assert 27 <= minutes <= 30 or checkpoint["interval"] == planner.STEPS, minutes
         assert job_plan(str(path), gpus).plan == lay.plan
+
+
+def planner_page_requests() -> list[list[str]]:
+    """The `plan --auto` arguments of every request shown in docs/planner.md."""
+    text = (ROOT / "docs" / "planner.md").read_text().replace("\\\n", " ")
+    found = re.findall(r"python -m boost_titan\.plan (--auto --[^`\n]*)", text)
+    requests = []
+    for command in found:
+        words = shlex.split(command)
+        if "--write-toml" in words:  # the page's own path: the test writes its own
+            del words[words.index("--write-toml") : words.index("--write-toml") + 2]
+        requests.append(words)
+    return requests
+
+
+def test_every_request_on_the_planner_page_writes_a_checked_config(real_data, tmp_path, capsys):
+    """Each request shown in docs/planner.md, run with --write-toml: the config passes
+    `check` on its GPU count and saves checkpoints."""
+    from boost_titan.plan import main
+
+    requests = planner_page_requests()
+    assert len(requests) == 16, requests  # the example and the 15 generated tables
+    for i, words in enumerate(requests):
+        path = tmp_path / f"plan{i}.toml"
+        assert main([*words, "--write-toml", str(path)]) == 0, words
+        gpus = int(words[words.index("--gpus") + 1])
+        config = _checked(path, gpus, real_data, tmp_path / f"out{i}")
+        assert config["checkpoint"]["enable"] and config["checkpoint"]["interval"] >= 1, words
+    capsys.readouterr()

@@ -39,8 +39,13 @@ def test_precision_phrases():
     "config, nproc, args, phrase",
     [
         ("debug", 2, BF16, "(tp 2), bf16 compute, fp32 master weights and gradient reductions,"),
-        ("debug", 2, (), "(tp 2), fp32, seq_len"),
-        ("7B", 4, (), "(tp 4), bf16 compute, fp32 master weights and gradient reductions,"),
+        ("debug", 2, (), "(tp 2), fp32, vocab 4096,"),
+        (
+            "7B",
+            4,
+            ("--boost.allow_toy_corpus",),
+            "(tp 4), bf16 compute, fp32 master weights and gradient reductions,",
+        ),
     ],
     ids=["debug-bf16", "debug-fp32", "7B"],
 )

@@ -23,7 +23,8 @@ from boost_titan.runtime.dump_lock import LOCK_FILE
 from boost_titan.torchrun_relay import relay
 from tests.helpers import DEBUG_TOML, ROOT
 from tests.helpers.checkpoints import save_model_checkpoint
-from tests.helpers.commands import clean_env, hold_lock, run_module
+from tests.helpers.commands import assert_one_error, clean_env, hold_lock, run_module
+from tests.helpers.corpus import write_tiktoken
 
 
 def run_check(capsys, tmp_path: Path, *args: str) -> tuple[int, str, str]:
@@ -90,7 +91,9 @@ def test_initial_checkpoint_of_another_model(capsys, tmp_path):
         f"checkpoint.initial_load_path {step} has layers.1.attention.wk.cross.weight missing"
         in line
     )
-    assert line.endswith("train with the model.flavor, [boost] arch and rank it was saved with")
+    assert line.endswith(
+        "train with the model.flavor, [boost] arch and rank, and tokenizer it was saved with"
+    )
     line = one_error(
         capsys, tmp_path, "--checkpoint.initial_load_path", str(step), "--boost.rank", "32"
     )
@@ -116,6 +119,26 @@ def test_damaged_resume_checkpoint(capsys, tmp_path):
     line = one_error(capsys, tmp_path)
     assert f"the checkpoint to resume from, {step}: cannot read its .metadata" in line
     assert "move that step-N folder away" in line
+
+
+def test_resume_of_another_model(capsys, tmp_path):
+    """A dump folder holding a CoLA checkpoint, resumed by a LaX, SVD-rank-32 or other-vocab
+    job: one line before any worker starts (TorchTitan would stop with a traceback or drop
+    the extra weights); the CoLA job itself resumes."""
+    step = save_model_checkpoint(tmp_path / "dump" / "checkpoint" / "step-3")
+    where = f"the checkpoint to resume from, {step}, has "
+    fix = "set --job.dump_folder to a new folder for this model, or train with the model.flavor"
+    line = one_error(capsys, tmp_path, "--boost.arch", "lax")
+    assert line.startswith(f"error: {where}layers.1.attention.wk.cross.weight missing")
+    assert "(debug, arch lax, rank 64, vocab 4096)" in line and fix in line
+    line = one_error(capsys, tmp_path, "--boost.arch", "svd", "--boost.rank", "32")
+    assert "(64, 256) but the job's model (debug, arch svd, rank 32, vocab 4096)" in line
+    tokenizer = write_tiktoken(tmp_path / "tokenizer" / "tokenizer.model").parent
+    line = one_error(capsys, tmp_path, "--model.hf_assets_path", str(tokenizer))
+    assert "output.weight (4096, 256) but the job's model (debug, arch cola" in line
+    assert "rank 64, vocab 262) expects (262, 256)" in line
+    code, out, _ = run_check(capsys, tmp_path)
+    assert code == 0 and "resumes from step 3" in out
 
 
 def test_initial_checkpoint_not_silently_ignored(capsys, tmp_path):
@@ -264,6 +287,20 @@ def test_relay_command_returns_the_worker_status():
     assert result.stdout.splitlines()[-1].startswith("error: cannot read")
     result = run_module("boost_titan.torchrun_relay", sys.executable, "-c", "print('hi'); exit(5)")
     assert (result.returncode, result.stdout) == (5, "hi\n")
+
+
+def test_relay_help_and_a_missing_launcher():
+    result = run_module("boost_titan.torchrun_relay", "--help")
+    assert result.returncode == 0 and result.stdout.startswith("usage: python -m boost_titan")
+    result = run_module("boost_titan.torchrun_relay", "no-such-launcher", "--nproc_per_node=2")
+    assert_one_error(result, "cannot run 'no-such-launcher' (No such file or directory)")
+
+
+def test_example_without_torchrun_names_the_command():
+    """(`hf_llama` joins its job through the same `examples.start_process_group`.)"""
+    result = run_module("boost_titan.examples.own_model")
+    fix = "run it as torchrun --nproc_per_node=2 -m boost_titan.examples.own_model"
+    assert_one_error(result, "no torchrun job to join", fix)
 
 
 # ---- command lines start fast ------------------------------------------------------------------

@@ -172,7 +172,7 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
             f'{BOOST_MODEL}; set model.name = "{BOOST_MODEL}"'
         )
     world, degrees = resolve_world(job, nproc)
-    check_batch(job, degrees)
+    global_batch = check_batch(job, degrees)
     if degrees["cp"] > 1:
         raise ConfigError("context parallelism is not modelled; set context_parallel_degree = 1")
     p, t = job.parallelism, job.training
@@ -187,7 +187,6 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
         )
     dp = degrees["dp_shard"] * degrees["dp_replicate"]
     local, seq = t.local_batch_size, t.seq_len
-    global_batch = t.global_batch_size if t.global_batch_size > 0 else local * dp
     accumulation = global_batch // (local * dp)
     micro, microbatches = local, accumulation
     if degrees["pp"] > 1:
@@ -195,7 +194,8 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
         if accumulation > 1:
             raise ConfigError(
                 "with pipeline parallelism the model prices one schedule per step: "
-                "set global_batch_size = local_batch_size x data-parallel degree"
+                "set global_batch_size = local_batch_size x data-parallel degree "
+                "(gradient_accumulation_steps 0 or 1)"
             )
         microbatches = local // micro
     strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name

@@ -50,6 +50,8 @@ class Request:
     gpu_memory_gib: float
     seq_len: int
     global_batch: int
+    overlap: bool = False
+    """Also try BTP's overlap_chunks 2 and 4 (unmeasured on GPUs; off unless asked for)."""
 
 
 @dataclass(frozen=True)
@@ -169,10 +171,10 @@ def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
                         yield replace(base, micro_batch=micro, microbatches=count, ac=ac), dp, ""
 
 
-def _variants(plan: Plan, gpu: GpuProfile) -> list[Plan]:
-    """`plan` with every other overlap-chunk count (under TP) and float8 (where the GPU
-    has it); the memory model prices them alike."""
-    chunks = OVERLAP_CHUNKS if plan.tp > 1 else (1,)
+def _variants(plan: Plan, gpu: GpuProfile, overlap: bool) -> list[Plan]:
+    """`plan` with every other overlap-chunk count (under TP, when asked for) and float8
+    (where the GPU has it); the memory model prices them alike."""
+    chunks = OVERLAP_CHUNKS if plan.tp > 1 and overlap else (1,)
     float8s = (None, FLOAT8_RECIPE) if gpu.has_float8 else (None,)
     return [
         replace(plan, overlap_chunks=c, float8=f)
@@ -208,23 +210,85 @@ def plan_layouts(request: Request) -> Result:
         ranked.append(_timed(args, plan, dp, peak, gpu))
     ranked.sort(key=lambda lay: lay.step_s)
     for lay in ranked[:REFINED]:
-        ranked += [_timed(args, v, lay.dp, lay.memory, gpu) for v in _variants(lay.plan, gpu)]
+        variants = _variants(lay.plan, gpu, request.overlap)
+        ranked += [_timed(args, v, lay.dp, lay.memory, gpu) for v in variants]
     ranked.sort(key=lambda lay: (lay.step_s, lay.memory.total))
     oom.sort(key=lambda lay: lay.memory.total)
     if not ranked:
-        if not oom:
-            raise ConfigError(
-                f"no layout of {request.flavor} on {request.gpus} GPUs can be built: "
-                + "; ".join(structural)
-            )
+        raise ConfigError(_infeasible(request, args, gpu, oom, structural))
+    return Result(request, args, ranked, _distinct(oom)[:SHOWN_REJECTED], structural)
+
+
+# ---- an infeasible request: its fix first --------------------------------------------------
+MAX_GPUS = 4096
+"""The largest GPU count `--gpus` fixes are searched up to."""
+
+
+def _fits(request: Request, args: ModelShape, gpu: GpuProfile) -> bool:
+    """Whether any layout of `request` can be built and fits the GPU's memory."""
+    usable = USABLE * request.gpu_memory_gib * memory.GIB
+    return any(
+        not why and memory.peak_memory(args, plan, dp_shard=dp).total <= usable
+        for plan, dp, why in _plans(request, args, gpu)
+    )
+
+
+def _batch_fix(request: Request, args: ModelShape, gpu: GpuProfile) -> int | None:
+    """The smallest global batch above the request's that some layout on its GPUs takes."""
+    candidates = set()
+    for strategy in strategies(request.arch):
+        for tp in _divisors(request.gpus):
+            for pp in _divisors(request.gpus // tp):
+                base = Plan(strategy=strategy, tp=tp, pp=pp, seq_len=request.seq_len)
+                if _structural(args, base, gpu):
+                    continue
+                dp = request.gpus // (tp * pp)
+                least = max(request.global_batch + 1, dp * pp)
+                candidates.add(-(-least // dp) * dp)  # the next multiple of dp
+    for batch in sorted(candidates):
+        if _fits(replace(request, global_batch=batch), args, gpu):
+            return batch
+    return None
+
+
+def _gpus_fix(request: Request, args: ModelShape, gpu: GpuProfile, more: bool) -> int | None:
+    """The GPU count nearest the request's (more, or fewer) on which some layout fits."""
+    counts = range(request.gpus + 1, MAX_GPUS + 1) if more else range(request.gpus - 1, 0, -1)
+    return next((n for n in counts if _fits(replace(request, gpus=n), args, gpu)), None)
+
+
+def _infeasible(
+    request: Request, args: ModelShape, gpu: GpuProfile, oom: list[Layout], structural: list[str]
+) -> str:
+    """One line for a request no layout serves, leading with what to change: a larger
+    global batch or other GPU count for layouts that cannot be built, more GPUs or more
+    memory per GPU for layouts that do not fit."""
+    r = request
+    if oom:
         best = oom[0]
         need = best.memory.total / USABLE / memory.GIB
-        raise ConfigError(
-            f"{request.flavor} fits no layout on {request.gpus} x {request.gpu_memory_gib:g} GiB; "
-            f"the smallest ({describe(best)}) needs {need:.1f} GiB per GPU "
-            f"({best.memory_gib:.1f} GiB peak + {1 - USABLE:.0%} reserve)"
+        more = _gpus_fix(r, args, gpu, more=True)
+        gpus = f"--gpus {more} (the fewest that fit it) or " if more else ""
+        return (
+            f"{r.flavor} fits no layout on {r.gpus} x {r.gpu_memory_gib:g} GiB; use {gpus}GPUs "
+            f"of {need:.1f} GiB or more (--gpu-memory): the smallest layout ({describe(best)}) "
+            f"needs {need:.1f} GiB per GPU ({best.memory_gib:.1f} GiB peak + "
+            f"{1 - USABLE:.0%} reserve)"
         )
-    return Result(request, args, ranked, _distinct(oom)[:SHOWN_REJECTED], structural)
+    fixes = []
+    batch = _batch_fix(r, args, gpu)
+    if batch:
+        fixes.append(f"--global-batch {batch} (the smallest that a layout on {r.gpus} GPUs takes)")
+    fewer = _gpus_fix(r, args, gpu, more=False)
+    if fewer:
+        fixes.append(f"--gpus {fewer} (the most that take global batch {r.global_batch})")
+    if not fixes:
+        return f"no layout of {r.flavor} on {r.gpus} GPUs can be built: " + "; ".join(structural)
+    return (
+        f"no layout of {r.flavor} on {r.gpus} GPUs takes a global batch of {r.global_batch} "
+        f"sequences (data parallelism must divide it, a pipeline needs a micro-batch per "
+        f"stage); pass {' or '.join(fixes)}"
+    )
 
 
 def _distinct(layouts: list[Layout]) -> list[Layout]:
@@ -257,9 +321,9 @@ HEADER = (
     "micro x n",
     "chunks",
     "precision",
-    "step s",
-    "tok/s/GPU",
-    "mem GiB",
+    "pred. step s",
+    "pred. tok/s/GPU",
+    "pred. mem GiB",
     "headroom GiB",
 )
 
@@ -293,16 +357,39 @@ def _render(header: tuple[str, ...], rows: list[list[str]], markdown: bool) -> s
     )
 
 
+def idle_note(request: Request) -> str | None:
+    """A note when the global batch leaves data parallelism fewer replicas than GPUs (DP
+    must divide it), so that every layout spreads a replica over several GPUs."""
+    r = request
+    replicas = max(d for d in _divisors(r.gpus) if r.global_batch % d == 0)
+    if replicas == r.gpus:
+        return None
+    return (
+        f"note: global batch {r.global_batch} allows at most {replicas} data-parallel "
+        f"replicas on {r.gpus} GPUs, so each layout spreads a replica over {r.gpus // replicas}"
+        f"+ GPUs (TP/PP); --global-batch {4 * r.gpus} (4 sequences per GPU) lets data "
+        "parallelism use every GPU"
+    )
+
+
 def format_result(result: Result, top: int = 10, markdown: bool = False) -> str:
     """The ranked table (`top` rows), then the best rejected layouts with their reasons."""
     r = result.request
     title = (
         f"{r.flavor} {r.arch} on {r.gpus} x {r.gpu} ({r.gpu_memory_gib:g} GiB, "
         f"{USABLE:.0%} usable), seq {r.seq_len}, global batch {r.global_batch}: "
-        f"{len(result.ranked)} feasible layouts"
+        f"{len(result.ranked)} feasible layouts; times and memory predicted (bench.model), "
+        "not measured"
     )
+    note = idle_note(r)
     rows = [_row(i + 1, lay, r) for i, lay in enumerate(result.ranked[:top])]
-    lines = [title, _render(HEADER, rows, markdown), "", "best rejected:"]
+    lines = [
+        title,
+        *([note] if note else []),
+        _render(HEADER, rows, markdown),
+        "",
+        "best rejected:",
+    ]
     lines += [f"  {describe(lay)}: {lay.reason}" for lay in result.rejected]
     lines += [f"  {why}" for why in result.structural]
     if not result.rejected and not result.structural:
@@ -311,9 +398,25 @@ def format_result(result: Result, top: int = 10, markdown: bool = False) -> str:
 
 
 # ---- the winner as a training config -----------------------------------------------------
+STEPS = 10_000
+"""training.steps of a planned config."""
+CHECKPOINT_MINUTES = 30
+"""Predicted minutes of training between two checkpoints of a planned config."""
+KEEP_CHECKPOINTS = 3
+"""Checkpoints a planned config keeps (`checkpoint.keep_latest_k`): the last ~1.5 hours."""
+
+
+def checkpoint_interval(step_s: float) -> int:
+    """Steps in about `CHECKPOINT_MINUTES` of predicted time, to two significant digits
+    (at most `STEPS`)."""
+    steps = max(1, int(CHECKPOINT_MINUTES * 60 / step_s))
+    unit = 10 ** max(0, len(str(steps)) - 2)
+    return min(STEPS, steps // unit * unit)
+
+
 def toml_text(result: Result, lay: Layout) -> str:
     """`lay` as a training config `python -m boost_titan.check --nproc N` accepts, naming
-    the prediction in its header."""
+    the prediction and its assumptions in its header; checkpointing on."""
     r, p = result.request, lay.plan
     per_replica = r.global_batch // lay.dp
     local = per_replica if p.pp > 1 else p.micro_batch
@@ -331,11 +434,20 @@ def toml_text(result: Result, lay: Layout) -> str:
             f"pipeline_parallel_microbatch_size = {p.micro_batch}\n"
         )
     selective = 'selective_ac_option = "2"\n' if ac == "selective" else ""
+    chunks = "  # asked for with plan --overlap; unmeasured on GPUs" if p.overlap_chunks > 1 else ""
+    interval = checkpoint_interval(lay.step_s)
+    minutes = interval * lay.step_s / 60
     return f"""# {r.flavor} {r.arch} on {r.gpus} x {r.gpu}: the pick of `boost_titan.plan --auto`.
 # Layout: {describe(lay)}.
-# Prediction (bench.model, {r.gpu}): {lay.step_s:.3f} s per step, \
+# Prediction (bench.model, {r.gpu} profile; not measured): {lay.step_s:.3f} s per step, \
 {lay.tokens_per_gpu_s(r):,.0f} tokens/s per GPU, peak {lay.memory_gib:.1f} GiB per GPU.
-#   python -m boost_titan.check --nproc {r.gpus} --job.config_file THIS.toml
+# Assumptions: the model's kernel and link rates for the {r.gpu} profile (docs/performance.md);
+# FSDP2's traffic hidden behind compute up to the step's length; {1 - USABLE:.0%} of the \
+{r.gpu_memory_gib:g} GiB
+# left for the CUDA context, NCCL and fragmentation. Time a few steps before a long run.
+# Data: name your corpus and tokenizer (docs/gpus.md), e.g.
+#   python -m boost_titan.check --nproc {r.gpus} --job.config_file THIS.toml \\
+#       --training.dataset_path DATA --model.hf_assets_path TOKENIZER
 
 [job]
 dump_folder = "./outputs/{r.flavor}-auto"
@@ -347,7 +459,7 @@ description = "boost_llama {r.flavor}: {r.arch}, {p.strategy}, planned"
 [boost]
 arch = "{r.arch}"
 tp_strategy = "{p.strategy}"
-overlap_chunks = {p.overlap_chunks}
+overlap_chunks = {p.overlap_chunks}{chunks}
 lowrank_ac = {str(p.ac == "lowrank").lower()}
 
 [optimizer]
@@ -364,7 +476,7 @@ min_lr_factor = 0.1
 local_batch_size = {local}
 global_batch_size = {r.global_batch}
 seq_len = {r.seq_len}
-steps = 10000
+steps = {STEPS}
 max_norm = 0.5
 mixed_precision_param = "bfloat16"
 
@@ -372,6 +484,15 @@ mixed_precision_param = "bfloat16"
 data_parallel_shard_degree = -1
 tensor_parallel_degree = {p.tp}
 {pipeline}
+[checkpoint]
+# a save every {interval:,} steps: {minutes:.0f} minutes of predicted time (aim: \
+{CHECKPOINT_MINUTES}, at most the run's
+# {STEPS:,} steps); the newest {KEEP_CHECKPOINTS} kept, a rerun resumes from the newest
+enable = true
+interval = {interval}
+keep_latest_k = {KEEP_CHECKPOINTS}
+last_save_model_only = false
+
 [activation_checkpoint]
 mode = "{ac}"
 {selective}
@@ -385,7 +506,11 @@ def add_args(parser) -> None:
     """`plan --auto`'s options."""
     parser.add_argument("--gpus", type=int, help="GPUs in all (with --auto)")
     parser.add_argument(
-        "--gpu", default="a100", choices=tuple(GPUS), help="GPU profile (default a100)"
+        "--gpu",
+        default="a100",
+        type=str.lower,
+        choices=tuple(GPUS),
+        help="GPU profile, any case (default a100)",
     )
     parser.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the profile's, 80)")
     parser.add_argument("--seq-len", type=int, default=4096)
@@ -393,6 +518,11 @@ def add_args(parser) -> None:
         "--global-batch", type=int, default=4, help="sequences per step (default 4, BOOST's)"
     )
     parser.add_argument("--top", type=int, default=10, help="rows of the ranked table")
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="also try BTP's overlap_chunks 2 and 4 (unmeasured on GPUs; off by default)",
+    )
     parser.add_argument("--write-toml", metavar="PATH", help="write the winner as a config")
 
 
@@ -408,6 +538,7 @@ def run(ns) -> int:
         gpu_memory_gib=GPU_MEMORY_GIB[ns.gpu] if ns.gpu_memory is None else ns.gpu_memory,
         seq_len=ns.seq_len,
         global_batch=ns.global_batch,
+        overlap=ns.overlap,
     )
     result = plan_layouts(request)
     print(format_result(result, top=ns.top, markdown=ns.markdown))
@@ -417,7 +548,8 @@ def run(ns) -> int:
                 f.write(toml_text(result, result.ranked[0]))
         except OSError as e:
             raise ConfigError(f"cannot write --write-toml {ns.write_toml}: {e.strerror}") from None
-        print(f"\nwrote {ns.write_toml}: {describe(result.ranked[0])}")
+        best = result.ranked[0]
+        print(f"\nwrote {ns.write_toml}: {describe(best)} (predicted {best.step_s:.3f} s per step)")
     return 0
 
 
@@ -491,11 +623,11 @@ def docs_tables() -> str:
     header = (
         "size on GPUs",
         "paper's layout",
-        "step s",
-        "GiB/GPU",
+        "pred. step s",
+        "pred. GiB/GPU",
         "planner's pick",
-        "step s",
-        "GiB/GPU",
+        "pred. step s",
+        "pred. GiB/GPU",
         "paper / pick",
         "paper's rank",
     )
