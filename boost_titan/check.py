@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 
-from boost_titan.config import check_run_limits, global_batch
+from boost_titan.config import check_cuda_graphs, check_run_limits, global_batch
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import (
@@ -31,7 +31,6 @@ from boost_titan.runtime.checkpoint_files import (
     latest_checkpoint,
     read_metadata,
 )
-from boost_titan.runtime.cuda_graphs import graphs_refusal
 from boost_titan.runtime.dump_lock import DumpFolderLock
 from boost_titan.runtime.precision import Precision
 
@@ -383,9 +382,7 @@ def check(args: list[str]) -> str:
     world, degrees = resolve_world(job, nproc)
     batch = check_batch(job, degrees)
     check_run_limits(job.boost)
-    refusal = graphs_refusal(job.boost.cuda_graphs, degrees["pp"] > 1)
-    if refusal:
-        raise ConfigError(refusal)
+    check_cuda_graphs(job.boost, degrees["pp"])
     check_output_folder(job.job.dump_folder)
     check_data(job)
     check_initial_checkpoint(job.checkpoint)

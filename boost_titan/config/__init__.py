@@ -148,3 +148,14 @@ def check_run_limits(boost: Boost) -> None:
             f"[boost] skip_nonfinite_steps {skips} must be >= 0; set "
             "--boost.skip_nonfinite_steps to how many NaN/inf steps to skip (0: stop at the first)"
         )
+
+
+def check_cuda_graphs(boost: Boost, pipeline_degree: int) -> None:
+    """ConfigError for `[boost] cuda_graphs` under pipeline parallelism, whose schedule runs
+    host-side bookkeeping between micro-batches (the trainer and `check` both call this)."""
+    if boost.cuda_graphs and pipeline_degree > 1:
+        raise ConfigError(
+            "[boost] cuda_graphs does not support pipeline parallelism (its schedule runs "
+            "host-side bookkeeping between micro-batches); drop --boost.cuda_graphs or set "
+            "parallelism.pipeline_parallel_degree to 1"
+        )

@@ -19,10 +19,10 @@ What a replay needs, the trainer provides:
   that shards nothing the weight cast runs inside each replay, on the GPU only;
 - a loss that survives the next replay: the output is cloned.
 
-Refused in one line: pipeline parallelism (its schedule runs many micro-batches and
-host-side bookkeeping per step). Anything inside the step that waits for the host (`.item()`,
-data-dependent shapes) fails the capture: the error line names it and the switch. On a
-machine without CUDA the switch does nothing and the log says so.
+Refused in one line (`config.check_cuda_graphs`): pipeline parallelism (its schedule runs
+many micro-batches and host-side bookkeeping per step). Anything inside the step that waits
+for the host (`.item()`, data-dependent shapes) fails the capture: the error line names it
+and the switch. On a machine without CUDA the switch does nothing and the log says so.
 
 Not yet run on a GPU: default off until a CUDA run has shown that losses and gradients
 equal eager's bit for bit (docs/performance.md says how to check).
@@ -118,15 +118,4 @@ class GraphedCall:
         return self.output.clone()
 
 
-def graphs_refusal(enabled: bool, pp_enabled: bool) -> str | None:
-    """Why `[boost] cuda_graphs` cannot apply to this layout, or None."""
-    if enabled and pp_enabled:
-        return (
-            "[boost] cuda_graphs does not support pipeline parallelism (its schedule runs "
-            "host-side bookkeeping between micro-batches); drop --boost.cuda_graphs or set "
-            "parallelism.pipeline_parallel_degree to 1"
-        )
-    return None
-
-
-__all__ = ["CudaGraphs", "GraphBackend", "GraphedCall", "WARMUP_CALLS", "graphs_refusal"]
+__all__ = ["CudaGraphs", "GraphBackend", "GraphedCall", "WARMUP_CALLS"]

@@ -58,11 +58,16 @@ from torchtitan.components.checkpoint import AsyncMode
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from boost_titan.config import check_run_limits, data_parallel_degree, global_batch
+from boost_titan.config import (
+    check_cuda_graphs,
+    check_run_limits,
+    data_parallel_degree,
+    global_batch,
+)
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
-from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall, graphs_refusal
+from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
 from boost_titan.runtime.nonfinite import (
@@ -118,11 +123,7 @@ class BoostTrainer(Trainer):
     def __init__(self, job_config):
         boost = job_config.boost
         check_run_limits(boost)
-        refusal = graphs_refusal(
-            boost.cuda_graphs, job_config.parallelism.pipeline_parallel_degree > 1
-        )
-        if refusal:
-            raise ConfigError(refusal)
+        check_cuda_graphs(boost, job_config.parallelism.pipeline_parallel_degree)
         self.stop = StopRequest(boost.time_budget_minutes)
         self.stop.install()  # before the long set-up: a SIGTERM now stops after step 1
         self.stop_reason: str | None = None

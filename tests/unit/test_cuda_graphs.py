@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from boost_titan.config import Boost, check_cuda_graphs
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.cuda_graphs import WARMUP_CALLS, GraphedCall, graphs_refusal
+from boost_titan.runtime.cuda_graphs import WARMUP_CALLS, GraphedCall
 
 
 class RecordingBackend:
@@ -77,6 +78,7 @@ def test_failed_capture_is_one_error_naming_the_switch():
 
 
 def test_pipeline_parallelism_is_refused():
-    assert graphs_refusal(enabled=True, pp_enabled=False) is None
-    assert graphs_refusal(enabled=False, pp_enabled=True) is None
-    assert "pipeline parallelism" in graphs_refusal(enabled=True, pp_enabled=True)
+    check_cuda_graphs(Boost(cuda_graphs=True), pipeline_degree=1)
+    check_cuda_graphs(Boost(cuda_graphs=False), pipeline_degree=2)
+    with pytest.raises(ConfigError, match="does not support pipeline parallelism"):
+        check_cuda_graphs(Boost(cuda_graphs=True), pipeline_degree=2)
