@@ -4,10 +4,12 @@ One CPU process plays rank 0 of a TP group (a fake process group of world size t
 `bench trace`) and, with `fake=True`, FakeTensorMode holds no real memory, so a 13B stage
 at TP4 and seq 4096 costs seconds. The model is built as the trainer builds it: fp32
 weights, the real TP plan (`apply_plan`), the AC mode, then TorchTitan's `apply_fsdp` with
-bf16 parameters and fp32 reductions on a 1-rank "fsdp" mesh dim (`boost_llama.data_parallel`),
-and a fused AdamW. A pipeline stage is the model with its stage's blocks (TorchTitan's
-split, `memory.stage_layers`) and without the parts other stages hold; it runs 1F1B's
-order for its micro-batches (a stage s of pp keeps pp - s of them in flight).
+bf16 parameters and fp32 reductions on a 1-rank "fsdp" mesh dim, never resharding, with the
+product's accumulation switches before every backward (`boost_llama.data_parallel`,
+`runtime.accumulation`), and a fused AdamW. A pipeline stage is the model with its stage's
+blocks (TorchTitan's split, `memory.stage_layers`) and without the parts other stages
+hold; it runs 1F1B's order for its micro-batches (a stage s of pp keeps pp - s of them in
+flight).
 
 The tracked step is the second one (AdamW's state exists; fused AdamW updates in place, so
 its step allocates nothing more): forward, loss (sum cross-entropy, loss-parallel under
@@ -36,6 +38,7 @@ from boost_titan.bench.model import memory, perfmodel
 from boost_titan.bench.model.perfmodel import Plan
 from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
 from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 
 _TOTAL = "Total"
 
@@ -156,16 +159,20 @@ def track(args: BoostModelArgs, plan: Plan, stage: int = 0, fake: bool = True) -
                     reduce_dtype=torch.float32,
                     pp_enabled=plan.pp > 1,
                     cpu_offload=False,
-                    reshard_after_forward_policy="default",
+                    reshard_after_forward_policy="never",  # nothing sharded: kept
                 )
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         shape = (plan.micro_batch, plan.seq_len)
         tokens = torch.randint(0, args.vocab_size, shape)
         inputs = tokens if stage == 0 else torch.randn(*shape, width, dtype=torch.bfloat16)
 
+        units = fsdp_modules([model])
+        policy = Accumulation.for_layout(shards_weights=False, reshard_policy="never")
+
         def step(before_forward=lambda: None) -> None:
             outputs = {}
             for kind, i in _schedule(plan.pp, stage, plan.microbatches):
+                policy.before_microbatch(units, i if kind == "b" else 0, plan.microbatches)
                 if kind == "f":
                     before_forward()
                     out = model(inputs)

@@ -8,9 +8,11 @@ FSDP shard degree:
 - state, always resident: the weights (bf16 training: the fp32 master copy, 4 N / d) and
   AdamW's two moments (8 N / d); fp32 training the same, bf16 without master weights half.
 - compute copy: bf16 training casts each FSDP unit's weights to bf16 (2 bytes per
-  parameter, unsharded). Without PP a block's copy lives during its forward and again
-  during its backward, the final norm + lm_head's from forward to backward (TorchTitan
-  does not reshard them); with PP (TorchTitan's policy) the whole stage's copy stays.
+  parameter, unsharded). Where nothing is sharded (d = 1) the whole stage's copy stays
+  from the step's first forward to its last backward (`runtime.accumulation`), as it does
+  under PP (TorchTitan's policy); with FSDP (d > 1) a block's copy lives during its forward
+  and again during its backward, the final norm + lm_head's from forward to backward
+  (TorchTitan does not reshard them).
 - activations: `perfmodel.activation_bytes` per block (exact against `bench trace`) x the
   stage's blocks x the micro-batches 1F1B keeps in flight on it (pp - s, at most all).
 - loss (last stage): the logits' temporaries, [T, V/tp] elements of `LOSS_BYTES` (TP 1:
@@ -139,7 +141,7 @@ def stage_memory(args: ModelShape, plan: Plan, stage: int = 0, dp_shard: int = 1
     block = perfmodel.layer_params(args, plan)
     _, head = _end_params(args, plan)
     copy = COPY_BYTES[state]
-    if plan.pp > 1:
+    if plan.pp > 1 or dp_shard == 1:
         kept_copy = copy * n
     else:
         kept_copy = copy * (head + block)
