@@ -22,7 +22,7 @@ from tests.helpers import DEBUG_TOML
                 "--parallelism.tensor_parallel_degree",
                 "3",
             ],
-            "1 processes cannot hold tp 3",
+            "1 process cannot hold tp 3",
         ),
         (["step", "--job.config_file", "missing.toml"], "missing.toml not found"),
     ],

@@ -41,7 +41,8 @@ def test_memory_parts_hand_computed():
     """1B, one sequence, full AC: 4 + 8 bytes of fp32 master weights and AdamW moments per
     parameter; the peak is when backward ends (every fp32 gradient, 4 bytes) with one
     block's bf16 gradient and its fp32 copy (6 bytes per block parameter) and recompute;
-    the bf16 compute copy of the lm_head + final norm and of one block (2 bytes)."""
+    the bf16 compute copy of every weight, kept the whole step where nothing is sharded
+    (2 bytes); with FSDP that of the lm_head + final norm and of one block."""
     args = perfmodel.model_args("1B", "cola", "btp")
     plan = Plan("btp", seq_len=4096, microbatches=1, ac="full")
     n, block = perfmodel.params_per_rank(args, plan), perfmodel.layer_params(args, plan)
@@ -53,7 +54,7 @@ def test_memory_parts_hand_computed():
     assert m.parts == {
         "weights": 4 * n,
         "optimizer": 8 * n,
-        "compute_copy": 2 * (head + block),
+        "compute_copy": 2 * n,
         "grads": 4 * n,
         "activations": 0,
         "loss": 0,
@@ -61,6 +62,7 @@ def test_memory_parts_hand_computed():
     }
     sharded = memory.stage_memory(args, plan, dp_shard=4).parts
     assert (sharded["weights"], sharded["optimizer"]) == (n, 2 * n)  # FSDP over 4 ranks
+    assert sharded["compute_copy"] == 2 * (head + block)
 
 
 def test_memory_pipeline_in_flight():
