@@ -2,10 +2,11 @@
 
 The four BOOST configurations (1B on one GPU, 3B TP2, 7B TP4, 13B TP4 x PP2; CoLA, BTP,
 as `validation.PAPER_ROWS`) in one batch layout, micro-batch 1 x 4 micro-batches of 4096
-tokens (the default configs' layout; the published 3B / 13B rows ran 4 x 1), priced in
-fp32, bf16 (fp32 master weights) and float8 (torchao tensorwise on every GEMM the runtime
-selects: eager casts, casts fused by torch.compile, and fused with TorchTitan's
-`auto_filter_small_kn`). A GPU without float8 tensor cores gets "n/a" there.
+tokens (BOOST's layout; the published 3B / 13B rows ran 4 x 1), priced in fp32, bf16 (fp32
+master weights) and float8 (torchao tensorwise on every GEMM the runtime selects: eager
+casts in an eager model, casts fused by torch.compile, and fused with TorchTitan's
+`auto_filter_small_kn`), every column but the eager one compiled as the GPU configs are.
+A GPU without float8 tensor cores gets "n/a" there.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ GPUS = (PAPER_GPU, "h100")
 BATCH = {"seq_len": 4096, "micro_batch": 1, "microbatches": 4}
 AUTO_FILTER = ("auto_filter_small_kn",)
 PRECISIONS: dict[str, dict] = {
-    "fp32": {"dtype": "fp32"},
-    "bf16": {"dtype": "bf16"},
+    "fp32": {"dtype": "fp32", "compiled": True},
+    "bf16": {"dtype": "bf16", "compiled": True},
     "float8 eager casts": {"float8": "tensorwise"},
-    "float8 compiled casts": {"float8": "tensorwise", "float8_casts": "fused"},
+    "float8 compiled casts": {"float8": "tensorwise", "float8_casts": "fused", "compiled": True},
     "float8 compiled + auto filter": {
         "float8": "tensorwise",
         "float8_casts": "fused",
         "float8_filter": AUTO_FILTER,
+        "compiled": True,
     },
 }
 """Column name -> Plan fields (over bf16 with master weights)."""
