@@ -39,30 +39,52 @@ def request(**kw) -> planner.Request:
 # ---- memory model -------------------------------------------------------------------------
 def test_memory_parts_hand_computed():
     """1B, one sequence, full AC: 4 + 8 bytes of fp32 master weights and AdamW moments per
-    parameter; the peak is when backward ends (every fp32 gradient, 4 bytes) with one
-    block's bf16 gradient and its fp32 copy (6 bytes per block parameter) and recompute;
-    the bf16 compute copy of every weight, kept the whole step where nothing is sharded
-    (2 bytes); with FSDP that of the lm_head + final norm and of one block."""
+    parameter (sharded by FSDP). At seq 4096 the peak is the loss at the end of forward:
+    the kept activations, the loss's temporaries and the bf16 compute copy (2 bytes), of
+    every weight where nothing is sharded (`runtime.accumulation` keeps them from the first
+    forward), of one block and the lm_head + final norm under FSDP. At seq 512 it is when
+    backward ends (every fp32 gradient, 4 bytes) with one block's bf16 gradient and its fp32
+    copy (6 bytes per block parameter) and recompute: the backward of the step's only
+    micro-batch has freed each block's copy after the block; with 2 micro-batches every
+    copy is alive at the end of the first's backward."""
     args = perfmodel.model_args("1B", "cola", "btp")
     plan = Plan("btp", seq_len=4096, microbatches=1, ac="full")
     n, block = perfmodel.params_per_rank(args, plan), perfmodel.layer_params(args, plan)
     head = args.vocab_size * args.dim + args.dim
-    m = memory.stage_memory(args, plan)
-    recompute = perfmodel.activation_bytes(args, dataclasses.replace(plan, ac="none")) - 4096 * (
-        args.dim * 2
-    )
-    assert m.parts == {
+    one_copy = 2 * (head + block)
+    at_loss = {
+        "grads": 0,
+        "activations": args.n_layers * perfmodel.activation_bytes(args, plan),
+        "loss": (memory.LOSS_BYTES * args.vocab_size + 2 * args.dim) * 4096,
+        "backward": 0,
+    }
+    assert memory.stage_memory(args, plan, dp_shard=4).parts == {
+        "weights": n,
+        "optimizer": 2 * n,
+        "compute_copy": one_copy,
+        **at_loss,
+    }
+    assert memory.stage_memory(args, plan).parts == {
         "weights": 4 * n,
         "optimizer": 8 * n,
         "compute_copy": 2 * n,
+        **at_loss,
+    }
+    short = dataclasses.replace(plan, seq_len=512)
+    recompute = perfmodel.activation_bytes(args, dataclasses.replace(short, ac="none")) - 512 * (
+        args.dim * 2
+    )
+    assert memory.stage_memory(args, short).parts == {
+        "weights": 4 * n,
+        "optimizer": 8 * n,
+        "compute_copy": one_copy,
         "grads": 4 * n,
         "activations": 0,
         "loss": 0,
         "backward": 6 * block + recompute,
     }
-    sharded = memory.stage_memory(args, plan, dp_shard=4).parts
-    assert (sharded["weights"], sharded["optimizer"]) == (n, 2 * n)  # FSDP over 4 ranks
-    assert sharded["compute_copy"] == 2 * (head + block)
+    two = memory.stage_memory(args, dataclasses.replace(short, microbatches=2)).parts
+    assert two["compute_copy"] == 2 * n and two["grads"] == 4 * n
 
 
 def test_memory_pipeline_in_flight():

@@ -9,10 +9,10 @@ FSDP shard degree:
   AdamW's two moments (8 N / d); fp32 training the same, bf16 without master weights half.
 - compute copy: bf16 training casts each FSDP unit's weights to bf16 (2 bytes per
   parameter, unsharded). Where nothing is sharded (d = 1) the whole stage's copy stays
-  from the step's first forward to its last backward (`runtime.accumulation`), as it does
-  under PP (TorchTitan's policy); with FSDP (d > 1) a block's copy lives during its forward
-  and again during its backward, the final norm + lm_head's from forward to backward
-  (TorchTitan does not reshard them).
+  from the step's first forward until each unit's backward in the last micro-batch frees
+  it (`runtime.accumulation`), as under PP (TorchTitan's policy); with FSDP (d > 1) a
+  block's copy lives during its forward and again during its backward, the final norm +
+  lm_head's from forward to backward (TorchTitan does not reshard them).
 - activations: `perfmodel.activation_bytes` per block (exact against `bench trace`) x the
   stage's blocks x the micro-batches 1F1B keeps in flight on it (pp - s, at most all).
 - loss (last stage): the logits' temporaries, [T, V/tp] elements of `LOSS_BYTES` (TP 1:
@@ -24,11 +24,12 @@ FSDP shard degree:
   (what `none` keeps minus what the mode kept).
 - gradients: fp32 and sharded (4 N / d), all present when backward ends.
 
-The peak is the state and compute copy plus the largest of three moments: the loss
-(activations + loss), the first block's backward (activations + one block's backward) and
-the last block's backward (every gradient + one block's backward); when a forward follows
-a backward in the step (gradient accumulation, 1F1B's steady state) the first two also
-hold every gradient. Communication buffers:
+The peak is the state plus the largest of three moments: the loss (compute copy +
+activations + loss), the first block's backward (compute copy + activations + one block's
+backward) and the last block's backward (every gradient + one block's backward, with the
+whole kept copy only when an earlier micro-batch's backward ended that way); when a forward
+follows a backward in the step (gradient accumulation, 1F1B's steady state) the first two
+also hold every gradient. Communication buffers:
 FSDP on one rank moves nothing (its cast-copy is the compute copy) and TP's collectives
 write into tensors the activation accounting already counts; with d > 1, one block's
 all-gather output is the compute copy.
@@ -141,10 +142,11 @@ def stage_memory(args: ModelShape, plan: Plan, stage: int = 0, dp_shard: int = 1
     block = perfmodel.layer_params(args, plan)
     _, head = _end_params(args, plan)
     copy = COPY_BYTES[state]
-    if plan.pp > 1 or dp_shard == 1:
-        kept_copy = copy * n
-    else:
-        kept_copy = copy * (head + block)
+    one_copy = copy * (head + block)  # FSDP: one block's and the final norm + lm_head's
+    kept = plan.pp > 1 or dp_shard == 1  # kept across the step's micro-batches
+    forward_copy = copy * n if kept else one_copy
+    # the last micro-batch's backward frees each unit's copy after its backward
+    end_copy = copy * n if kept and plan.microbatches > 1 else one_copy
     layers = stage_layers(args.n_layers, plan.pp)[stage]
     activations = perfmodel.activation_bytes(args, plan) * layers * in_flight(plan, stage)
     t, vocab = plan.tokens, args.vocab_size // plan.tp
@@ -155,19 +157,18 @@ def stage_memory(args: ModelShape, plan: Plan, stage: int = 0, dp_shard: int = 1
     grads = MASTER_BYTES[state] * n // dp_shard
     # a forward that follows a backward (accumulation, 1F1B's steady state) finds every grad
     held = grads if plan.microbatches > in_flight(plan, stage) else 0
-    phases = (  # (grads, activations, loss, backward) alive at each candidate peak
-        (held, activations, loss, 0),  # the loss: end of forward, start of backward
-        (held, activations, 0, backward),  # the first block's backward
-        (grads, 0, 0, backward),  # the last block's backward: every gradient
+    phases = (  # (compute copy, grads, activations, loss, backward) at each candidate peak
+        (forward_copy, held, activations, loss, 0),  # the loss: end of forward
+        (forward_copy, held, activations, 0, backward),  # the first block's backward
+        (end_copy, grads, 0, 0, backward),  # the last block's backward: every gradient
     )
     peak = max(phases, key=sum)
     fixed = {
         "weights": MASTER_BYTES[state] * n // dp_shard,
         "optimizer": MOMENT_BYTES[state] * n // dp_shard,
-        "compute_copy": kept_copy,
     }
-    moment = dict(zip(("grads", "activations", "loss", "backward"), peak, strict=True))
-    return StageMemory(stage, fixed | moment)
+    names = ("compute_copy", "grads", "activations", "loss", "backward")
+    return StageMemory(stage, fixed | dict(zip(names, peak, strict=True)))
 
 
 def peak_memory(args: ModelShape, plan: Plan, dp_shard: int = 1) -> StageMemory:
