@@ -35,10 +35,31 @@ def _groups(grad: torch.Tensor) -> tuple[dist.ProcessGroup, ...]:
     )
 
 
+CPU_CHUNK = 1 << 16
+"""Elements per fp64 chunk of a gradient on CPU."""
+
+
+def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The fp64 sum of the squares of every element: on a GPU one multi-tensor
+    `_foreach_norm` in fp64 (a few kernels however many tensors); on CPU, where that
+    materialises an fp64 copy of every tensor, chunk by chunk through one reused fp64
+    buffer (fp64 products and sums either way)."""
+    if tensors[0].device.type != "cpu":
+        return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64)).square().sum()
+    total = torch.zeros((), dtype=torch.float64)
+    buffer = torch.empty(min(CPU_CHUNK, max(t.numel() for t in tensors)), dtype=torch.float64)
+    for tensor in tensors:
+        flat = tensor.reshape(-1)
+        for start in range(0, flat.numel(), CPU_CHUNK):
+            part = flat[start : start + CPU_CHUNK]
+            chunk = buffer[: part.numel()].copy_(part)
+            total += torch.dot(chunk, chunk)
+    return total
+
+
 def total_norm(grads: Iterable[torch.Tensor], pp_mesh: DeviceMesh | None = None) -> torch.Tensor:
     """sqrt(sum of squares of every gradient element), in fp64, the same on every rank.
-    Gradients spread over the same groups are normed together by one multi-tensor
-    `_foreach_norm` (a few kernels however many gradients), each in fp64."""
+    Gradients spread over the same groups are summed together (`_sum_of_squares`)."""
     spread: dict[tuple[str, ...], tuple[tuple[dist.ProcessGroup, ...], list[torch.Tensor]]] = {}
     device = None
     for grad in grads:
@@ -49,8 +70,7 @@ def total_norm(grads: Iterable[torch.Tensor], pp_mesh: DeviceMesh | None = None)
         spread.setdefault(key, (groups, []))[1].append(local)
     total = torch.zeros((), dtype=torch.float64, device=device)
     for groups, locals_ in spread.values():
-        norms = torch._foreach_norm(locals_, 2, dtype=torch.float64)
-        square = torch.stack(norms).square().sum()
+        square = _sum_of_squares(locals_)
         for group in groups:
             dist.all_reduce(square, group=group)
         total = total + square
