@@ -6,7 +6,9 @@ Takes the same arguments as `boost_titan.train`. The process count comes from `-
 else the NGPU environment variable, else the smallest count the parallel degrees allow.
 Besides the configuration it opens what the job will read: a sample of every local
 dataset file, and the DCP metadata and files of the checkpoint it will load (the newest
-in the dump folder, else `checkpoint.initial_load_path`); it checks that no other job
+in the dump folder, else `checkpoint.initial_load_path`), whose pickles it unpickles through
+the checkpoint allowlist (one that asks for anything else is refused, and nothing of it
+runs); it checks that no other job
 holds the dump folder, and prepares the default tokenizer once, before workers start.
 
 Exit status: 0 and `config ok: ...`; 2 and one `error: ...` line; FINISHED (4) and
@@ -24,7 +26,7 @@ from boost_titan.config import check_run_limits
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import (
-    check_readable,
+    check_loadable,
     is_complete_checkpoint,
     latest_checkpoint,
 )
@@ -235,11 +237,7 @@ def check_resume(job) -> int | None:
         )
     if path is None:
         return None
-    fix = (
-        "move that step-N folder away to resume from the one before it, or pass "
-        "--checkpoint.load_step"
-    )
-    check_readable(path, where=f"the checkpoint to resume from, {path}", fix=fix)
+    check_loadable(path, resuming=True)
     return int(os.path.basename(path).removeprefix("step-"))
 
 
@@ -287,16 +285,15 @@ def check_initial_checkpoint(checkpoint) -> None:
 
 
 def check_initial_readable(job) -> None:
-    """The DCP checkpoint at `checkpoint.initial_load_path` opens (its metadata unpickles
-    and every file it names is whole) and holds the job's model: every weight, with the
+    """The DCP checkpoint at `checkpoint.initial_load_path` opens (its pickles through the
+    allowlist, every file it names whole) and holds the job's model: every weight, with the
     same shape, and no other weight (TorchTitan would stop with a traceback on a missing
     one and silently drop an extra one). Call it when the job will read it: not resuming."""
     checkpoint = job.checkpoint
     path = checkpoint.initial_load_path
     if not (path and checkpoint.enable and not checkpoint.initial_load_in_hf):
         return
-    where = f"checkpoint.initial_load_path {path}"
-    metadata = check_readable(path, where=where)
+    metadata = check_loadable(path, resuming=False)
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
 
@@ -313,8 +310,8 @@ def check_initial_readable(job) -> None:
     key = first_shape_mismatch(expected, stored)
     if key is not None:
         raise ConfigError(
-            f"{where} has {key} {stored.get(key, 'missing')} but the job's model "
-            f"({job.model.flavor}, arch {job.boost.arch}) expects "
+            f"checkpoint.initial_load_path {path} has {key} {stored.get(key, 'missing')} but "
+            f"the job's model ({job.model.flavor}, arch {job.boost.arch}) expects "
             f"{expected.get(key, 'no such weight')}; train with the model.flavor, "
             "[boost] arch and rank it was saved with"
         )

@@ -15,7 +15,8 @@
   the newest complete checkpoint stays the one a rerun loads.
 - The end of a run is orderly on every rank (`close`): pending checkpoint writes are
   waited for, the checkpointer's threads joined, and every process group destroyed after
-  the ranks met (`runtime.teardown`), so that a complete run cannot end in a SIGABRT.
+  the ranks met (`boost_titan.parallelize.teardown`); `train.py` then ends the process
+  without interpreter finalization, so that a complete run cannot end in a SIGABRT.
 - Rank 0 appends each step's global loss (and each validation's held-out loss,
   `boost_titan.runtime.validator`) to `<dump_folder>/losses.jsonl` and, at the end, logs
   steps run, tokens/s, first/last loss, the last validation and where outputs went.
@@ -24,7 +25,10 @@
 - Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun
   restart and any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*`
   injects a SIGKILL for testing.
-- Every rank loads the checkpoint rank 0 picks (`boost_titan.runtime.resume`).
+- Every rank loads the checkpoint rank 0 picks (`boost_titan.runtime.resume`), and only
+  after reading its pickles through the checkpoint allowlist: DCP's loads are guarded for
+  the whole process (`boost_titan.parallelize.safe_load`), and a checkpoint that asks for
+  anything else stops every rank with one line before the load starts.
 - Gradient clipping uses the exact fp64 global norm (`runtime.grad_norm`), the same in every
   layout; `losses.jsonl` rows carry it as `grad_norm`. TorchTitan's `train_step` finds
   its clipping function through `torchtitan.distributed.utils`, which this trainer points
@@ -57,6 +61,8 @@ from torchtitan.train import Trainer
 
 from boost_titan.config import check_run_limits
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.safe_load import guard_dcp
+from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
@@ -69,11 +75,10 @@ from boost_titan.runtime.nonfinite import (
 )
 from boost_titan.runtime.precision import Precision, no_autocast
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
-from boost_titan.runtime.resume import agree_on_checkpoint
+from boost_titan.runtime.resume import agree_on_checkpoint, check_checkpoint_to_load
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
 from boost_titan.runtime.stopping import StopRequest, stopped_line
-from boost_titan.runtime.teardown import end_process_groups
 from boost_titan.runtime.validator import owns_loss
 
 TITAN_CLIP = titan_dist_utils.clip_grad_norm_
@@ -122,6 +127,7 @@ class BoostTrainer(Trainer):
         self.finished = False
         self.step_loss = 0.0
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
+        guard_dcp()  # before TorchTitan's checkpointer can read anything
         super().__init__(job_config)
         self.async_save = AsyncSaveFolder(self.checkpointer)
         self.failed_save: CheckpointException | None = None
@@ -296,7 +302,8 @@ class BoostTrainer(Trainer):
 
     def train(self):
         if self.checkpointer.enable:
-            agree_on_checkpoint(self.checkpointer, self.job_config.checkpoint.load_step)
+            choice = agree_on_checkpoint(self.checkpointer, self.job_config.checkpoint.load_step)
+            check_checkpoint_to_load(self.checkpointer, choice)
             if dist.get_rank() == 0:
                 self.log_resume_state()
         try:
@@ -315,7 +322,7 @@ class BoostTrainer(Trainer):
     def close(self) -> None:
         """The orderly end of every rank; TorchTitan's `main` calls it after training and
         after an error: the checkpointer's pending write, its threads, then the process
-        groups (`runtime.teardown`: ranks meet only after a finished run)."""
+        groups (`parallelize.teardown`: ranks meet only after a finished run)."""
         ckpt = getattr(self, "checkpointer", None)
         try:
             if ckpt is not None and ckpt.enable:
