@@ -7,7 +7,8 @@ mixed weights. `agree_on_checkpoint` makes rank 0's choice everyone's: rank 0 pi
 broadcasts the step, every rank reports whether it sees that checkpoint, and the manager
 is pinned to the step. A rank that cannot see it ends the job on every rank with the same
 one-line error. `check_checkpoint_to_load` then reads the pickles of the checkpoint the
-choice will load through the checkpoint allowlist, on every rank alike.
+choice will load through the checkpoint allowlist, on every rank alike; `prepare_to_load`
+is all of it, with DCP's own reads guarded, as BoostTrainer runs it before TorchTitan loads.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.safe_load import guard_dcp
 from boost_titan.runtime.checkpoint_files import check_loadable
 
 LOADABLE_MARKERS = (".metadata", "model.safetensors.index.json")
@@ -107,3 +109,14 @@ def check_checkpoint_to_load(checkpointer, choice: Choice) -> None:
     elif not choice.folder_exists and checkpointer.initial_load_path:
         if not checkpointer.initial_load_in_hf:  # an export is safetensors: no pickle
             check_loadable(checkpointer.initial_load_path, resuming=False)
+
+
+def prepare_to_load(checkpointer, load_step: int) -> Choice:
+    """What every rank runs before `checkpointer.load`: DCP's reads through the checkpoint
+    allowlist for the whole process (`guard_dcp`), rank 0's pick made everyone's
+    (`agree_on_checkpoint`), and that checkpoint's pickles read up front
+    (`check_checkpoint_to_load`). Collective; raises ConfigError on every rank."""
+    guard_dcp()
+    choice = agree_on_checkpoint(checkpointer, load_step)
+    check_checkpoint_to_load(checkpointer, choice)
+    return choice

@@ -25,10 +25,10 @@
 - Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun
   restart and any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*`
   injects a SIGKILL for testing.
-- Every rank loads the checkpoint rank 0 picks (`boost_titan.runtime.resume`), and only
-  after reading its pickles through the checkpoint allowlist: DCP's loads are guarded for
-  the whole process (`boost_titan.parallelize.safe_load`), and a checkpoint that asks for
-  anything else stops every rank with one line before the load starts.
+- Every rank loads the checkpoint rank 0 picks, and only after reading its pickles
+  through the checkpoint allowlist (`boost_titan.runtime.resume.prepare_to_load`): DCP's
+  loads are guarded for the whole process (`boost_titan.parallelize.safe_load`), and a
+  checkpoint that asks for anything else stops every rank with one line before the load.
 - Gradient clipping uses the exact fp64 global norm (`runtime.grad_norm`), the same in every
   layout; `losses.jsonl` rows carry it as `grad_norm`. TorchTitan's `train_step` finds
   its clipping function through `torchtitan.distributed.utils`, which this trainer points
@@ -61,7 +61,6 @@ from torchtitan.train import Trainer
 
 from boost_titan.config import check_run_limits
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.safe_load import guard_dcp
 from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
 from boost_titan.runtime.device import on_cpu
@@ -75,7 +74,7 @@ from boost_titan.runtime.nonfinite import (
 )
 from boost_titan.runtime.precision import Precision, no_autocast
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
-from boost_titan.runtime.resume import agree_on_checkpoint, check_checkpoint_to_load
+from boost_titan.runtime.resume import prepare_to_load
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
 from boost_titan.runtime.stopping import StopRequest, stopped_line
@@ -127,7 +126,6 @@ class BoostTrainer(Trainer):
         self.finished = False
         self.step_loss = 0.0
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
-        guard_dcp()  # before TorchTitan's checkpointer can read anything
         super().__init__(job_config)
         self.async_save = AsyncSaveFolder(self.checkpointer)
         self.failed_save: CheckpointException | None = None
@@ -302,8 +300,7 @@ class BoostTrainer(Trainer):
 
     def train(self):
         if self.checkpointer.enable:
-            choice = agree_on_checkpoint(self.checkpointer, self.job_config.checkpoint.load_step)
-            check_checkpoint_to_load(self.checkpointer, choice)
+            prepare_to_load(self.checkpointer, self.job_config.checkpoint.load_step)
             if dist.get_rank() == 0:
                 self.log_resume_state()
         try:

@@ -91,8 +91,7 @@ def _load_on_ranks(rank: int, world_size: int, root: str) -> dict[str, object]:
     if the ranks saw one folder differently; then, as BoostTrainer does, from a checkpoint
     with a payload (resumed, or the initial one): the check before the load, then DCP's load
     itself under the guard. Returns the loaded weight or the error of each."""
-    from boost_titan.parallelize.safe_load import guard_dcp
-    from boost_titan.runtime.resume import agree_on_checkpoint, check_checkpoint_to_load
+    from boost_titan.runtime.resume import prepare_to_load
 
     model = torch.nn.Module()  # loads one tensor of the debug-model checkpoints: norm.weight
     model.norm = torch.nn.RMSNorm(256)
@@ -100,23 +99,21 @@ def _load_on_ranks(rank: int, world_size: int, root: str) -> dict[str, object]:
     for scenario in ("rank1-sees-newer", "rank1-misses-newest"):
         manager = _manager(root, scenario, rank, model)
         try:
-            agree_on_checkpoint(manager, load_step=-1)
+            prepare_to_load(manager, load_step=-1)
             manager.load()
             results[scenario] = model.norm.weight[0].item()
         except ConfigError as e:
             results[scenario] = str(e)
-    guard_dcp()
     for scenario in ("planted-resume", "planted-initial"):
         initial = os.path.join(root, scenario, "seed")
         config = {} if scenario == "planted-resume" else {"initial_load_path": initial}
         manager = _manager(root, scenario, rank, model, **config)
         try:
-            choice = agree_on_checkpoint(manager, load_step=-1)
-            check_checkpoint_to_load(manager, choice)
+            prepare_to_load(manager, load_step=-1)  # as BoostTrainer.train, before the load
         except ConfigError as e:
             results[scenario] = str(e)
         try:
-            manager.load()  # DCP's own reads, without the check first
+            manager.load()  # DCP's own reads, guarded by prepare_to_load, without its check
         except BaseException as e:  # DCP's CheckpointException, with our refusal inside
             results[f"{scenario}, load"] = f"{type(e).__name__}: {e}"
     return results
