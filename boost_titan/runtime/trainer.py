@@ -16,7 +16,9 @@
 - The end of a run is orderly on every rank (`close`): pending checkpoint writes are
   waited for, the checkpointer's threads joined, and every process group destroyed after
   the ranks met (`boost_titan.parallelize.teardown`); `train.py` then ends the process
-  without interpreter finalization, so that a complete run cannot end in a SIGABRT.
+  without interpreter finalization, so that a complete run cannot end in a SIGABRT. The
+  meeting replaces TorchTitan's 2 s sleep of rank 0 "for other ranks to complete" at the
+  end of `train` (its only sleep, skipped here; TorchTitan still logs the line).
 - Rank 0 appends each step's global loss (and each validation's held-out loss,
   `boost_titan.runtime.validator`) to `<dump_folder>/losses.jsonl` and, at the end, logs
   steps run, tokens/s, first/last loss, the last validation and where outputs went.
@@ -47,12 +49,15 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torchtitan.distributed.utils as titan_dist_utils
+import torchtitan.train as titan_train
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import AsyncMode
@@ -126,6 +131,8 @@ class BoostTrainer(Trainer):
         self.finished = False
         self.step_loss = 0.0
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
+        # the ranks meet in close() instead of rank 0 sleeping 2 s at the end of train()
+        titan_train.time = SimpleNamespace(perf_counter=time.perf_counter, sleep=lambda s: None)
         super().__init__(job_config)
         self.async_save = AsyncSaveFolder(self.checkpointer)
         self.failed_save: CheckpointException | None = None
