@@ -6,10 +6,10 @@ Takes the same arguments as `boost_titan.train`. The process count comes from `-
 else the NGPU environment variable, else the smallest count the parallel degrees allow.
 Besides the configuration it opens what the job will read: a sample of every local
 dataset file, and the DCP metadata and files of the checkpoint it will load (the newest
-in the dump folder, else `checkpoint.initial_load_path`), whose pickles it unpickles through
-the checkpoint allowlist (one that asks for anything else is refused, and nothing of it
-runs); it checks that no other job
-holds the dump folder, and prepares the default tokenizer once, before workers start.
+in the dump folder, else `checkpoint.initial_load_path`), whose pickles it unpickles
+through the checkpoint allowlist (one that asks for anything else is refused, and nothing
+of it runs); it checks that no other job holds the dump folder, and prepares the default
+tokenizer once, before workers start.
 
 Exit status: 0 and `config ok: ...`; 2 and one `error: ...` line; FINISHED (4) and
 `nothing to train: ...` when the dump folder's checkpoint is already at training.steps

@@ -110,7 +110,12 @@ def loads(data: bytes) -> Any:
 
 def is_pickle(value: Any) -> bool:
     """Bytes that open like a pickle of protocol 2 or later (TorchTitan's dataloader state)."""
-    return isinstance(value, bytes) and value[:1] == b"\x80" and value[1:2] != b""
+    return (
+        isinstance(value, bytes)
+        and len(value) > 1
+        and value[0] == 0x80
+        and value[1] in PICKLE_PROTOCOLS
+    )
 
 
 def load_saved(stream: IO[bytes]) -> Any:

@@ -1,9 +1,9 @@
 """A checkpoint the trainer wrote (the shared `two_process_run`'s step-10, 2 ranks), with a
-payload planted in its `.metadata`, in a byte item, or in the dataloader state, given as
-`checkpoint.initial_load_path` or found in the dump folder: `boost_titan.check` refuses
+payload planted in its `.metadata` (given as `checkpoint.initial_load_path`), in a byte
+item or in the dataloader state (found in the dump folder): `boost_titan.check` refuses
 each in one line, exit 2, and nothing runs; `run_train.sh` stops at that check and starts
-no worker (`tests/unit/test_safe_load.py`: the allowlist, DCP's guarded loads and
-every other reader)."""
+no worker. `tests/unit/test_safe_load.py`: every place in both roles, the allowlist, DCP's
+guarded loads and every other reader, on checkpoints written in one process."""
 
 from __future__ import annotations
 
@@ -24,11 +24,6 @@ CASES = {
         "subprocess",
         lambda f, k, m: plant_byte_item(f, "train_state.step", k, m),
         "resume",
-    ),
-    "dataloader state, initial_load_path": (
-        "eval",
-        lambda f, k, m: plant_byte_item(f, "dataloader.dp_rank_0", k, m, nested=True),
-        "initial",
     ),
     "dataloader state, resume folder": (
         "os",
