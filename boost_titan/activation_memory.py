@@ -40,6 +40,7 @@ from boost_titan.boost_llama import (
 )
 from boost_titan.boost_llama.strategies import STRATEGIES
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.saved_activations import saved_activation_bytes
 
 LOW_RANK_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.low_rank)
@@ -104,7 +105,7 @@ def _fake_tp_mesh(tp: int) -> Iterator[Any]:
     try:
         yield init_device_mesh("cpu", (tp,))
     finally:
-        dist.destroy_process_group()
+        end_process_groups(finished=False)
 
 
 def apply_ac_mode(model: nn.Module, mode: str, *, tp_degree: int) -> None:

@@ -6,9 +6,11 @@ Takes the same arguments as `boost_titan.train`. The process count comes from `-
 else the NGPU environment variable, else the smallest count the parallel degrees allow.
 Besides the configuration it opens what the job will read: a sample of every local
 dataset file, and the DCP metadata and files of the checkpoint it will load (the newest
-in the dump folder, else `checkpoint.initial_load_path`), whose weights must be the job's
-model's (names and shapes, from the metadata alone); it checks that no other job
-holds the dump folder, and prepares the default tokenizer once, before workers start.
+in the dump folder, else `checkpoint.initial_load_path`), whose pickles it unpickles
+through the checkpoint allowlist (one that asks for anything else is refused, and nothing
+of it runs) and whose weights must be the job's model's (names and shapes, from the
+metadata alone); it checks that no other job holds the dump folder, and prepares the
+default tokenizer once, before workers start.
 
 Exit status: 0 and `config ok: ...`; 2 and one `error: ...` line; FINISHED (4) and
 `nothing to train: ...` when the dump folder's checkpoint is already at training.steps
@@ -26,7 +28,7 @@ from boost_titan.config import check_cuda_graphs, check_run_limits, global_batch
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import (
-    check_readable,
+    check_loadable,
     is_complete_checkpoint,
     latest_checkpoint,
     read_metadata,
@@ -262,11 +264,7 @@ def check_resume(job) -> int | None:
         )
     if path is None:
         return None
-    fix = (
-        "move that step-N folder away to resume from the one before it, or pass "
-        "--checkpoint.load_step"
-    )
-    check_readable(path, where=f"the checkpoint to resume from, {path}", fix=fix)
+    check_loadable(path, resuming=True)
     return int(os.path.basename(path).removeprefix("step-"))
 
 

@@ -36,6 +36,7 @@ from boost_titan.boost_llama.strategies import strategy_names
 from boost_titan.config.cli import OneLineParser
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.validation import build_validation_batches, data_at
+from boost_titan.parallelize.teardown import run_to_end
 from boost_titan.runtime.validator import HeldOutLoss, evaluate
 from boost_titan.trained import (
     add_model_options,
@@ -184,9 +185,6 @@ def main(argv: list[str] | None = None) -> None:
             write_result(result, ns.json)
     except ConfigError as e:
         fail_worker(str(e))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def write_result(result: dict[str, Any], path: str | None) -> None:
@@ -204,4 +202,4 @@ def write_result(result: dict[str, Any], path: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_to_end(main)  # under torchrun: the ranks meet, the groups end, no finalization

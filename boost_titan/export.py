@@ -206,7 +206,10 @@ def load_model_state(checkpoint: str) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.api import CheckpointException
 
-    metadata = model_metadata(checkpoint)
+    from boost_titan.parallelize.safe_load import guard_dcp
+
+    metadata = model_metadata(checkpoint)  # its pickles vetted (check_readable)
+    guard_dcp()  # and DCP's own reads through the same allowlist
     state = {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in metadata.items()}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"

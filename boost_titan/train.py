@@ -6,9 +6,11 @@
 Adds the `[boost]` config section, runs on CPU/gloo when there is no accelerator, registers
 the `boost_llama` TrainSpec and runs TorchTitan's `main` with `BoostTrainer`. User errors
 (`ConfigError`) and a diverged loss end the worker with one `error:` line and exit code 2
-or 3. `./run_train.sh` validates the job with `boost_titan.check` before launching. Rank 0
-holds the dump folder's lock for the whole run (`boost_titan.runtime.dump_lock`: one job
-per folder) and warns when torchrun restarts are enabled over its shared TCPStore
+or 3. Every worker ends through `boost_titan.parallelize.teardown.run_to_end` (groups
+destroyed, no interpreter finalization: a finished run cannot end in a SIGABRT).
+`./run_train.sh` validates the job with `boost_titan.check` before launching. Rank 0 holds
+the dump folder's lock for the whole run (`boost_titan.runtime.dump_lock`: one job per
+folder) and warns when torchrun restarts are enabled over its shared TCPStore
 (`boost_titan.runtime.restarts`).
 """
 
@@ -37,10 +39,10 @@ from torchtitan.train import main as titan_main  # noqa: E402
 from boost_titan.config.cli import fail, parse_job_config  # noqa: E402
 from boost_titan.config.errors import ConfigError  # noqa: E402
 from boost_titan.data.tokenizer import DefaultAssetsWarningFilter  # noqa: E402
+from boost_titan.parallelize.teardown import end_process_groups, run_to_end  # noqa: E402
 from boost_titan.runtime.dump_lock import DumpFolderLock  # noqa: E402
 from boost_titan.runtime.nonfinite import TrainingDiverged  # noqa: E402
 from boost_titan.runtime.restarts import shared_store_warning  # noqa: E402
-from boost_titan.runtime.teardown import end_process_groups  # noqa: E402
 from boost_titan.runtime.trainer import BoostTrainer  # noqa: E402
 
 
@@ -52,8 +54,8 @@ def _drop_error_file() -> None:
 
 
 def run(trainer_cls: type[BoostTrainer] = BoostTrainer) -> None:
-    """Parse (one-line errors), then train with `trainer_cls`; exit 2 on a user error, 3 on
-    a diverged loss."""
+    """Parse (one-line errors), then train with `trainer_cls`; SystemExit 2 on a user
+    error, 3 on a diverged loss."""
     rank0 = os.environ.get("RANK", "0") == "0"
     warning = shared_store_warning()
     if warning and rank0:
@@ -74,11 +76,11 @@ def run(trainer_cls: type[BoostTrainer] = BoostTrainer) -> None:
         fail(str(e), code=3)
     finally:
         # BoostTrainer.close() ends the groups; this covers a trainer that never got built
-        # (live gloo groups at exit can abort the process: `runtime.teardown`).
+        # (then `run_to_end` ends the process: `boost_titan.parallelize.teardown`).
         end_process_groups(finished=False)
         if lock is not None:
             lock.release()
 
 
 if __name__ == "__main__":
-    run()
+    run_to_end(run)  # the worker's orderly end, whatever its status

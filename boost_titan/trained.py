@@ -6,9 +6,11 @@
 flags shapes cannot tell (`boost_titan.export.infer_args`: `--arch`, `--lax-base`, ...).
 `build` makes the model on the meta device, applies a TP plan when given a mesh,
 materialises it and reads the weights with DCP (the checkpoint's `FileSystemReader` or the
-export's `HuggingFaceStorageReader`), so each rank reads only its shards. `load_tokenizer_for`
-checks a tokenizer against the model's vocabulary. `add_model_options` / `locate_from` are
-the command-line side.
+export's `HuggingFaceStorageReader`), so each rank reads only its shards; a DCP folder's
+pickles are read through the checkpoint allowlist (`boost_titan.parallelize.safe_load`:
+`locate` refuses a folder that asks for more, and DCP's own reads are guarded).
+`load_tokenizer_for` checks a tokenizer against the model's vocabulary. `add_model_options`
+/ `locate_from` are the command-line side.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from boost_titan.config.cli import fail
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.tokenizer import load_tokenizer
 from boost_titan.parallelize import apply_plan
+from boost_titan.parallelize.safe_load import guard_dcp
 from boost_titan.runtime.checkpoint_files import is_complete_checkpoint
 
 DCP, EXPORT = "dcp", "export"
@@ -128,7 +131,10 @@ def build(
 
 
 def load_weights(model: nn.Module, source: Source) -> None:
-    """Read `source`'s weights into `model` (plain or sharded parameters) with DCP."""
+    """Read `source`'s weights into `model` (plain or sharded parameters) with DCP, whose
+    reads of a DCP folder's pickles go through the checkpoint allowlist (`guard_dcp`; `locate`
+    has vetted them already)."""
+    guard_dcp()
     if source.kind == DCP:
         reader = FileSystemReader(source.path)
     else:

@@ -16,7 +16,10 @@ activation checkpointing), `compile_cache` (compile cache keys that name the ran
 (`record_collectives`: every collective a piece of code issues, checked against torch's
 `CommDebugMode`). Hugging Face models (transformers imported lazily): `hf` (`hf_layout`),
 `low_rank` (`to_low_rank`: down/up pairs with SVD init), `hf_checkpoint` (`save_hf` /
-`load_hf` as a HF folder, `save_sharded` / `load_sharded` with DCP).
+`load_hf` as a HF folder, `save_sharded` / `load_sharded` with DCP). Processes and files:
+`safe_load` (a DCP checkpoint's pickles through one allowlist: loading never runs code from
+the files), `teardown` (the orderly end of a process in a process group), `local_ranks`
+(`run_on_ranks`: a function on N local gloo ranks).
 """
 
 from .compile_cache import key_compile_caches_by_rank

@@ -5,7 +5,8 @@
   back on one process: plain ``from_pretrained`` for a full-rank model, the same plus
   `to_low_rank`'s pairs when the config records ``low_rank``.
 * `save_sharded` / `load_sharded`: torch.distributed.checkpoint of the sharded model, each
-  rank writing its own shards; it loads at another TP degree (DCP reshards).
+  rank writing its own shards; it loads at another TP degree (DCP reshards), reading the
+  checkpoint's pickles through `safe_load`'s allowlist (a folder from elsewhere runs no code).
 
 transformers and safetensors are imported inside the functions that need them.
 """
@@ -148,7 +149,9 @@ def save_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
 
 def load_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
     """Load a `save_sharded` checkpoint into a model sharded by the same plan, at any TP
-    degree (DCP reshards); every rank calls it.
+    degree (DCP reshards); every rank calls it. The checkpoint's pickles go through
+    `safe_load`'s allowlist (`guard_dcp`): a pickle asking for anything else raises
+    `UnsafeCheckpoint` (inside DCP's CheckpointException) before it can run.
 
     Args:
         model (nn.Module): the model after `apply_plan`; its weights are replaced.
@@ -172,6 +175,9 @@ def load_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    from .safe_load import guard_dcp
+
+    guard_dcp()
     state = get_model_state_dict(model)
     dcp.load(state, checkpoint_id=str(folder))
     set_model_state_dict(model, state)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .styles import PlanError
+from .teardown import end_process_groups
 
 TINY = dict(
     vocab_size=64,
@@ -50,7 +51,7 @@ def _world_of_one() -> Iterator[object]:
         yield init_device_mesh("cpu", (1,))
     finally:
         if own:
-            dist.destroy_process_group()
+            end_process_groups(finished=False)
 
 
 def _layout_of(config_class: str, model_class: str, **overrides) -> Callable[[], object]:

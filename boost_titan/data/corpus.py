@@ -13,7 +13,6 @@ file, validation (`stdlib_validation`) reads only those.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import os
@@ -25,18 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 from torchtitan.hf_datasets import DatasetConfig
-from torchtitan.hf_datasets.text_datasets import (
-    DATASETS,
-    HuggingFaceTextDataset,
-    build_text_dataloader,
-)
+from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.global_order import GlobalOrderRows
+from boost_titan.data.loader import CheckpointedDataloader
 
 if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS_TRUE_VALUES:
     # `datasets` reads the variable at import (see boost_titan.data), maybe before us.
@@ -218,9 +213,10 @@ def check_documents(ds: datasets.Dataset, where: str, dp_world_size: int) -> Non
 
 def build_dataloader(
     dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, job_config: JobConfig
-) -> ParallelAwareDataloader:
-    """torchtitan's text dataloader over the resolved dataset, looping forever; with
-    `[boost] data_order = "global"`, over this rank's rows of the global stream."""
+) -> CheckpointedDataloader:
+    """torchtitan's text dataset and dataloader over the resolved dataset, looping forever
+    (with `[boost] data_order = "global"`, over this rank's rows of the global stream); the
+    loader's saved state is read through the checkpoint allowlist (`data.loader`)."""
     training = job_config.training
     name, path = resolve_dataset(training.dataset, training.dataset_path)
     global_order = job_config.boost.data_order == "global"
@@ -228,14 +224,21 @@ def build_dataloader(
         config = DATASETS[name]
         where = path or config.path
         check_documents(config.loader(where), where, 1 if global_order else dp_world_size)
-    if not global_order:
-        training = dataclasses.replace(training, dataset=name, dataset_path=path)
-        resolved = dataclasses.replace(job_config, training=training)
-        return build_text_dataloader(dp_world_size, dp_rank, tokenizer, resolved, infinite=True)
-    stream = HuggingFaceTextDataset(name, path, tokenizer, training.seq_len, infinite=True)
-    rows = GlobalOrderRows(stream, dp_rank, dp_world_size, training.local_batch_size)
-    return ParallelAwareDataloader(
-        rows,
+    if global_order:
+        stream = HuggingFaceTextDataset(name, path, tokenizer, training.seq_len, infinite=True)
+        dataset = GlobalOrderRows(stream, dp_rank, dp_world_size, training.local_batch_size)
+    else:  # as torchtitan's build_text_dataloader
+        dataset = HuggingFaceTextDataset(
+            name,
+            path,
+            tokenizer,
+            training.seq_len,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            infinite=True,
+        )
+    return CheckpointedDataloader(
+        dataset,
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
         **asdict(training.dataloader),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -23,6 +22,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from boost_titan.examples import start_process_group
 from boost_titan.parallelize import ModelLayout, apply_plan, btp_plan, plan_table
+from boost_titan.parallelize.teardown import run_to_end
 
 VOCAB, DIM, HEADS, KV_HEADS, FFN, RANK, LAYERS = 256, 128, 8, 4, 352, 32, 4
 HEAD_DIM = DIM // HEADS
@@ -177,5 +177,4 @@ def main(steps: int = 10) -> dict:
 
 
 if __name__ == "__main__":
-    main()
-    dist.destroy_process_group()
+    run_to_end(main)  # the ranks meet, the process group ends, the process exits 0

@@ -5,5 +5,5 @@
 checkpoint), `restarts` (crash recovery), `saved_activations` (the activation bytes the
 trainer logs), `rss` (process memory), `precision` (the run's precision, one phrase for the
 log and `check`), `stopping` (SIGTERM/SIGUSR1/time budget: stop with a checkpoint),
-`nonfinite` (NaN/inf steps never reach the optimizer), `teardown` (the end of the process
-groups)."""
+`nonfinite` (NaN/inf steps never reach the optimizer). The end of the process groups and of
+the process is `boost_titan.parallelize.teardown`, shared with every multi-process command."""

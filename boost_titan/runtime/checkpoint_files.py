@@ -1,7 +1,8 @@
 """DCP checkpoints on disk: the `step-N` folders of a run, which are complete, and whether
-one can be read (its `.metadata` unpickles and every file it names is there and long
+one can be read safely (its `.metadata` and every byte item unpickle through the allowlist
+of `boost_titan.parallelize.safe_load`, and every file the metadata names is there and long
 enough). Read by the trainer, `boost_titan.check` and `boost_titan.export`; imports torch
-only to read a checkpoint's metadata.
+only to read a checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ if TYPE_CHECKING:
 
 _STEP_DIR = re.compile(r"step-(\d+)$")
 DAMAGED = "the checkpoint is damaged, use another step-N folder"
+UNSAFE = "refusing to load it; a checkpoint holds tensors and metadata only"
+RESUME_FIX = (
+    "move that step-N folder away to resume from the one before it, or pass --checkpoint.load_step"
+)
 SHORT_WRITE = "unexpected pos"
 """How torch.save's zip writer reports a short write (ENOSPC, EFBIG) in DCP's shard files."""
 
@@ -44,14 +49,18 @@ def latest_checkpoint(folder: str) -> str | None:
 
 
 def read_metadata(path: str, where: str, fix: str = DAMAGED) -> Metadata:
-    """The DCP metadata of the checkpoint folder `path`. A file that does not unpickle into
-    DCP metadata (garbage, truncated, foreign) is a one-line ConfigError that starts with
-    `where` (e.g. "checkpoint.initial_load_path X") and ends with `fix`."""
-    from torch.distributed.checkpoint import FileSystemReader
+    """The DCP metadata of the checkpoint folder `path`, unpickled through the allowlist. A
+    file that asks for anything else, or does not unpickle into DCP metadata (garbage,
+    truncated, foreign), is a one-line ConfigError that starts with `where` (e.g.
+    "checkpoint.initial_load_path X") and ends with `fix` (UNSAFE for the former)."""
     from torch.distributed.checkpoint.metadata import Metadata
 
+    from boost_titan.parallelize import safe_load
+
     try:
-        metadata = FileSystemReader(path).read_metadata()
+        metadata = safe_load.read_metadata(path)
+    except safe_load.UnsafeCheckpoint as e:
+        raise ConfigError(f"{where}: {e}: {UNSAFE}") from None
     except Exception as e:  # unpickling garbage fails in many ways
         reason = type(e).__name__
         raise ConfigError(f"{where}: cannot read its .metadata ({reason}); {fix}") from None
@@ -79,11 +88,34 @@ def check_storage_files(path: str, metadata: Metadata, where: str, fix: str = DA
             )
 
 
+def check_byte_items(path: str, metadata: Metadata, where: str, fix: str = DAMAGED) -> None:
+    """Every byte item (and a pickle inside one) unpickles through the allowlist."""
+    from boost_titan.parallelize import safe_load
+
+    try:
+        safe_load.vet_byte_items(path, metadata)
+    except safe_load.UnsafeCheckpoint as e:
+        raise ConfigError(f"{where}: {e}: {UNSAFE}") from None
+    except Exception as e:  # a damaged archive or pickle fails in many ways
+        reason = type(e).__name__
+        raise ConfigError(f"{where}: cannot read its non-tensor items ({reason}); {fix}") from None
+
+
 def check_readable(path: str, where: str, fix: str = DAMAGED) -> Metadata:
-    """`read_metadata` plus `check_storage_files`: what a load needs before it starts."""
+    """`read_metadata`, `check_storage_files` and `check_byte_items`: what a load needs
+    before it starts (and nothing in it runs code)."""
     metadata = read_metadata(path, where, fix)
     check_storage_files(path, metadata, where, fix)
+    check_byte_items(path, metadata, where, fix)
     return metadata
+
+
+def check_loadable(path: str, resuming: bool) -> Metadata:
+    """`check_readable`, worded for the checkpoint's role in a training job: the one it
+    resumes from (`resuming`: its dump folder's) or its `checkpoint.initial_load_path`."""
+    if resuming:
+        return check_readable(path, where=f"the checkpoint to resume from, {path}", fix=RESUME_FIX)
+    return check_readable(path, where=f"checkpoint.initial_load_path {path}")
 
 
 def save_failure(failures: dict, path: str, kept: str | None) -> str:

@@ -1,4 +1,4 @@
-"""Every rank resumes from the checkpoint rank 0 picks.
+"""Every rank resumes from the checkpoint rank 0 picks, after reading it safely.
 
 TorchTitan's `CheckpointManager.load` lets each rank look for the newest `step-N` folder
 on its own. Ranks that see the folder differently (a shared file system that lags, or
@@ -6,7 +6,9 @@ another job writing the same folder) then load different steps and fail, or trai
 mixed weights. `agree_on_checkpoint` makes rank 0's choice everyone's: rank 0 picks,
 broadcasts the step, every rank reports whether it sees that checkpoint, and the manager
 is pinned to the step. A rank that cannot see it ends the job on every rank with the same
-one-line error.
+one-line error. `check_checkpoint_to_load` then reads the pickles of the checkpoint the
+choice will load through the checkpoint allowlist, on every rank alike; `prepare_to_load`
+is all of it, with DCP's own reads guarded, as BoostTrainer runs it before TorchTitan loads.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.safe_load import guard_dcp
+from boost_titan.runtime.checkpoint_files import check_loadable
 
 LOADABLE_MARKERS = (".metadata", "model.safetensors.index.json")
 """What TorchTitan's `_find_load_step` accepts as a complete `step-N` folder."""
@@ -92,4 +96,27 @@ def agree_on_checkpoint(checkpointer, load_step: int) -> Choice:
         return choice.step if folder in ("", checkpointer.folder) else original(folder)
 
     checkpointer._find_load_step = find_load_step
+    return choice
+
+
+def check_checkpoint_to_load(checkpointer, choice: Choice) -> None:
+    """What `checkpointer` will load after `choice` (this rank's step-N of rank 0's pick,
+    else a DCP `checkpoint.initial_load_path` when the dump folder has no checkpoint folder)
+    passes `check_loadable`: a ConfigError before any load starts."""
+    if choice.step >= 0:
+        path = os.path.join(checkpointer.folder, f"step-{choice.step}")
+        check_loadable(path, resuming=True)
+    elif not choice.folder_exists and checkpointer.initial_load_path:
+        if not checkpointer.initial_load_in_hf:  # an export is safetensors: no pickle
+            check_loadable(checkpointer.initial_load_path, resuming=False)
+
+
+def prepare_to_load(checkpointer, load_step: int) -> Choice:
+    """What every rank runs before `checkpointer.load`: DCP's reads through the checkpoint
+    allowlist for the whole process (`guard_dcp`), rank 0's pick made everyone's
+    (`agree_on_checkpoint`), and that checkpoint's pickles read up front
+    (`check_checkpoint_to_load`). Collective; raises ConfigError on every rank."""
+    guard_dcp()
+    choice = agree_on_checkpoint(checkpointer, load_step)
+    check_checkpoint_to_load(checkpointer, choice)
     return choice

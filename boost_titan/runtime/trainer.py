@@ -15,7 +15,10 @@
   the newest complete checkpoint stays the one a rerun loads.
 - The end of a run is orderly on every rank (`close`): pending checkpoint writes are
   waited for, the checkpointer's threads joined, and every process group destroyed after
-  the ranks met (`runtime.teardown`), so that a complete run cannot end in a SIGABRT.
+  the ranks met (`boost_titan.parallelize.teardown`); `train.py` then ends the process
+  without interpreter finalization, so that a complete run cannot end in a SIGABRT. The
+  meeting replaces TorchTitan's 2 s sleep of rank 0 "for other ranks to complete" at the
+  end of `train` (its only sleep, skipped here; TorchTitan still logs the line).
 - Rank 0 appends each step's global loss (and each validation's held-out loss,
   `boost_titan.runtime.validator`) to `<dump_folder>/losses.jsonl` and, at the end, logs
   steps run, tokens/s, first/last loss, the last validation and where outputs went.
@@ -24,7 +27,10 @@
 - Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun
   restart and any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*`
   injects a SIGKILL for testing.
-- Every rank loads the checkpoint rank 0 picks (`boost_titan.runtime.resume`).
+- Every rank loads the checkpoint rank 0 picks, and only after reading its pickles
+  through the checkpoint allowlist (`boost_titan.runtime.resume.prepare_to_load`): DCP's
+  loads are guarded for the whole process (`boost_titan.parallelize.safe_load`), and a
+  checkpoint that asks for anything else stops every rank with one line before the load.
 - Gradient clipping uses the exact fp64 global norm (`runtime.grad_norm`), the same in every
   layout; `losses.jsonl` rows carry it as `grad_norm`. TorchTitan's `train_step` finds
   its clipping function through `torchtitan.distributed.utils`, which this trainer points
@@ -46,12 +52,15 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torchtitan.distributed.utils as titan_dist_utils
+import torchtitan.train as titan_train
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import AsyncMode
@@ -65,6 +74,7 @@ from boost_titan.config import (
     global_batch,
 )
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
 from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
@@ -79,11 +89,10 @@ from boost_titan.runtime.nonfinite import (
 )
 from boost_titan.runtime.precision import Precision, no_autocast
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
-from boost_titan.runtime.resume import agree_on_checkpoint
+from boost_titan.runtime.resume import prepare_to_load
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
 from boost_titan.runtime.stopping import StopRequest, stopped_line
-from boost_titan.runtime.teardown import end_process_groups
 from boost_titan.runtime.validator import owns_loss
 
 TITAN_CLIP = titan_dist_utils.clip_grad_norm_
@@ -136,6 +145,8 @@ class BoostTrainer(Trainer):
         # [boost] gradient_accumulation_steps: the global batch follows the DP degree
         dp = data_parallel_degree(job_config.parallelism, int(os.environ.get("WORLD_SIZE", 1)))
         job_config.training.global_batch_size = global_batch(job_config.training, boost, dp)
+        # the ranks meet in close() instead of rank 0 sleeping 2 s at the end of train()
+        titan_train.time = SimpleNamespace(perf_counter=time.perf_counter, sleep=lambda s: None)
         super().__init__(job_config)
         self.async_save = AsyncSaveFolder(self.checkpointer)
         self.failed_save: CheckpointException | None = None
@@ -361,7 +372,7 @@ class BoostTrainer(Trainer):
 
     def train(self):
         if self.checkpointer.enable:
-            agree_on_checkpoint(self.checkpointer, self.job_config.checkpoint.load_step)
+            prepare_to_load(self.checkpointer, self.job_config.checkpoint.load_step)
             if dist.get_rank() == 0:
                 self.log_resume_state()
         try:
@@ -380,7 +391,7 @@ class BoostTrainer(Trainer):
     def close(self) -> None:
         """The orderly end of every rank; TorchTitan's `main` calls it after training and
         after an error: the checkpointer's pending write, its threads, then the process
-        groups (`runtime.teardown`: ranks meet only after a finished run)."""
+        groups (`parallelize.teardown`: ranks meet only after a finished run)."""
         ckpt = getattr(self, "checkpointer", None)
         try:
             if ckpt is not None and ckpt.enable:

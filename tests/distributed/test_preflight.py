@@ -1,6 +1,7 @@
 """Preflight with processes: a worker started on a held dump folder, ranks that agree on the
-checkpoint (gloo), and `run_train.sh` ending on a worker's error or skipping a finished job
-(`tests/unit/test_preflight.py`: what `boost_titan.check` refuses in this process)."""
+checkpoint and refuse one with a payload (gloo), and `run_train.sh` ending on a worker's
+error or skipping a finished job (`tests/unit/test_preflight.py`: what `boost_titan.check`
+refuses in this process)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.dump_lock import LOCK_FILE
 from tests.helpers import DEBUG_TOML, ROOT
-from tests.helpers.checkpoints import save_model_checkpoint
+from tests.helpers.checkpoints import plant_byte_item, plant_metadata, save_model_checkpoint
 from tests.helpers.commands import assert_one_error, clean_env, hold_lock
 from tests.helpers.distributed import run_on_ranks
 
@@ -49,46 +50,81 @@ def test_worker_refuses_a_held_dump_folder(tmp_path):
     assert os.listdir(dump) == [LOCK_FILE]
 
 
-# ---- ranks agree on the checkpoint ----------------------------------------------------------
-def _load_with_own_view(rank: int, world_size: int, root: str) -> dict[str, object]:
-    """Each rank resumes from its own copy of the dump folder (`root/<scenario>/rank<r>`), as
-    if the ranks saw one folder differently; returns the loaded weight or the error."""
+# ---- ranks agree on the checkpoint, and read it safely -----------------------------------------
+class _TrainState:
+    """A step counter saved as TorchTitan's train state (a byte item)."""
+
+    def state_dict(self) -> dict:
+        return {"step": 0, "ntokens_seen": 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def _manager(root: str, scenario: str, rank: int, model: torch.nn.Module, **config):
+    """TorchTitan's CheckpointManager of `model` whose dump folder is
+    `root/<scenario>/rank<r>` (each rank its own copy); a `planted` scenario's also loads
+    the train state."""
     from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.config import Checkpoint
 
-    from boost_titan.runtime.resume import agree_on_checkpoint
+    checkpoint = Checkpoint(
+        enable=True,
+        keep_latest_k=0,
+        exclude_from_loading=["optimizer", "lr_scheduler", "dataloader"],
+        **config,
+    )
+    return CheckpointManager(
+        dataloader=None,
+        model_parts=[model],
+        optimizers=None,
+        lr_schedulers=None,
+        states={"train_state": _TrainState()} if scenario.startswith("planted") else {},
+        checkpoint_config=checkpoint,
+        sd_adapter=None,
+        base_folder=os.path.join(root, scenario, f"rank{rank}"),
+    )
+
+
+def _load_on_ranks(rank: int, world_size: int, root: str) -> dict[str, object]:
+    """Each rank resumes from its own copy of the dump folder (`root/<scenario>/rank<r>`), as
+    if the ranks saw one folder differently; then, as BoostTrainer does, from a checkpoint
+    with a payload (resumed, or the initial one): the check before the load, then DCP's load
+    itself under the guard. Returns the loaded weight or the error of each."""
+    from boost_titan.runtime.resume import prepare_to_load
 
     model = torch.nn.Module()  # loads one tensor of the debug-model checkpoints: norm.weight
     model.norm = torch.nn.RMSNorm(256)
     results: dict[str, object] = {}
     for scenario in ("rank1-sees-newer", "rank1-misses-newest"):
-        config = Checkpoint(
-            enable=True,
-            keep_latest_k=0,
-            exclude_from_loading=["optimizer", "lr_scheduler", "dataloader"],
-        )
-        manager = CheckpointManager(
-            dataloader=None,
-            model_parts=[model],
-            optimizers=None,
-            lr_schedulers=None,
-            states={},
-            checkpoint_config=config,
-            sd_adapter=None,
-            base_folder=os.path.join(root, scenario, f"rank{rank}"),
-        )
+        manager = _manager(root, scenario, rank, model)
         try:
-            agree_on_checkpoint(manager, load_step=-1)
+            prepare_to_load(manager, load_step=-1)
             manager.load()
             results[scenario] = model.norm.weight[0].item()
         except ConfigError as e:
             results[scenario] = str(e)
+    for scenario in ("planted-resume", "planted-initial"):
+        initial = os.path.join(root, scenario, "seed")
+        config = {} if scenario == "planted-resume" else {"initial_load_path": initial}
+        manager = _manager(root, scenario, rank, model, **config)
+        try:
+            prepare_to_load(manager, load_step=-1)  # as BoostTrainer.train, before the load
+        except ConfigError as e:
+            results[scenario] = str(e)
+        try:
+            manager.load()  # DCP's own reads, guarded by prepare_to_load, without its check
+        except BaseException as e:  # DCP's CheckpointException, with our refusal inside
+            results[f"{scenario}, load"] = f"{type(e).__name__}: {e}"
     return results
 
 
 def test_ranks_load_the_checkpoint_rank0_picks(tmp_path):
     """Rank 1 sees a newer step-9 (another job wrote it): both ranks load rank 0's step-6.
-    Rank 1 misses rank 0's newest step-9: both ranks stop with the same one-line error."""
+    Rank 1 misses rank 0's newest step-9: both ranks stop with the same one-line error.
+    A payload in the checkpoint to resume from (a byte item) or in the initial one (its
+    .metadata): every rank refuses it before the load, and DCP's guarded load refuses it
+    too; nothing runs."""
     steps = {
         ("rank1-sees-newer", 0): (3, 6),
         ("rank1-sees-newer", 1): (3, 6, 9),
@@ -99,7 +135,13 @@ def test_ranks_load_the_checkpoint_rank0_picks(tmp_path):
         for step in saved:
             folder = tmp_path / scenario / f"rank{rank}" / "checkpoint" / f"step-{step}"
             save_model_checkpoint(folder, step)
-    results = run_on_ranks(_load_with_own_view, 2, root=str(tmp_path))
+    for rank in (0, 1):
+        resume = tmp_path / "planted-resume" / f"rank{rank}" / "checkpoint" / "step-3"
+        save_model_checkpoint(resume, with_state=True)
+        plant_byte_item(resume, "train_state.step", "subprocess", tmp_path / "MARKER")
+    save_model_checkpoint(tmp_path / "planted-initial" / "seed", with_state=True)
+    plant_metadata(tmp_path / "planted-initial" / "seed", "eval", tmp_path / "MARKER")
+    results = run_on_ranks(_load_on_ranks, 2, root=str(tmp_path))
     assert [r["rank1-sees-newer"] for r in results] == [6.0, 6.0]
     errors = [r["rank1-misses-newest"] for r in results]
     assert errors[0] == errors[1] and "\n" not in errors[0], errors
@@ -107,6 +149,19 @@ def test_ranks_load_the_checkpoint_rank0_picks(tmp_path):
         f"rank 1 does not see a complete {tmp_path}/rank1-misses-newest/rank1/checkpoint/step-9 "
         f"(rank 0 resumes from {tmp_path}/rank1-misses-newest/rank0/checkpoint/step-9)"
     ), errors[0]
+    for rank, r in enumerate(results):
+        assert r["planted-resume"] == (
+            f"the checkpoint to resume from, {tmp_path}/planted-resume/rank{rank}/checkpoint/"
+            "step-3: __0_0.distcp (train_state.step) asks for subprocess.call: refusing to "
+            "load it; a checkpoint holds tensors and metadata only"
+        ), r
+        assert r["planted-initial"] == (
+            f"checkpoint.initial_load_path {tmp_path}/planted-initial/seed: .metadata asks for "
+            "builtins.eval: refusing to load it; a checkpoint holds tensors and metadata only"
+        ), r
+        assert "asks for subprocess.call" in r["planted-resume, load"], r
+        assert "asks for builtins.eval" in r["planted-initial, load"], r
+    assert not (tmp_path / "MARKER").exists()
 
 
 # ---- run_train.sh: a worker's error ends the output ------------------------------------------

@@ -1,28 +1,14 @@
-"""Run a function on N gloo ranks (CPU processes) and collect what each rank returns."""
+"""Run a function on N gloo ranks (CPU processes) and collect what each rank returns
+(`run_on_ranks`: the library's, which every multi-process command shares, so the tests end
+their ranks the same way), and randomise a model's weights."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable
-from typing import Any
-
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from boost_titan.bench.measure.ports import free_port
+from boost_titan.parallelize.local_ranks import run_on_ranks
 
-
-def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, kwargs: dict):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        result = fn(rank=rank, world_size=world_size, **kwargs)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+__all__ = ["randomize", "run_on_ranks"]
 
 
 @torch.no_grad()
@@ -37,21 +23,3 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> None:
             param.copy_(0.5 + noise)
         else:
             param.add_((noise - 0.5) * 0.2 * param.abs().mean())
-
-
-def run_on_ranks(fn: Callable[..., Any], world_size: int, **kwargs) -> list[Any]:
-    """Spawn `world_size` processes running `fn(rank=, world_size=, **kwargs)` inside an
-    initialised gloo process group; return their results in rank order. `fn` must be a
-    module-level function (it is pickled)."""
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(
-            _worker,
-            args=(world_size, free_port(), out_dir, fn, kwargs),
-            nprocs=world_size,
-            join=True,
-            start_method="spawn",
-        )
-        return [
-            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
-            for r in range(world_size)
-        ]

@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from boost_titan import torchrun
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.teardown import CLOSED_KEY, end_process_groups
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
 from boost_titan.runtime.nonfinite import NonFiniteGuard, RankView, blame, nonfinite
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints, shared_store_warning
@@ -30,7 +31,6 @@ from boost_titan.runtime.stopping import (
     StopRequest,
     stopped_line,
 )
-from boost_titan.runtime.teardown import CLOSED_KEY, end_process_groups
 from boost_titan.torchrun_relay import relay
 from tests.helpers import ROOT
 

@@ -3,5 +3,6 @@
 `trace` (one block under the real TP plan on a fake process group: collectives, FLOPs,
 saved activations, checked against `bench.model`), `cpu` (wall-clock training steps per
 strategy on gloo ranks), `compiled` (torch.compile against eager), `flops` (the FLOP
-formulas FlopCounterMode lacks), `ports` (a free port for a local gloo group).
+formulas FlopCounterMode lacks). The gloo ranks come from
+`boost_titan.parallelize.local_ranks`, which ends them in order.
 """

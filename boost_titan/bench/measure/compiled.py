@@ -42,11 +42,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from boost_titan.bench.measure.ports import free_port
 from boost_titan.bench.model.perfmodel import AC_MODES, STRATEGIES
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.local_ranks import run_on_ranks
 
 PG_COLLECTIVES = {
     "allreduce_": "all_reduce",
@@ -288,30 +287,22 @@ def _cell(cfg: MatrixConfig, dims, strategy: str, ac: str, tokens, labels) -> Pa
 
 
 def _worker(
-    rank: int, tp: int, port: int, cfg: MatrixConfig, cells: list[tuple[str, str]], out: str
-) -> None:
+    rank: int, world_size: int, cfg: MatrixConfig, cells: list[tuple[str, str]]
+) -> list[dict]:
+    """One rank's row of every cell (every rank returns them; rank 0's are kept)."""
     from torchtitan.distributed import ParallelDims
 
     from boost_titan.runtime.device import use_cpu_if_no_accelerator
 
     use_cpu_if_no_accelerator()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=tp)
-    try:
-        dims = ParallelDims(
-            dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, etp=1, world_size=tp
-        )
-        dims.build_mesh()
-        generator = torch.Generator().manual_seed(1)
-        tokens, labels = torch.randint(
-            0, cfg.vocab_size, (2, cfg.batch, cfg.seq_len), generator=generator
-        )
-        results = [asdict(_cell(cfg, dims, strategy, ac, tokens, labels)) for strategy, ac in cells]
-        if rank == 0:
-            torch.save(results, out)
-    finally:
-        dist.destroy_process_group()
+    tp = world_size
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, etp=1, world_size=tp)
+    dims.build_mesh()
+    generator = torch.Generator().manual_seed(1)
+    tokens, labels = torch.randint(
+        0, cfg.vocab_size, (2, cfg.batch, cfg.seq_len), generator=generator
+    )
+    return [asdict(_cell(cfg, dims, strategy, ac, tokens, labels)) for strategy, ac in cells]
 
 
 # ---- the matrix --------------------------------------------------------------------------
@@ -343,16 +334,8 @@ def matrix(
         for tp in tps:
             results = {}
             for name in PASSES:
-                out = os.path.join(tmp, f"tp{tp}-{name}.pt")
                 with _env(TORCHINDUCTOR_CACHE_DIR=cache):
-                    mp.start_processes(
-                        _worker,
-                        args=(tp, free_port(), cfg, cells, out),
-                        nprocs=tp,
-                        join=True,
-                        start_method="spawn",
-                    )
-                results[name] = torch.load(out, weights_only=False)
+                    results[name] = run_on_ranks(_worker, tp, cfg=cfg, cells=cells)[0]
             for (strategy, ac), cold, warm in zip(
                 cells, results["cold"], results["warm"], strict=True
             ):

@@ -24,25 +24,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 
-from boost_titan.bench.measure.ports import free_port
 from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
 from boost_titan.boost_llama.strategies import STRATEGIES, build_plan, sizes
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan
+from boost_titan.parallelize.local_ranks import run_on_ranks
 
 FLAGS = {"n_heads": "--heads", "n_layers": "--layers"}
 """Command-line flags that are not the config field's name."""
@@ -200,45 +197,37 @@ def _profiled(trainee: _Trainee, tokens: torch.Tensor, labels: torch.Tensor, ste
     return {"step": step_ms, **split, "other": step_ms - sum(split.values())}
 
 
-def _worker(rank: int, port: int, cfg: CpuConfig, strategies: tuple[str, ...], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=cfg.tp)
-    try:
-        mesh = init_device_mesh("cpu", (cfg.tp,))
-        trainees = {s: _Trainee(cfg, s, mesh) for s in strategies}
-        generator = torch.Generator().manual_seed(1)
-        tokens, labels = torch.randint(
-            0, cfg.vocab_size, (2, cfg.micro_batch, cfg.seq_len), generator=generator
-        )
-        runs = list(strategies)
-        first_ms = {}
-        if cfg.compile:
-            for s in strategies:
-                trainees[f"{s}:compiled"] = _Trainee(cfg, s, mesh, compiled=True)
-                first_ms[s] = _timed(trainees[f"{s}:compiled"], tokens, labels)
-                runs.append(f"{s}:compiled")
-        if cfg.overlap_chunks > 1:
-            for s in strategies:
-                trainees[f"{s}:overlap"] = _Trainee(cfg, s, mesh, chunks=cfg.overlap_chunks)
-                runs.append(f"{s}:overlap")
-        times: dict[str, list[float]] = {s: [] for s in runs}
-        for rep in range(cfg.warmup + cfg.repeats):
-            shift = rep % len(runs)
-            for run in runs[shift:] + runs[:shift]:
-                ms = _timed(trainees[run], tokens, labels)
-                if rep >= cfg.warmup:
-                    times[run].append(ms)
-        profiles = {
-            run: _profiled(trainees[run], tokens, labels, cfg.profile_steps)
-            for run in (runs if cfg.profile_steps else ())
-        }
-        if rank == 0:
-            Path(out).write_text(
-                json.dumps({"times": times, "profiles": profiles, "first_ms": first_ms})
-            )
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world_size: int, cfg: CpuConfig, strategies: tuple[str, ...]) -> dict:
+    """One rank's timings (every rank returns them; rank 0's are kept)."""
+    mesh = init_device_mesh("cpu", (world_size,))
+    trainees = {s: _Trainee(cfg, s, mesh) for s in strategies}
+    generator = torch.Generator().manual_seed(1)
+    tokens, labels = torch.randint(
+        0, cfg.vocab_size, (2, cfg.micro_batch, cfg.seq_len), generator=generator
+    )
+    runs = list(strategies)
+    first_ms = {}
+    if cfg.compile:
+        for s in strategies:
+            trainees[f"{s}:compiled"] = _Trainee(cfg, s, mesh, compiled=True)
+            first_ms[s] = _timed(trainees[f"{s}:compiled"], tokens, labels)
+            runs.append(f"{s}:compiled")
+    if cfg.overlap_chunks > 1:
+        for s in strategies:
+            trainees[f"{s}:overlap"] = _Trainee(cfg, s, mesh, chunks=cfg.overlap_chunks)
+            runs.append(f"{s}:overlap")
+    times: dict[str, list[float]] = {s: [] for s in runs}
+    for rep in range(cfg.warmup + cfg.repeats):
+        shift = rep % len(runs)
+        for run in runs[shift:] + runs[:shift]:
+            ms = _timed(trainees[run], tokens, labels)
+            if rep >= cfg.warmup:
+                times[run].append(ms)
+    profiles = {
+        run: _profiled(trainees[run], tokens, labels, cfg.profile_steps)
+        for run in (runs if cfg.profile_steps else ())
+    }
+    return {"times": times, "profiles": profiles, "first_ms": first_ms}
 
 
 # ---- the measurement ---------------------------------------------------------------------
@@ -255,16 +244,7 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> 
         raise ConfigError(
             "--repeats and --overlap-chunks must be >= 1, --warmup and --profile >= 0"
         )
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "times.json")
-        mp.start_processes(
-            _worker,
-            args=(free_port(), cfg, strategies, out),
-            nprocs=cfg.tp,
-            join=True,
-            start_method="spawn",
-        )
-        result = json.loads(Path(out).read_text())
+    result = run_on_ranks(_worker, cfg.tp, cfg=cfg, strategies=strategies)[0]
     records = [_record(cfg, s, result["times"][s]) for s in strategies]
     for r in records:
         r.profile_ms = result["profiles"].get(r.strategy)

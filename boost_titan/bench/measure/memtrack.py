@@ -38,6 +38,7 @@ from boost_titan.bench.model import memory, perfmodel
 from boost_titan.bench.model.perfmodel import Plan
 from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 
 _TOTAL = "Total"
@@ -79,7 +80,7 @@ def _fake_mesh(tp: int) -> Iterator:
     try:
         yield init_device_mesh("cpu", (1, tp), mesh_dim_names=("fsdp", "tp"))
     finally:
-        dist.destroy_process_group()
+        end_process_groups(finished=False)
 
 
 def _apply_ac(model: nn.Module, ac: str, tp: int) -> None:

@@ -142,9 +142,16 @@ class ProbedTrainer(BoostTrainer):
         return local * self.dp_degree
 
 
-if __name__ == "__main__":
+def _run() -> None:
     if "trainer_cls" in inspect.signature(train.run).parameters:
         train.run(ProbedTrainer)
     else:  # a checkout from before `run` took the trainer (scripts/compare_step.py)
         train.BoostTrainer = ProbedTrainer
         train.run()
+
+
+if __name__ == "__main__":
+    if hasattr(train, "run_to_end"):
+        train.run_to_end(_run)  # the worker's orderly end, as `boost_titan.train`'s
+    else:
+        _run()

@@ -49,6 +49,7 @@ from boost_titan.parallelize.debug import (
     CollectiveLog,
     record_collectives,
 )
+from boost_titan.parallelize.teardown import end_process_groups
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FLOP_TOLERANCE = 0.01
@@ -72,7 +73,7 @@ def fake_tp_mesh(tp: int) -> Iterator[DeviceMesh]:
     try:
         yield init_device_mesh("cpu", (tp,))
     finally:
-        dist.destroy_process_group()
+        end_process_groups(finished=False)
 
 
 @contextmanager

@@ -1,0 +1,41 @@
+"""TorchTitan's dataloader, whose saved position is read without running code.
+
+TorchTitan stores each data-parallel rank's loader state in the checkpoint as
+`pickle.dumps` bytes and restores it with `pickle.loads`, which calls whatever a checkpoint
+from elsewhere names. `CheckpointedDataloader` keeps that format (checkpoints stay
+TorchTitan's) and unpickles it through the checkpoint allowlist
+(`boost_titan.parallelize.safe_load`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.tools.logging import logger
+
+from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.safe_load import loads
+
+
+class CheckpointedDataloader(ParallelAwareDataloader):
+    """`ParallelAwareDataloader` whose `load_state_dict` unpickles through the allowlist."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:  # a checkpoint without loader state: start at the beginning
+            return
+        if self._rank_id not in state_dict:
+            logger.warning(
+                f"DataLoader state is empty for dp rank {self.dp_rank}, expected key "
+                f"{self._rank_id}"
+            )
+            return
+        saved = state_dict["world_size"]
+        if saved != self.dp_world_size:
+            raise ConfigError(
+                f"the checkpoint's dataloader state is for {saved} data-parallel ranks but "
+                f"this job has {self.dp_world_size}; resume with the same data-parallel "
+                "degree, or add --checkpoint.exclude_from_loading dataloader"
+            )
+        StatefulDataLoader.load_state_dict(self, loads(state_dict[self._rank_id]))
