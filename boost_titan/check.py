@@ -355,7 +355,9 @@ def check_checkpoint_model(job) -> None:
     path = checkpoint.initial_load_path
     if path and checkpoint.enable and not checkpoint.initial_load_in_hf:
         where = f"checkpoint.initial_load_path {path}"
-        check_holds_model(job, check_readable(path, where=where), where, f"train with {SAVED_WITH}")
+        check_holds_model(
+            job, check_loadable(path, resuming=False), where, f"train with {SAVED_WITH}"
+        )
 
 
 def check_initial_export(job) -> None:
