@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks of one short GPU session, as one prepared script (../shared/GPU_CHECK.md's recipe).
+# The checks of one short GPU session, as one prepared script (docs/gpus.md#first-checks-on-a-new-machine).
 #
 #   scripts/gpu_check.sh [OUT]        (OUT: results folder; default $OUT, else /tmp/gpu_check)
 #

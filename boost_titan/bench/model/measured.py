@@ -2,8 +2,9 @@
 
 `H100_ROWS`: one H100 80GB (SXM), 2026-11-27, commit 18fc3d3, `train_configs/1B.toml` (TP1,
 bf16 compute with fp32 master weights, seq 4096), 1 process, torch 2.11 + triton 3.6,
-tokens/s from TorchTitan's log (the lower end where two runs were taken). Source:
-../shared/GPU_CHECK.md (the recipe: `scripts/gpu_check.sh`). The code of that commit cast
+tokens/s from TorchTitan's log (the lower end where two runs were taken), as
+docs/gpus.md#what-ran-on-a-gpu lists them (`scripts/gpu_check.sh` measures them again). The
+code of that commit cast
 every weight before every forward and backward and reduced one norm per gradient, which
 the model prices with `Plan.legacy_launches`.
 
