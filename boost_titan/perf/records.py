@@ -15,13 +15,13 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
   collective; behind lists the GEMMs whose weight grads run while it is in flight.
 - step_collectives_fwd / _bwd: the same for the model-level extras (final norm, gather,
   lm_head, loss parallel), once per micro-batch and pipeline, not per layer.
-- flops_per_layer: forward FLOPs of a block per rank (GEMMs + attention, see perfmodel);
+- flops_per_layer: forward FLOPs of a block per rank (GEMMs + attention, see step_model);
   flops_per_layer_bwd = 2x; recompute_flops_per_layer: extra backward work of `ac`.
 - gemms: forward GEMMs of a block per rank: {name, m, n, k, flops, intensity}, the
   product [m, k] x [k, n], intensity = FLOPs per byte of the three operands.
 - activation_bytes_per_layer: saved-for-backward bytes of a block per rank.
 - params_total: parameters of the whole model; params_per_rank: on the busiest rank.
-- memory_bytes_per_rank: the peak by `bench.model.memory.PARTS`, and its total.
+- memory_bytes_per_rank: the peak by `memory.PARTS`, and its total.
 - predicted_step_s: {gpu: seconds per optimizer step}; time_breakdown_s: {gpu: {part: s}}
   with parts gemm, memory (memory-bound kernels), attention, optimizer, comm (exposed
   communication) and bubble, which add up to the step; hidden_comm_s: {gpu: s} of
