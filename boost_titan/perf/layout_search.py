@@ -22,6 +22,7 @@ from boost_titan.config import OVERLAP_CHUNKS
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import memory, step_model
 from boost_titan.perf.gpus import GPUS, GpuProfile, gpu_profile
+from boost_titan.perf.job import job_plan
 from boost_titan.perf.layout import AC_MODES, TrainingLayout
 
 GPU_MEMORY_GIB = {"a100": 80.0, "a100-hgx4": 80.0, "h100": 80.0}
@@ -515,8 +516,6 @@ DOCS_TOP = 3
 def paper_rows(gpu: str = "a100") -> list[list[str]]:
     """Per paper size: the paper's layout (its TOML, as `bench model --config` reads it)
     and the planner's pick, each with the predicted step and peak memory per GPU."""
-    from boost_titan.perf.job import job_plan
-
     rows = []
     for flavor, gpus in PAPER_SIZES.items():
         job = job_plan(f"train_configs/{flavor}.toml", gpus)

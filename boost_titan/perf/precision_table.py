@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from boost_titan.perf import predict, step_model
 from boost_titan.perf.gpus import gpu_profile
+from boost_titan.perf.job import job_plan
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.paper import PAPER_GPU, PAPER_ROWS
 from boost_titan.perf.records import config_name
@@ -94,8 +95,6 @@ def format_precision_rows(rows: list[PrecisionRow]) -> str:
 def format_jobs(paths: list[str], gpus: tuple[str, ...] = ("a100", "h100")) -> str:
     """A markdown table of training jobs as `bench model --config` prices them (each on
     the fewest processes its degrees allow): layout, precision, predicted step per GPU."""
-    from boost_titan.perf.job import job_plan
-
     header = ["config", "processes", "layout", "batch", "precision", *[f"step s {g}" for g in gpus]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for path in paths:
