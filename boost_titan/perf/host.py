@@ -17,11 +17,11 @@ takes the longer of its host time and its GPU time; phases follow one another:
   inside the phase of the unit they belong to, and per step the gradient norm, clipping
   and AdamW (`optimizer_launches`).
 
-With CUDA graphs (`Plan.cuda_graphs`) a micro-batch is one graph launch: its host time is a
-few launches and its kernels run back to back. `Plan.legacy_launches` prices the launch
-pattern of commit 18fc3d3, on which the H100 rows were measured: FSDP2 resharded after
-every forward and backward (each weight cast and copied twice per micro-batch, one unit per
-block) and one norm reduction per gradient.
+With CUDA graphs (`TrainingLayout.cuda_graphs`) a micro-batch is one graph launch: its host
+time is a few launches and its kernels run back to back. `TrainingLayout.legacy_launches`
+prices the launch pattern of commit 18fc3d3, on which the H100 rows were measured: FSDP2
+resharded after every forward and backward (each weight cast and copied twice per
+micro-batch, one unit per block) and one norm reduction per gradient.
 """
 
 from __future__ import annotations

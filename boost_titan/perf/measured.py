@@ -6,7 +6,7 @@ tokens/s from TorchTitan's log (the lower end where two runs were taken), as
 docs/gpus.md#what-ran-on-a-gpu lists them (`scripts/gpu_check.sh` measures them again). The
 code of that commit cast
 every weight before every forward and backward and reduced one norm per gradient, which
-the model prices with `Plan.legacy_launches`.
+the model prices with `TrainingLayout.legacy_launches`.
 
 `HOST_FIT` is the row `GpuProfile.host_launch_s` is fitted to (`fit_host_launch`); every other
 row is held out and only compared (`host_rows`, printed by `bench validate`).

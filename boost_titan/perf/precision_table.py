@@ -35,7 +35,7 @@ PRECISIONS: dict[str, dict] = {
         "compiled": True,
     },
 }
-"""Column name -> Plan fields (over bf16 with master weights)."""
+"""Column name -> TrainingLayout fields (over bf16 with master weights)."""
 
 
 @dataclass(frozen=True)

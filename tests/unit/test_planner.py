@@ -1,4 +1,4 @@
-"""The memory model (`bench.model.memory`), its check against torch's MemTracker, and the
+"""The memory model (`perf.memory`), its check against torch's MemTracker, and the
 auto-planner (`python -m boost_titan.plan --auto`)."""
 
 from __future__ import annotations
