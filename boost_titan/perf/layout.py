@@ -2,8 +2,7 @@
 
 The parallel strategy and degrees, the batch shape, the dtypes, recomputation, float8 and
 how kernels are launched; the lists of choices the model prices (`STRATEGIES`,
-`AC_MODES`, `DTYPE_BYTES`); and `record_fields`, the layout's part of every modelled or
-measured record (`records.LayerRecord`).
+`AC_MODES`, `DTYPE_BYTES`).
 """
 
 from __future__ import annotations
@@ -75,22 +74,3 @@ class TrainingLayout:
         text = {"fp32": "fp32", "bf16": "bf16, fp32 master", BF16_WEIGHTS: "bf16, no master"}
         suffix = f", float8 {self.float8} ({self.float8_casts} casts)" if self.float8 else ""
         return text[self.state] + suffix
-
-
-RECORD_FIELDS = (
-    "strategy",
-    "tp",
-    "pp",
-    "seq_len",
-    "micro_batch",
-    "dtype",
-    "ac",
-    "rmsnorm",
-    "group_linears",
-)
-"""The layout's fields every `records.LayerRecord` carries, in its field order."""
-
-
-def record_fields(layout: TrainingLayout) -> dict:
-    """The layout's part of a record (`RECORD_FIELDS`), for `LayerRecord(**...)`."""
-    return {name: getattr(layout, name) for name in RECORD_FIELDS}

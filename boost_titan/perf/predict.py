@@ -11,8 +11,8 @@ from boost_titan.boost_llama.shapes import ModelShape, param_count
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import memory, step_model
 from boost_titan.perf.gpus import GPUS, gpu_profile
-from boost_titan.perf.layout import TrainingLayout, record_fields
-from boost_titan.perf.records import PerfRecord
+from boost_titan.perf.layout import TrainingLayout
+from boost_titan.perf.records import PerfRecord, layout_fields
 
 
 def memory_per_rank(args: ModelShape, plan: TrainingLayout) -> dict[str, int]:
@@ -59,8 +59,7 @@ def evaluate(
     return PerfRecord(
         flavor=flavor,
         arch=args.arch,
-        **record_fields(plan),
-        microbatches=plan.microbatches,
+        **layout_fields(plan, PerfRecord),
         collectives_per_layer_fwd=len(fwd),
         collectives_per_layer_bwd=len(bwd),
         comm_bytes_per_layer_fwd=sum(c.bytes(t, db) for c in fwd),

@@ -37,9 +37,10 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from boost_titan.boost_llama.strategies import STRATEGIES
+from boost_titan.perf.layout import TrainingLayout
 
 MIB = 2**20
 
@@ -95,6 +96,13 @@ class PerfRecord(LayerRecord):
     float8_gemms: dict[str, int]
     float8_skipped: dict[str, str]
     predicted_speedup: dict[str, float] = field(default_factory=dict)
+
+
+def layout_fields(layout: TrainingLayout, record: type[LayerRecord] = LayerRecord) -> dict:
+    """The fields of `layout` that `record` carries (those both name alike), for
+    `record(**layout_fields(...), ...)`: the one place a layout becomes a record's fields."""
+    own = {f.name for f in fields(layout)}
+    return {f.name: getattr(layout, f.name) for f in fields(record) if f.name in own}
 
 
 def config_name(flavor: str, tp: int, pp: int) -> str:

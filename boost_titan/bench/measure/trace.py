@@ -49,8 +49,8 @@ from boost_titan.parallelize.debug import (
 )
 from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.perf import predict, step_model
-from boost_titan.perf.layout import TrainingLayout, record_fields
-from boost_titan.perf.records import LayerRecord, PerfRecord
+from boost_titan.perf.layout import TrainingLayout
+from boost_titan.perf.records import LayerRecord, PerfRecord, layout_fields
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FLOP_TOLERANCE = 0.01
@@ -282,7 +282,7 @@ def trace(flavor: str, args: BoostModelArgs, plan: TrainingLayout) -> TraceRecor
     return TraceRecord(
         flavor=flavor,
         arch=args.arch,
-        **record_fields(plan),
+        **layout_fields(plan),
         collectives_per_layer_fwd=len(fwd),
         collectives_per_layer_bwd=len(bwd),
         comm_bytes_per_layer_fwd=sum(c.nbytes for c in fwd),
