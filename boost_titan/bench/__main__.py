@@ -1,7 +1,7 @@
 """`python -m boost_titan.bench SUBCOMMAND ...`: the benchmark command line.
 
 Subcommands live in SUBCOMMANDS (name -> Subcommand(help, add_args, run)); a new one adds
-an entry. `add_plan_args` / `plans_from_args` give every subcommand the same model and
+an entry. `add_layout_args` / `sweep_from_args` give every subcommand the same model and
 parallelism options. Only the chosen subcommand's options are built, and the harnesses of
 `measure` (`trace`, `cpu`, `compile`) import torch only when chosen, so `--help` and the
 analytic `model` start at once.
@@ -56,7 +56,7 @@ def _dtype(text: str) -> str:
     return name
 
 
-def add_plan_args(parser: argparse.ArgumentParser) -> None:
+def add_layout_args(parser: argparse.ArgumentParser) -> None:
     """Model, parallelism and batch options shared by the subcommands."""
     parser.add_argument("--flavor", type=_csv, default=["7B"], help="flavor or comma list (sweep)")
     parser.add_argument(
@@ -106,7 +106,7 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def plans_from_args(ns: argparse.Namespace) -> dict:
+def sweep_from_args(ns: argparse.Namespace) -> dict:
     """Keyword arguments of `predict.sweep` from the parsed options."""
     return dict(
         flavors=ns.flavor,
@@ -160,7 +160,7 @@ CONFIG_OPTIONS = (
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    add_plan_args(parser)
+    add_layout_args(parser)
     parser.add_argument(
         "--master-weights",
         action=argparse.BooleanOptionalAction,
@@ -243,7 +243,7 @@ def _run_model(ns: argparse.Namespace) -> int:
         raise ConfigError("--nproc needs --config TOML")
     else:
         records = predict.sweep(
-            **plans_from_args(ns),
+            **sweep_from_args(ns),
             master_weights=ns.master_weights,
             float8=ns.float8,
             float8_filter=tuple(ns.float8_filter),
@@ -353,28 +353,28 @@ def _run_plot(ns: argparse.Namespace) -> int:
 def _add_trace_args(parser: argparse.ArgumentParser) -> None:
     from boost_titan.bench.measure import trace
 
-    add_plan_args(parser)
+    add_layout_args(parser)
     trace.add_args(parser)
 
 
 def _run_trace(ns: argparse.Namespace) -> int:
     from boost_titan.bench.measure import trace
 
-    return trace.run(ns, plans_from_args(ns))
+    return trace.run(ns, sweep_from_args(ns))
 
 
 # ---- memory ----------------------------------------------------------------------------
 def _add_memory_args(parser: argparse.ArgumentParser) -> None:
     from boost_titan.bench.measure import memtrack
 
-    add_plan_args(parser)
+    add_layout_args(parser)
     memtrack.add_args(parser)
 
 
 def _run_memory(ns: argparse.Namespace) -> int:
     from boost_titan.bench.measure import memtrack
 
-    return memtrack.run(ns, plans_from_args(ns))
+    return memtrack.run(ns, sweep_from_args(ns))
 
 
 # ---- cpu -------------------------------------------------------------------------------

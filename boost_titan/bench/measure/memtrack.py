@@ -316,7 +316,7 @@ def format_split(args: BoostModelArgs, plan: TrainingLayout) -> str:
 
 
 def add_args(parser) -> None:
-    """memory's own options (the model/plan options come from `add_plan_args`)."""
+    """memory's own options (the model/layout options come from `add_layout_args`)."""
     parser.add_argument(
         "--check",
         action="store_true",

@@ -370,7 +370,7 @@ def trace_compared(
 
 # ---- command line ------------------------------------------------------------------------
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """trace's own options (the model/plan options come from `add_plan_args`)."""
+    """trace's own options (the model/layout options come from `add_layout_args`)."""
     parser.add_argument(
         "--compare",
         action="store_true",
@@ -382,7 +382,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace, sweep: dict) -> int:
-    """Trace every flavor x tp x strategy of `sweep` (`plans_from_args`' keywords)."""
+    """Trace every flavor x tp x strategy of `sweep` (`sweep_from_args`' keywords)."""
     sweep = dict(sweep)
     flavors, arch, strategies, tps, gpus = (
         sweep.pop(k) for k in ("flavors", "arch", "strategies", "tps", "gpus")
