@@ -10,7 +10,7 @@ torch-native model. Per row: the plan key (and how many modules it matched), the
 weight placements, activation layouts in and out, and the collectives one call issues
 forward and backward (elements per token of each rank's buffer). Then the totals of one
 block. Nothing is applied; the plan is checked against the model as `apply_plan` would.
-`--auto` instead ranks every layout of a flavor on N GPUs (`bench.model.planner`).
+`--auto` instead ranks every layout of a flavor on N GPUs (`perf.layout_search`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from boost_titan.boost_llama.shapes import flavor_named
 from boost_titan.config.cli import OneLineParser, fail, reader_gone
 from boost_titan.config.errors import ConfigError
+from boost_titan.perf import layout_search
+from boost_titan.perf.gpus import GPUS
 
 
 def _load(spec: str, what: str):
@@ -77,18 +79,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--auto", action="store_true", help="rank every layout of --flavor on --gpus GPUs"
     )
-    from boost_titan.bench.model import planner
-
-    planner.add_args(parser)
+    _add_auto_args(parser)
     ns = parser.parse_args(argv)
     try:
-        code = planner.run(ns) if ns.auto else _show(ns)
+        code = _auto(ns) if ns.auto else _show(ns)
         sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's last flush
         return code
     except ConfigError as e:
         fail(str(e))
     except BrokenPipeError:
         reader_gone()
+
+
+def _add_auto_args(parser: argparse.ArgumentParser) -> None:
+    """`--auto`'s options."""
+    parser.add_argument("--gpus", type=int, help="GPUs in all (with --auto)")
+    parser.add_argument(
+        "--gpu",
+        default="a100",
+        type=str.lower,
+        choices=tuple(GPUS),
+        help="GPU profile, any case (default a100)",
+    )
+    parser.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the profile's, 80)")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument(
+        "--global-batch", type=int, default=4, help="sequences per step (default 4, BOOST's)"
+    )
+    parser.add_argument("--top", type=int, default=10, help="rows of the ranked table")
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="also try BTP's overlap_chunks 2 and 4 (unmeasured on GPUs; off by default)",
+    )
+    parser.add_argument("--write-toml", metavar="PATH", help="write the winner as a config")
+
+
+def _auto(ns: argparse.Namespace) -> int:
+    """`--auto`: rank the layouts, print them, write the winner's TOML if asked."""
+    if ns.gpus is None:
+        raise ConfigError("--auto needs --gpus N (the GPUs to plan for)")
+    memory = layout_search.GPU_MEMORY_GIB[ns.gpu] if ns.gpu_memory is None else ns.gpu_memory
+    request = layout_search.Request(
+        flavor=ns.flavor,
+        arch=ns.arch or "cola",
+        gpus=ns.gpus,
+        gpu=ns.gpu,
+        gpu_memory_gib=memory,
+        seq_len=ns.seq_len,
+        global_batch=ns.global_batch,
+        overlap=ns.overlap,
+    )
+    result = layout_search.plan_layouts(request)
+    print(layout_search.format_result(result, top=ns.top, markdown=ns.markdown))
+    if ns.write_toml:
+        try:
+            with open(ns.write_toml, "w") as f:
+                f.write(layout_search.toml_text(result, result.ranked[0]))
+        except OSError as e:
+            raise ConfigError(f"cannot write --write-toml {ns.write_toml}: {e.strerror}") from None
+        best = result.ranked[0]
+        winner = layout_search.describe(best)
+        print(f"\nwrote {ns.write_toml}: {winner} (predicted {best.step_s:.3f} s per step)")
+    return 0
 
 
 def _show(ns: argparse.Namespace) -> int:

@@ -98,13 +98,14 @@ def trace_rows(configs: list[tuple[str, str, int]]) -> list[str]:
     """Lines of `bench trace --compare` (without the wall-clock column) for (flavor,
     strategy, tp) configurations at the command's defaults (cola, micro-batch 1, seq 4096)."""
     from boost_titan.bench.measure import trace
-    from boost_titan.bench.model import perfmodel
+    from boost_titan.perf import step_model
+    from boost_titan.perf.layout import TrainingLayout
 
     records = [
         trace.trace_compared(
             flavor,
-            perfmodel.model_args(flavor, "cola", strategy),
-            perfmodel.Plan(strategy=strategy, tp=tp),
+            step_model.model_args(flavor, "cola", strategy),
+            TrainingLayout(strategy=strategy, tp=tp),
             "a100",
         )
         for flavor, strategy, tp in configs
@@ -129,8 +130,9 @@ def lowrank_ac_table() -> str:
     """The TP1 / TP4 table of `python -m boost_titan.activation_memory --flavor 1B
     --seq-len 2048 [--tp 4]`, and what the low-rank recompute contains."""
     from boost_titan.activation_memory import MODES, measure_layer
-    from boost_titan.bench.model import perfmodel
     from boost_titan.boost_llama import flavor_args
+    from boost_titan.perf import step_model
+    from boost_titan.perf.layout import TrainingLayout
 
     args = flavor_args(AC_FLAVOR, arch="cola")
     runs = {tp: {m: measure_layer(args, m, seq_len=AC_SEQ, tp=tp) for m in MODES} for tp in AC_TPS}
@@ -168,10 +170,12 @@ def lowrank_ac_table() -> str:
         run = runs[tp]
         full = run["full"].backward_flops - run["none"].backward_flops
         low = run["lowrank"].backward_flops - run["none"].backward_flops
-        plan = perfmodel.Plan(strategy="btp", tp=tp, seq_len=AC_SEQ)
-        shape = perfmodel.model_args(AC_FLAVOR, "cola", "btp")
-        ups = {g.name: g.flops for g in perfmodel.layer_gemms(shape, plan) if g.name.endswith(".B")}
-        attention = perfmodel.attention_flops(shape, plan)
+        plan = TrainingLayout(strategy="btp", tp=tp, seq_len=AC_SEQ)
+        shape = step_model.model_args(AC_FLAVOR, "cola", "btp")
+        ups = {
+            g.name: g.flops for g in step_model.layer_gemms(shape, plan) if g.name.endswith(".B")
+        }
+        attention = step_model.attention_flops(shape, plan)
         without_down = sum(ups.values()) - ups["down.B"] + attention
         verdict = {
             without_down: "every up-projection but B_down",
@@ -215,9 +219,9 @@ TABLES: dict[str, Table] = {
         lambda: __import__("boost_titan.bench.measure.memtrack", fromlist=["_"]).check_table(),
         slow=True,
     ),
-    "planner": Table(  # render function: boost_titan.bench.model.planner
+    "planner": Table(  # render function: boost_titan.perf.layout_search
         "python -m boost_titan.plan --auto --flavor F --gpus N --gpu G --global-batch B",
-        lambda: __import__("boost_titan.bench.model.planner", fromlist=["_"]).docs_tables(),
+        lambda: __import__("boost_titan.perf.layout_search", fromlist=["_"]).docs_tables(),
         slow=True,
     ),
 }

@@ -1,4 +1,5 @@
-"""Benchmarks of boost-titan: `model` (the analytic step-time model, predictions only),
-`measure` (harnesses that run the real model and plans on CPU), and the command line
-(`python -m boost_titan.bench`, `__main__`). `measure` may import `model`, never the reverse.
+"""Benchmarks of boost-titan: `measure` (harnesses that run the real model and plans on
+CPU) and the command line (`python -m boost_titan.bench`, `__main__`), whose `model`,
+`precision`, `validate` and `plot` commands print the analytic model (`boost_titan.perf`).
+`perf` never imports `bench`.
 """

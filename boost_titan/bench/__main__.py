@@ -1,7 +1,7 @@
 """`python -m boost_titan.bench SUBCOMMAND ...`: the benchmark command line.
 
 Subcommands live in SUBCOMMANDS (name -> Subcommand(help, add_args, run)); a new one adds
-an entry. `add_plan_args` / `plans_from_args` give every subcommand the same model and
+an entry. `add_layout_args` / `sweep_from_args` give every subcommand the same model and
 parallelism options. Only the chosen subcommand's options are built, and the harnesses of
 `measure` (`trace`, `cpu`, `compile`) import torch only when chosen, so `--help` and the
 analytic `model` start at once.
@@ -15,15 +15,17 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
-from boost_titan.bench.model import perfmodel
-from boost_titan.bench.model.gpus import GPUS
-from boost_titan.bench.model.plots import write_plot
-from boost_titan.bench.model.records import format_records
 from boost_titan.config import ARCHS, OVERLAP_CHUNKS, RMSNORM_MODES
 from boost_titan.config.cli import OneLineParser
 from boost_titan.config.errors import ConfigError
-
-PLOT_FLAVORS = ("1B", "3B", "7B", "13B", "30B")
+from boost_titan.perf import measured, paper, precision_table, predict, records
+from boost_titan.perf.float8_costs import CASTS
+from boost_titan.perf.gpus import GPUS
+from boost_titan.perf.job import job_plan, process_count
+from boost_titan.perf.layout import AC_MODES, DTYPE_ALIASES, DTYPE_BYTES, STRATEGIES
+from boost_titan.perf.paper import PAPER_GPU
+from boost_titan.perf.plots import write_plot, write_validation_plot
+from boost_titan.perf.records import format_breakdown, format_memory_kernels, format_records
 
 
 class Subcommand(NamedTuple):
@@ -47,14 +49,14 @@ def _int_csv(text: str) -> list[int]:
 
 def _dtype(text: str) -> str:
     """bf16 / fp32, or TorchTitan's bfloat16 / float32."""
-    name = perfmodel.DTYPE_ALIASES.get(text, text)
-    if name not in perfmodel.DTYPE_BYTES:
-        spellings = [*perfmodel.DTYPE_BYTES, *perfmodel.DTYPE_ALIASES]
+    name = DTYPE_ALIASES.get(text, text)
+    if name not in DTYPE_BYTES:
+        spellings = [*DTYPE_BYTES, *DTYPE_ALIASES]
         raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(spellings)}")
     return name
 
 
-def add_plan_args(parser: argparse.ArgumentParser) -> None:
+def add_layout_args(parser: argparse.ArgumentParser) -> None:
     """Model, parallelism and batch options shared by the subcommands."""
     parser.add_argument("--flavor", type=_csv, default=["7B"], help="flavor or comma list (sweep)")
     parser.add_argument(
@@ -63,7 +65,7 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strategy",
         type=_csv,
-        default=list(perfmodel.STRATEGIES),
+        default=list(STRATEGIES),
         help="comma list of megatron, vanilla, btp",
     )
     parser.add_argument(
@@ -81,9 +83,7 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
         type=_dtype,
         help="bf16 or fp32 (TorchTitan's bfloat16 / float32 also work)",
     )
-    parser.add_argument(
-        "--ac", default="none", choices=perfmodel.AC_MODES, help="activation checkpointing"
-    )
+    parser.add_argument("--ac", default="none", choices=AC_MODES, help="activation checkpointing")
     parser.add_argument("--rmsnorm", default="online", choices=RMSNORM_MODES, help="btp's RMSNorm")
     parser.add_argument(
         "--group-linears",
@@ -106,8 +106,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def plans_from_args(ns: argparse.Namespace) -> dict:
-    """Keyword arguments of `perfmodel.sweep` from the parsed options."""
+def sweep_from_args(ns: argparse.Namespace) -> dict:
+    """Keyword arguments of `predict.sweep` from the parsed options."""
     return dict(
         flavors=ns.flavor,
         arch=ns.arch,
@@ -160,9 +160,7 @@ CONFIG_OPTIONS = (
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    from boost_titan.bench.model.float8 import CASTS
-
-    add_plan_args(parser)
+    add_layout_args(parser)
     parser.add_argument(
         "--master-weights",
         action=argparse.BooleanOptionalAction,
@@ -226,37 +224,26 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def _config_records(ns: argparse.Namespace) -> list:
     """The record of the `--config` job (one-line notices on stderr)."""
-    import os
-
-    from boost_titan.bench.model.job import job_plan
-
     clash = [name for name, default in ns.plan_defaults.items() if getattr(ns, name) != default]
     if clash:
         flag = "--" + clash[0].replace("_", "-")
         raise ConfigError(f"{flag} is set by --config; edit the TOML instead")
-    nproc = ns.nproc if ns.nproc is not None else os.environ.get("NGPU")
-    if nproc is not None and (not str(nproc).isdigit() or int(nproc) < 1):
-        raise ConfigError(
-            f"process count {nproc!r} is not a positive integer; pass --nproc N with N >= 1"
-        )
-    job = job_plan(ns.config, None if nproc is None else int(nproc))
+    job = job_plan(ns.config, process_count(ns.nproc))
     for notice in job.notices:
         print(notice, file=sys.stderr)
     if ns.json != "-":
         print(job.summary)
-    return [perfmodel.evaluate(job.flavor, job.args, job.plan, ns.gpu)]
+    return [predict.evaluate(job.flavor, job.args, job.plan, ns.gpu)]
 
 
 def _run_model(ns: argparse.Namespace) -> int:
-    from boost_titan.bench.model.records import format_breakdown, format_memory_kernels
-
     if ns.config:
         records = _config_records(ns)
     elif ns.nproc is not None:
         raise ConfigError("--nproc needs --config TOML")
     else:
-        records = perfmodel.sweep(
-            **plans_from_args(ns),
+        records = predict.sweep(
+            **sweep_from_args(ns),
             master_weights=ns.master_weights,
             float8=ns.float8,
             float8_filter=tuple(ns.float8_filter),
@@ -288,26 +275,22 @@ def _add_precision_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_precision(ns: argparse.Namespace) -> int:
-    from boost_titan.bench.model import precisions
-
     if ns.config:
-        print(precisions.format_jobs(ns.config))
+        print(precision_table.format_jobs(ns.config))
     else:
-        print(precisions.format_precision_rows(precisions.precision_rows()))
+        print(precision_table.format_precision_rows(precision_table.precision_rows()))
     return 0
 
 
 # ---- validate --------------------------------------------------------------------------
 def _add_validate_args(parser: argparse.ArgumentParser) -> None:
-    from boost_titan.bench.model.validation import PAPER_GPU
-
     parser.add_argument(
         "--gpu",
         default=PAPER_GPU,
         choices=tuple(GPUS),
         help=f"GPU profile (default {PAPER_GPU}: the paper's 4-GPU A100 nodes)",
     )
-    parser.add_argument("--ac", default="none", choices=perfmodel.AC_MODES)
+    parser.add_argument("--ac", default="none", choices=AC_MODES)
     parser.add_argument(
         "--json",
         metavar="PATH|-",
@@ -316,35 +299,26 @@ def _add_validate_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_validate(ns: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from boost_titan.bench.model import measured, records, validation
-
-    rows = validation.validation_rows(ns.gpu, ns.ac)
-    gemm, comm = validation.gemm_ablation(ns.gpu), validation.comm_ablation(ns.gpu)
-    switches = validation.switch_rows(ns.gpu)
-    constants = validation.constant_rows(ns.gpu)
-    hosts = measured.host_rows()
+    v = paper.validation(ns.gpu, ns.ac)
     if ns.json != "-":
-        print(f"Constants of GPU profile {ns.gpu} (sources: boost_titan/bench/model/gpus.py)")
-        print(records.format_constants(constants))
-        within = sum(all(validation.within_tolerance(r).values()) for r in rows)
+        print(f"Constants of GPU profile {ns.gpu} (sources: boost_titan/perf/gpus.py)")
+        print(records.format_constants(v.constants))
         print(
             f"\nSeconds per iteration, paper vs model (CoLA, seq 4096, {ns.gpu}; "
-            f"model within +-{validation.TOLERANCE:.0%} of both published speedups: "
-            f"{within} of {len(rows)} rows)"
+            f"model within +-{paper.TOLERANCE:.0%} of both published speedups: "
+            f"{v.within} of {len(v.rows)} rows)"
         )
-        print(records.format_validation(rows, ns.gpu))
-        for (flavor, ratio), reason in validation.KNOWN_GAPS.items():
+        print(records.format_validation(v.rows, ns.gpu))
+        for (flavor, ratio), reason in paper.KNOWN_GAPS.items():
             print(f"known gap, {flavor} {ratio}: {reason}")
         print("\nGEMM ablation: one low-rank pair's forward GEMMs, 7B, batch 4 x 4096, TP4")
-        print(records.format_gemm_ablation(gemm))
+        print(records.format_gemm_ablation(v.gemm))
         print(
             "\nCommunication ablation: one layer's forward TP collectives, 7B, batch 4 x 4096, TP4"
         )
-        print(records.format_comm_ablation(comm))
+        print(records.format_comm_ablation(v.comm))
         print("\nThe product's switches: BTP's predicted step, default vs flipped")
-        print(records.format_switches(switches))
+        print(records.format_switches(v.switches))
         print(
             "\nThe host term: 1B on one H100, measured with commit 18fc3d3 (casts every "
             "micro-batch) vs predicted;\n'this code' is the model's prediction for the "
@@ -352,46 +326,23 @@ def _run_validate(ns: argparse.Namespace) -> int:
             f"{measured.HOST_FIT.microbatches} fits host_launch_s = "
             f"{measured.fit_host_launch() * 1e6:.1f} us)"
         )
-        print(measured.format_host_rows(hosts))
-    tagged = (
-        [{"table": "constant"} | asdict(r) for r in constants]
-        + [{"table": "iteration"} | r.to_json() for r in rows]
-        + [{"table": "gemm_ablation"} | asdict(r) for r in gemm]
-        + [{"table": "comm_ablation"} | asdict(r) for r in comm]
-        + [{"table": "switch", "speedup": r.speedup} | asdict(r) for r in switches]
-        + [{"table": "host", "error": r.error} | asdict(r) for r in hosts]
-    )
-    _emit_json(tagged, ns.json)
+        print(measured.format_host_rows(v.hosts))
+    _emit_json(v.to_json(), ns.json)
     return 0
 
 
 # ---- plot ------------------------------------------------------------------------------
 def _add_plot_args(parser: argparse.ArgumentParser) -> None:
-    from boost_titan.bench.model.validation import PAPER_GPU
-
     parser.add_argument("--gpu", default=PAPER_GPU, choices=tuple(GPUS))
     parser.add_argument("--out", default="docs/perf_model.png")
 
 
 def _run_plot(ns: argparse.Namespace) -> int:
-    from boost_titan.bench.model import validation
-    from boost_titan.bench.model.plots import write_validation_plot
-
-    sweep = perfmodel.sweep(
-        list(PLOT_FLAVORS),
-        "cola",
-        list(perfmodel.STRATEGIES),
-        [4],
-        [ns.gpu],
-        seq_len=4096,
-        micro_batch=1,
-        microbatches=4,
-    )
     write_validation_plot(
-        validation.validation_rows(ns.gpu),
-        validation.gemm_ablation(ns.gpu),
-        validation.comm_ablation(ns.gpu),
-        sweep,
+        paper.validation_rows(ns.gpu),
+        paper.gemm_ablation(ns.gpu),
+        paper.comm_ablation(ns.gpu),
+        paper.plot_sweep(ns.gpu),
         ns.out,
     )
     print(f"wrote {ns.out}")
@@ -402,28 +353,28 @@ def _run_plot(ns: argparse.Namespace) -> int:
 def _add_trace_args(parser: argparse.ArgumentParser) -> None:
     from boost_titan.bench.measure import trace
 
-    add_plan_args(parser)
+    add_layout_args(parser)
     trace.add_args(parser)
 
 
 def _run_trace(ns: argparse.Namespace) -> int:
     from boost_titan.bench.measure import trace
 
-    return trace.run(ns, plans_from_args(ns))
+    return trace.run(ns, sweep_from_args(ns))
 
 
 # ---- memory ----------------------------------------------------------------------------
 def _add_memory_args(parser: argparse.ArgumentParser) -> None:
     from boost_titan.bench.measure import memtrack
 
-    add_plan_args(parser)
+    add_layout_args(parser)
     memtrack.add_args(parser)
 
 
 def _run_memory(ns: argparse.Namespace) -> int:
     from boost_titan.bench.measure import memtrack
 
-    return memtrack.run(ns, plans_from_args(ns))
+    return memtrack.run(ns, sweep_from_args(ns))
 
 
 # ---- cpu -------------------------------------------------------------------------------

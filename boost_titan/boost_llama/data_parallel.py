@@ -16,7 +16,7 @@
   neighbours, which hides them wherever the GPU is the busier (one unit for the whole
   model would save FSDP2's per-block hooks on the host, but cast every weight in one
   burst before any GEMM, where nothing hides it: about 13% of a CoLA 1B step at
-  micro-batch 4 on an H100, by `bench.model.host`).
+  micro-batch 4 on an H100, by `perf.host`).
   TP-only, PP-only (each stage), TP x PP and one device use the 1-D "fsdp" mesh;
   dp_replicate > 1 uses HSDP over (dp_replicate, fsdp = 1), as FSDP2's
   maintainers suggest for replicated mixed precision (pytorch/torchtitan#1469): its fp32

@@ -22,7 +22,6 @@ from boost_titan.bench.measure.trace import (
     trace_model,
     without,
 )
-from boost_titan.bench.model import perfmodel as pm
 from boost_titan.boost_llama import flavor_args
 from boost_titan.parallelize import comm
 from boost_titan.parallelize.debug import (
@@ -30,6 +29,8 @@ from boost_titan.parallelize.debug import (
     collective_kind,
     record_collectives,
 )
+from boost_titan.perf import step_model
+from boost_titan.perf.layout import TrainingLayout
 
 BATCH, SEQ = 2, 8
 TOKENS = BATCH * SEQ
@@ -136,10 +137,10 @@ def test_btp_forward_order(mesh):
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c][0] != "lax"])
-def test_block_collectives_match_perfmodel(mesh, case):
+def test_block_collectives_match_step_model(mesh, case):
     arch, strategy, rmsnorm, grouped, _, _ = CASES[case]
     fwd, bwd = run_block(mesh, arch, strategy, rmsnorm, grouped)
-    plan = pm.Plan(
+    plan = TrainingLayout(
         strategy=strategy,
         tp=mesh.size(),
         seq_len=SEQ,
@@ -148,7 +149,7 @@ def test_block_collectives_match_perfmodel(mesh, case):
         rmsnorm=rmsnorm,
         group_linears=grouped,
     )
-    model_fwd, model_bwd = pm.layer_collectives(small_args(arch), plan)
+    model_fwd, model_bwd = step_model.layer_collectives(small_args(arch), plan)
     for recorded, modelled in ((fwd.calls, model_fwd), (bwd.calls, model_bwd)):
         assert per_token(recorded) == sorted((c.kind, c.elements_per_token) for c in modelled)
         assert sorted(c.nbytes for c in recorded) == sorted(c.bytes(TOKENS, 4) for c in modelled)
@@ -156,10 +157,10 @@ def test_block_collectives_match_perfmodel(mesh, case):
 
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
 def test_online_statistic_in_activation_dtype(mesh, grouped):
-    """bf16: the statistic rides in the bf16 all-reduce, priced by perfmodel at 2 bytes."""
+    """bf16: the statistic rides in the bf16 all-reduce, priced by step_model at 2 bytes."""
     with default_dtype(torch.bfloat16):
         fwd, bwd = run_block(mesh, "cola", "btp", group_linears=grouped)
-    plan = pm.Plan(
+    plan = TrainingLayout(
         strategy="btp",
         tp=mesh.size(),
         seq_len=SEQ,
@@ -167,7 +168,7 @@ def test_online_statistic_in_activation_dtype(mesh, grouped):
         dtype="bf16",
         group_linears=grouped,
     )
-    model_fwd, model_bwd = pm.layer_collectives(small_args("cola"), plan)
+    model_fwd, model_bwd = step_model.layer_collectives(small_args("cola"), plan)
     assert {c.dtype for c in fwd.calls + bwd.calls} == {torch.bfloat16}
     for recorded, modelled in ((fwd.calls, model_fwd), (bwd.calls, model_bwd)):
         assert sorted(c.nbytes for c in recorded) == sorted(c.bytes(TOKENS, 2) for c in modelled)
@@ -195,8 +196,8 @@ def test_model_level_collectives(mesh, arch, strategy):
     else:
         assert per_token(extra_fwd) == stats
         assert per_token(extra_bwd) == [("all_reduce", D)]  # lm_head input grad
-    model_fwd, model_bwd = pm.step_collectives(
-        small_args(arch), pm.Plan(strategy=strategy, tp=tp, seq_len=SEQ, micro_batch=BATCH)
+    model_fwd, model_bwd = step_model.step_collectives(
+        small_args(arch), TrainingLayout(strategy=strategy, tp=tp, seq_len=SEQ, micro_batch=BATCH)
     )
     assert per_token(extra_fwd) == sorted((c.kind, c.elements_per_token) for c in model_fwd)
     assert per_token(extra_bwd) == sorted((c.kind, c.elements_per_token) for c in model_bwd)

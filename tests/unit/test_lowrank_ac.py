@@ -240,22 +240,24 @@ def test_1b_layer_tp4_btp_comm_free():
     assert m["full"].backward_collectives == {"all_reduce": 8}  # full AC replays them
     recompute = {k: v.backward_flops - m["none"].backward_flops for k, v in m.items()}
     assert recompute["lowrank"] < 0.7 * recompute["full"]
-    from boost_titan.bench.model import perfmodel as pm
+    from boost_titan.perf import step_model
+    from boost_titan.perf.layout import TrainingLayout
 
     # attention and every up-projection but B_down, whose output only feeds the residual
     # add that leaves the block
-    shape = pm.model_args("1B", "cola", "btp")
+    shape = step_model.model_args("1B", "cola", "btp")
     gemms = {
-        g.name: g.flops for g in pm.layer_gemms(shape, pm.Plan(strategy="btp", tp=4, seq_len=2048))
+        g.name: g.flops
+        for g in step_model.layer_gemms(shape, TrainingLayout(strategy="btp", tp=4, seq_len=2048))
     }
     ups = sum(f for name, f in gemms.items() if name.endswith(".B") and name != "down.B")
-    assert recompute["lowrank"] == ups + pm.attention_flops(
-        shape, pm.Plan(strategy="btp", tp=4, seq_len=2048)
+    assert recompute["lowrank"] == ups + step_model.attention_flops(
+        shape, TrainingLayout(strategy="btp", tp=4, seq_len=2048)
     )
     # the performance model's accounting is this measurement's, to the byte
     for mode in modes:
-        plan = pm.Plan(strategy="btp", tp=4, seq_len=2048, ac=mode)
-        assert m[mode].saved_bytes == pm.activation_bytes(shape, plan), mode
+        plan = TrainingLayout(strategy="btp", tp=4, seq_len=2048, ac=mode)
+        assert m[mode].saved_bytes == step_model.activation_bytes(shape, plan), mode
 
 
 def test_cli_rejects_bad_tp(capsys):

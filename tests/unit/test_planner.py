@@ -1,4 +1,4 @@
-"""The memory model (`bench.model.memory`), its check against torch's MemTracker, and the
+"""The memory model (`perf.memory`), its check against torch's MemTracker, and the
 auto-planner (`python -m boost_titan.plan --auto`)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import shlex
 
 import pytest
 
-from boost_titan.bench.model import memory, perfmodel, planner
-from boost_titan.bench.model.perfmodel import Plan
 from boost_titan.config.errors import ConfigError
+from boost_titan.perf import layout_search, memory, step_model
+from boost_titan.perf.layout import TrainingLayout
 from tests.helpers import ROOT
 from tests.helpers.corpus import real_data_args
 
@@ -23,7 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
 GIB = memory.GIB
 
 
-def request(**kw) -> planner.Request:
+def request(**kw) -> layout_search.Request:
     base = dict(
         flavor="1B",
         arch="cola",
@@ -33,7 +33,7 @@ def request(**kw) -> planner.Request:
         seq_len=4096,
         global_batch=4,
     )
-    return planner.Request(**(base | kw))
+    return layout_search.Request(**(base | kw))
 
 
 # ---- memory model -------------------------------------------------------------------------
@@ -47,14 +47,14 @@ def test_memory_parts_hand_computed():
     copy (6 bytes per block parameter) and recompute: the backward of the step's only
     micro-batch has freed each block's copy after the block; with 2 micro-batches every
     copy is alive at the end of the first's backward."""
-    args = perfmodel.model_args("1B", "cola", "btp")
-    plan = Plan("btp", seq_len=4096, microbatches=1, ac="full")
-    n, block = perfmodel.params_per_rank(args, plan), perfmodel.layer_params(args, plan)
+    args = step_model.model_args("1B", "cola", "btp")
+    plan = TrainingLayout("btp", seq_len=4096, microbatches=1, ac="full")
+    n, block = step_model.params_per_rank(args, plan), step_model.layer_params(args, plan)
     head = args.vocab_size * args.dim + args.dim
     one_copy = 2 * (head + block)
     at_loss = {
         "grads": 0,
-        "activations": args.n_layers * perfmodel.activation_bytes(args, plan),
+        "activations": args.n_layers * step_model.activation_bytes(args, plan),
         "loss": (memory.LOSS_BYTES * args.vocab_size + 2 * args.dim) * 4096,
         "backward": 0,
     }
@@ -71,7 +71,7 @@ def test_memory_parts_hand_computed():
         **at_loss,
     }
     short = dataclasses.replace(plan, seq_len=512)
-    recompute = perfmodel.activation_bytes(args, dataclasses.replace(short, ac="none")) - 512 * (
+    recompute = step_model.activation_bytes(args, dataclasses.replace(short, ac="none")) - 512 * (
         args.dim * 2
     )
     assert memory.stage_memory(args, short).parts == {
@@ -90,8 +90,8 @@ def test_memory_parts_hand_computed():
 def test_memory_pipeline_in_flight():
     """13B TP4 x PP2, 4 micro-batches: 1F1B keeps 2 in flight on the first stage, 1 on the
     last; both hold 20 blocks (TorchTitan's split) and the last adds the loss."""
-    args = perfmodel.model_args("13B", "cola", "btp")
-    plan = Plan("btp", tp=4, pp=2, seq_len=4096, microbatches=4)
+    args = step_model.model_args("13B", "cola", "btp")
+    plan = TrainingLayout("btp", tp=4, pp=2, seq_len=4096, microbatches=4)
     first, last = (memory.stage_memory(args, plan, s) for s in (0, 1))
     assert memory.stage_layers(40, 2) == [20, 20]
     assert first.parts["activations"] == 2 * last.parts["activations"]
@@ -121,7 +121,7 @@ def test_model_matches_memtracker_small_case():
 def test_tight_memory_picks_recomputation():
     """1B on one 16 GiB GPU: without AC the activations overflow it; the winner recomputes
     and the best rejected layout is out of memory."""
-    result = planner.plan_layouts(request(gpu_memory_gib=16.0))
+    result = layout_search.plan_layouts(request(gpu_memory_gib=16.0))
     assert result.ranked[0].plan.ac != "none"
     assert all(lay.plan.ac != "none" for lay in result.ranked)
     assert result.rejected and all("out of memory by" in lay.reason for lay in result.rejected)
@@ -130,7 +130,7 @@ def test_tight_memory_picks_recomputation():
 def test_plenty_of_memory_picks_no_recomputation():
     """1B on one 80 GiB GPU: everything fits, so the winner recomputes nothing and runs
     the largest micro-batch (fewest, widest GEMMs)."""
-    winner = planner.plan_layouts(request()).ranked[0].plan
+    winner = layout_search.plan_layouts(request()).ranked[0].plan
     assert (winner.ac, winner.micro_batch, winner.microbatches) == ("none", 4, 1)
 
 
@@ -144,8 +144,8 @@ def test_plenty_of_memory_picks_no_recomputation():
 )
 def test_ranked_layouts_fit_the_memory_model(kw):
     """Fails if the planner ranks a layout the memory model says does not fit."""
-    result = planner.plan_layouts(request(**kw))
-    usable = planner.USABLE * result.request.gpu_memory_gib * GIB
+    result = layout_search.plan_layouts(request(**kw))
+    usable = layout_search.USABLE * result.request.gpu_memory_gib * GIB
     assert result.ranked
     for lay in result.ranked:
         assert memory.peak_memory(result.args, lay.plan, dp_shard=lay.dp).total <= usable
@@ -154,9 +154,11 @@ def test_ranked_layouts_fit_the_memory_model(kw):
 
 
 def test_rejections_name_the_reason():
-    sizes = planner.plan_layouts(request(flavor="130M", gpus=8, global_batch=8))
+    sizes = layout_search.plan_layouts(request(flavor="130M", gpus=8, global_batch=8))
     assert "n_heads 12 is not divisible by tp 8" in sizes.structural
-    split = planner.plan_layouts(request(flavor="debug", gpus=8, global_batch=8, seq_len=2048))
+    split = layout_search.plan_layouts(
+        request(flavor="debug", gpus=8, global_batch=8, seq_len=2048)
+    )
     assert "pp 8 exceeds the 6 stage units (layers + embedding + head)" in split.structural
 
 
@@ -165,13 +167,13 @@ def test_model_that_fits_nowhere_leads_with_the_fix():
     memory one GPU would need come first, then the smallest layout's peak."""
     fix = r"^30B fits no layout on 1 x 80 GiB; use --gpus 4 \(the fewest that fit it\) or GPUs"
     with pytest.raises(ConfigError, match=fix + r" of ([\d.]+) GiB or more .* needs \1 GiB"):
-        planner.plan_layouts(request(flavor="30B"))
-    assert planner.plan_layouts(request(flavor="30B", gpus=4)).ranked
+        layout_search.plan_layouts(request(flavor="30B"))
+    assert layout_search.plan_layouts(request(flavor="30B", gpus=4)).ranked
     for gpus in (2, 3):
         with pytest.raises(
             ConfigError, match=f"^30B fits no layout on {gpus} x 80 GiB; use --gpus 4 "
         ):
-            planner.plan_layouts(request(flavor="30B", gpus=gpus))
+            layout_search.plan_layouts(request(flavor="30B", gpus=gpus))
 
 
 def test_batch_that_no_layout_takes_leads_with_the_fix():
@@ -181,18 +183,18 @@ def test_batch_that_no_layout_takes_leads_with_the_fix():
     take 4), each of which plans; not the 13 reasons."""
     h100 = dict(flavor="30B", gpus=64, gpu="h100")
     with pytest.raises(ConfigError) as error:
-        planner.plan_layouts(request(**h100))
+        layout_search.plan_layouts(request(**h100))
     message = str(error.value)
     assert message.startswith("no layout of 30B on 64 GPUs takes a global batch of 4 sequences")
     assert message.endswith(
         "pass --global-batch 8 (the smallest that a layout on 64 GPUs takes) or --gpus 32 "
         "(the most that take global batch 4)"
     )
-    assert planner.plan_layouts(request(**h100, global_batch=8)).ranked
-    assert planner.plan_layouts(request(**(h100 | {"gpus": 32}))).ranked
+    assert layout_search.plan_layouts(request(**h100, global_batch=8)).ranked
+    assert layout_search.plan_layouts(request(**(h100 | {"gpus": 32}))).ranked
     for batch in (5, 6, 7):
         with pytest.raises(ConfigError, match="^no layout of 30B on 64 GPUs takes"):
-            planner.plan_layouts(request(**h100, global_batch=batch))
+            layout_search.plan_layouts(request(**h100, global_batch=batch))
 
 
 @pytest.mark.parametrize(
@@ -208,12 +210,12 @@ def test_every_fix_an_error_suggests_plans(kw):
     """Each `--global-batch N` / `--gpus N` an infeasible request's error suggests plans
     (the last request fits no batch on its 16 small GPUs: no batch is suggested)."""
     with pytest.raises(ConfigError) as error:
-        planner.plan_layouts(request(**kw))
+        layout_search.plan_layouts(request(**kw))
     fixes = re.findall(r"--(global-batch|gpus) (\d+)", str(error.value))
     assert fixes or kw.get("gpu_memory_gib") == 12.0, str(error.value)
     for flag, value in fixes:
         field = "global_batch" if flag == "global-batch" else "gpus"
-        assert planner.plan_layouts(request(**(kw | {field: int(value)}))).ranked
+        assert layout_search.plan_layouts(request(**(kw | {field: int(value)}))).ranked
 
 
 def test_a_batch_smaller_than_the_gpus_gets_a_note(capsys):
@@ -231,9 +233,9 @@ def test_a_batch_smaller_than_the_gpus_gets_a_note(capsys):
 
 def test_overlap_chunks_only_when_asked_for():
     """Chunked all-reduces are unmeasured on GPUs: ranked only with --overlap."""
-    default = planner.plan_layouts(request(flavor="7B", gpus=4))
+    default = layout_search.plan_layouts(request(flavor="7B", gpus=4))
     assert {lay.plan.overlap_chunks for lay in default.ranked} == {1}
-    asked = planner.plan_layouts(request(flavor="7B", gpus=4, overlap=True))
+    asked = layout_search.plan_layouts(request(flavor="7B", gpus=4, overlap=True))
     assert {lay.plan.overlap_chunks for lay in asked.ranked} == {1, 2, 4}
 
 
@@ -305,24 +307,26 @@ def test_written_toml_passes_check_and_prices_the_same(
     """The winner's TOML (and, for 13B, the best pipelined layout's) passes `check
     --nproc N` in process, and `bench model --config` reads back the very plan priced;
     checkpointing is on, every 30 predicted minutes or so."""
-    from boost_titan.bench.model.job import job_plan
+    from boost_titan.perf.job import job_plan
     from boost_titan.plan import main
 
     path = tmp_path / "auto.toml"
     argv = ["--auto", "--flavor", flavor, "--gpus", str(gpus), "--gpu", gpu]
     assert main([*argv, "--global-batch", str(batch), "--write-toml", str(path)]) == 0
     capsys.readouterr()
-    result = planner.plan_layouts(request(flavor=flavor, gpus=gpus, gpu=gpu, global_batch=batch))
+    result = layout_search.plan_layouts(
+        request(flavor=flavor, gpus=gpus, gpu=gpu, global_batch=batch)
+    )
     layouts = [result.ranked[0]] + [lay for lay in result.ranked if lay.plan.pp > 1][:1]
     assert flavor != "13B" or layouts[-1].plan.pp == 2
-    assert path.read_text() == planner.toml_text(result, layouts[0])
+    assert path.read_text() == layout_search.toml_text(result, layouts[0])
     assert f"{layouts[0].step_s:.3f} s per step" in path.read_text().splitlines()[2]
     for i, lay in enumerate(layouts):
-        path.write_text(planner.toml_text(result, lay))
+        path.write_text(layout_search.toml_text(result, lay))
         checkpoint = _checked(path, gpus, real_data, tmp_path / f"out{i}")["checkpoint"]
         assert checkpoint["enable"] and checkpoint["keep_latest_k"] == 3
         minutes = checkpoint["interval"] * lay.step_s / 60
-        assert 27 <= minutes <= 30 or checkpoint["interval"] == planner.STEPS, minutes
+        assert 27 <= minutes <= 30 or checkpoint["interval"] == layout_search.STEPS, minutes
         assert job_plan(str(path), gpus).plan == lay.plan
 
 

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from boost_titan.bench.__main__ import main
 from boost_titan.bench.measure import trace
-from boost_titan.bench.model import perfmodel as pm
+from boost_titan.perf import predict, step_model
+from boost_titan.perf.layout import TrainingLayout
 
 GIB = 2**30
 CONFIGS = [("fullrank", "megatron")] + [
@@ -19,10 +20,10 @@ CONFIGS = [("fullrank", "megatron")] + [
 
 
 def traced(flavor: str, arch: str, strategy: str, **plan) -> tuple[trace.TraceRecord, list[str]]:
-    args = pm.model_args(flavor, arch, strategy)
-    p = pm.Plan(strategy=strategy, **plan)
+    args = step_model.model_args(flavor, arch, strategy)
+    p = TrainingLayout(strategy=strategy, **plan)
     record = trace.trace(flavor, args, p)
-    return record, trace.compare(record, pm.evaluate(flavor, args, p, ["a100"]), args, p)
+    return record, trace.compare(record, predict.evaluate(flavor, args, p, ["a100"]), args, p)
 
 
 @pytest.mark.parametrize("tp", [2, 4, 8])
@@ -47,10 +48,10 @@ def test_paper_7b_forward_payloads():
 
 
 def test_compare_reports_disagreement():
-    args = pm.model_args("1B", "cola", "btp")
-    plan = pm.Plan(strategy="btp", tp=2, seq_len=128)
+    args = step_model.model_args("1B", "cola", "btp")
+    plan = TrainingLayout(strategy="btp", tp=2, seq_len=128)
     record = trace.trace("1B", args, plan)
-    modelled = pm.evaluate("1B", args, plan, ["a100"])
+    modelled = predict.evaluate("1B", args, plan, ["a100"])
     assert modelled.activation_bytes_per_layer == record.activation_bytes_per_layer
     modelled.comm_bytes_per_layer_fwd += 1
     modelled.flops_per_layer = int(modelled.flops_per_layer * 1.02)
@@ -91,8 +92,10 @@ def test_activation_bytes_agree_off_the_defaults(arch, strategy, plan):
     model, which `compare` reports; only activations are checked here)."""
     record, mismatches = traced("1B", arch, strategy, tp=2, seq_len=128, **plan)
     assert not [m for m in mismatches if m.startswith("activation")]
-    args = pm.model_args("1B", arch, strategy)
-    modelled = pm.activation_bytes(args, pm.Plan(strategy=strategy, tp=2, seq_len=128, **plan))
+    args = step_model.model_args("1B", arch, strategy)
+    modelled = step_model.activation_bytes(
+        args, TrainingLayout(strategy=strategy, tp=2, seq_len=128, **plan)
+    )
     assert record.activation_bytes_per_layer == modelled
 
 

@@ -1,7 +1,7 @@
 """Measurement harnesses: run the real model and plans on CPU and compare with the model.
 
 `trace` (one block under the real TP plan on a fake process group: collectives, FLOPs,
-saved activations, checked against `bench.model`), `cpu` (wall-clock training steps per
+saved activations, checked against `perf`), `cpu` (wall-clock training steps per
 strategy on gloo ranks), `compiled` (torch.compile against eager), `flops` (the FLOP
 formulas FlopCounterMode lacks). The gloo ranks come from
 `boost_titan.parallelize.local_ranks`, which ends them in order.

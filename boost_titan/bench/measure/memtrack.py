@@ -34,11 +34,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor.parallel import loss_parallel
 
-from boost_titan.bench.model import memory, perfmodel
-from boost_titan.bench.model.perfmodel import Plan
 from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize.teardown import end_process_groups
+from boost_titan.perf import memory, step_model
+from boost_titan.perf.layout import AC_MODES, TrainingLayout
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 
 _TOTAL = "Total"
@@ -104,7 +104,7 @@ def _real_meshes(fake: bool) -> contextlib.AbstractContextManager:
     return unset_fake_temporarily() if fake else contextlib.nullcontext()
 
 
-def _stage_model(args: BoostModelArgs, plan: Plan, stage: int) -> BoostTransformer:
+def _stage_model(args: BoostModelArgs, plan: TrainingLayout, stage: int) -> BoostTransformer:
     """The blocks and ends that pipeline stage `stage` holds (all of them with pp 1)."""
     layers = memory.stage_layers(args.n_layers, plan.pp)[stage]
     model = BoostTransformer(dataclasses.replace(args, n_layers=layers))
@@ -125,7 +125,7 @@ def _schedule(pp: int, stage: int, microbatches: int) -> list[tuple[str, int]]:
     return order + [("b", i) for i in range(microbatches - warmup, microbatches)]
 
 
-def track(args: BoostModelArgs, plan: Plan, stage: int = 0, fake: bool = True) -> Tracked:
+def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool = True) -> Tracked:
     """MemTracker's peak of one training step of pipeline stage `stage` on TP rank 0."""
     from torchtitan.models.llama3.infra.parallelize import apply_fsdp
 
@@ -133,7 +133,7 @@ def track(args: BoostModelArgs, plan: Plan, stage: int = 0, fake: bool = True) -
     from boost_titan.boost_llama.strategies import build_plan
     from boost_titan.parallelize import apply_plan
 
-    perfmodel.check(args, plan)
+    step_model.check(args, plan)
     if plan.dtype != "bf16" or not plan.master_weights or plan.float8:
         raise ConfigError("the tracker runs the product's bf16 with fp32 master weights only")
     start = time.perf_counter()
@@ -238,18 +238,20 @@ class CheckRow:
         return (self.predicted - self.tracked) / self.tracked
 
 
-def check_plan(flavor: str, tp: int, pp: int, seq_len: int) -> tuple[BoostModelArgs, Plan]:
+def check_plan(
+    flavor: str, tp: int, pp: int, seq_len: int
+) -> tuple[BoostModelArgs, TrainingLayout]:
     """The model and plan a check case runs: btp on CoLA, micro-batch 1, 4 micro-batches
     under PP (the paper's 13B), else 1."""
     from boost_titan.boost_llama import flavor_args
 
     args = flavor_args(flavor, arch="cola")
     args.vocab_size = args.vocab_size or 4096
-    plan = Plan("btp", tp=tp, pp=pp, seq_len=seq_len, microbatches=4 if pp > 1 else 1)
+    plan = TrainingLayout("btp", tp=tp, pp=pp, seq_len=seq_len, microbatches=4 if pp > 1 else 1)
     return args, plan
 
 
-def check_rows(cases=CHECK_CASES, modes=perfmodel.AC_MODES) -> list[CheckRow]:
+def check_rows(cases=CHECK_CASES, modes=AC_MODES) -> list[CheckRow]:
     """The model's and the tracker's peak for every case x AC mode."""
     rows = []
     for flavor, tp, pp, stage, fake, seq in cases:
@@ -302,7 +304,7 @@ def format_check(rows: list[CheckRow], timing: bool = True) -> str:
     return "\n".join(lines)
 
 
-def format_split(args: BoostModelArgs, plan: Plan) -> str:
+def format_split(args: BoostModelArgs, plan: TrainingLayout) -> str:
     """The model's peak per pipeline stage, by part (GiB)."""
     stages = [memory.stage_memory(args, plan, s) for s in range(plan.pp)]
     head = f"{'stage':>5} " + " ".join(f"{p:>12}" for p in memory.PARTS) + f" {'total':>8}"
@@ -314,7 +316,7 @@ def format_split(args: BoostModelArgs, plan: Plan) -> str:
 
 
 def add_args(parser) -> None:
-    """memory's own options (the model/plan options come from `add_plan_args`)."""
+    """memory's own options (the model/layout options come from `add_layout_args`)."""
     parser.add_argument(
         "--check",
         action="store_true",
@@ -335,9 +337,11 @@ def run(ns, sweep: dict) -> int:
     for flavor in sweep["flavors"]:
         for tp in sweep["tps"]:
             for strategy in sweep["strategies"]:
-                args = perfmodel.model_args(flavor, sweep["arch"], strategy)
-                plan = Plan(strategy, tp=tp, pp=sweep["pp"], **{k: sweep[k] for k in keys})
-                perfmodel.check(args, plan)
+                args = step_model.model_args(flavor, sweep["arch"], strategy)
+                plan = TrainingLayout(
+                    strategy, tp=tp, pp=sweep["pp"], **{k: sweep[k] for k in keys}
+                )
+                step_model.check(args, plan)
                 print(f"{flavor} {args.arch} {strategy} tp {tp} pp {plan.pp}, ac {plan.ac}:")
                 print(format_split(args, plan))
     return 0

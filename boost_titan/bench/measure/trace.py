@@ -1,4 +1,4 @@
-"""Measure what `perfmodel` predicts by running the real model under the real TP plan.
+"""Measure what `perf.step_model` predicts by running the real model under the real TP plan.
 
 One CPU process plays rank 0 of a TP group: a fake process group of world size tp (its
 collectives return garbage of the right shape) and FakeTensorMode (no real memory) let a
@@ -38,8 +38,6 @@ from torch.utils.flop_counter import (
 )
 
 from boost_titan.bench.measure.flops import CPU_SDPA_FLOPS
-from boost_titan.bench.model import perfmodel
-from boost_titan.bench.model.records import LayerRecord
 from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
 from boost_titan.boost_llama.strategies import build_plan
 from boost_titan.config.errors import ConfigError
@@ -50,6 +48,9 @@ from boost_titan.parallelize.debug import (
     record_collectives,
 )
 from boost_titan.parallelize.teardown import end_process_groups
+from boost_titan.perf import predict, step_model
+from boost_titan.perf.layout import TrainingLayout
+from boost_titan.perf.records import LayerRecord, PerfRecord, layout_fields
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FLOP_TOLERANCE = 0.01
@@ -234,7 +235,7 @@ class TraceRecord(LayerRecord):
     activation_bytes_per_layer: distinct storages saved for backward by one block on
     rank 0 (weights, buffers excluded; the block input included). flops_per_layer_bwd is
     FlopCounterMode's, which counts CPU flash attention's backward as 2.5x its forward
-    (it recomputes QK^T). model_mismatches: None unless compared with `perfmodel`.
+    (it recomputes QK^T). model_mismatches: None unless compared with `perf.step_model`.
     """
 
     trace_s: float
@@ -260,9 +261,9 @@ def _local_numel(params: Iterable[torch.Tensor]) -> int:
     return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
 
 
-def trace(flavor: str, args: BoostModelArgs, plan: perfmodel.Plan) -> TraceRecord:
+def trace(flavor: str, args: BoostModelArgs, plan: TrainingLayout) -> TraceRecord:
     """Measure one configuration (`args.n_layers` only scales params_per_rank)."""
-    perfmodel.check(args, plan)
+    step_model.check(args, plan)
     if plan.pp != 1 or plan.ac != "none":
         raise ConfigError("trace measures one TP group without recomputation: use --pp 1 --ac none")
     start = time.perf_counter()
@@ -281,15 +282,7 @@ def trace(flavor: str, args: BoostModelArgs, plan: perfmodel.Plan) -> TraceRecor
     return TraceRecord(
         flavor=flavor,
         arch=args.arch,
-        strategy=plan.strategy,
-        tp=plan.tp,
-        pp=plan.pp,
-        seq_len=plan.seq_len,
-        micro_batch=plan.micro_batch,
-        dtype=plan.dtype,
-        ac=plan.ac,
-        rmsnorm=plan.rmsnorm,
-        group_linears=plan.group_linears,
+        **layout_fields(plan),
         collectives_per_layer_fwd=len(fwd),
         collectives_per_layer_bwd=len(bwd),
         comm_bytes_per_layer_fwd=sum(c.nbytes for c in fwd),
@@ -312,7 +305,7 @@ def _multiset(entries: list[dict], *keys: str) -> Counter:
 
 
 def compare(
-    measured: TraceRecord, model: perfmodel.PerfRecord, args: BoostModelArgs, plan: perfmodel.Plan
+    measured: TraceRecord, model: PerfRecord, args: BoostModelArgs, plan: TrainingLayout
 ) -> list[str]:
     """Where trace and model disagree: block collectives (count, kind, size, bytes) and
     params exactly; model-level collectives by kind and size (the model prices their
@@ -343,7 +336,7 @@ def compare(
             problems.append(
                 f"{name}: trace-only {dict(traced - modelled)} model-only {dict(modelled - traced)}"
             )
-    recompute = perfmodel.attention_flops(args, plan) // 2
+    recompute = step_model.attention_flops(args, plan) // 2
     for name, expected in (
         ("flops_per_layer", model.flops_per_layer),
         ("flops_per_layer_bwd", model.flops_per_layer_bwd + recompute),
@@ -365,11 +358,11 @@ def activation_gap(traced: int, modelled: int) -> float:
 
 
 def trace_compared(
-    flavor: str, args: BoostModelArgs, plan: perfmodel.Plan, gpu: str
+    flavor: str, args: BoostModelArgs, plan: TrainingLayout, gpu: str
 ) -> TraceRecord:
     """`trace` one configuration and compare it with the model's prediction on `gpu`."""
     record = trace(flavor, args, plan)
-    modelled = perfmodel.evaluate(flavor, args, plan, [gpu])
+    modelled = predict.evaluate(flavor, args, plan, [gpu])
     record.model_mismatches = compare(record, modelled, args, plan)
     record.model_activation_bytes_per_layer = modelled.activation_bytes_per_layer
     return record
@@ -377,7 +370,7 @@ def trace_compared(
 
 # ---- command line ------------------------------------------------------------------------
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """trace's own options (the model/plan options come from `add_plan_args`)."""
+    """trace's own options (the model/layout options come from `add_layout_args`)."""
     parser.add_argument(
         "--compare",
         action="store_true",
@@ -389,7 +382,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace, sweep: dict) -> int:
-    """Trace every flavor x tp x strategy of `sweep` (`plans_from_args`' keywords)."""
+    """Trace every flavor x tp x strategy of `sweep` (`sweep_from_args`' keywords)."""
     sweep = dict(sweep)
     flavors, arch, strategies, tps, gpus = (
         sweep.pop(k) for k in ("flavors", "arch", "strategies", "tps", "gpus")
@@ -398,8 +391,8 @@ def run(ns: argparse.Namespace, sweep: dict) -> int:
     for flavor in flavors:
         for tp in tps:
             for strategy in strategies:
-                args = perfmodel.model_args(flavor, arch, strategy)
-                plan = perfmodel.Plan(strategy=strategy, tp=tp, **sweep)
+                args = step_model.model_args(flavor, arch, strategy)
+                plan = TrainingLayout(strategy=strategy, tp=tp, **sweep)
                 records.append(
                     trace_compared(flavor, args, plan, gpus[0])
                     if ns.compare

@@ -8,11 +8,11 @@ Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch
   all heads on every rank. Backward GEMMs = 2x forward (dX and dW).
 - Activations (`saved_activations`): the storages autograd keeps, as `bench trace`
   measures them (with RMSNorm saving what its fused CUDA kernel saves).
-- Memory: `bench.model.memory` (peak per rank and pipeline stage, checked against torch's
+- Memory: `memory` (peak per rank and pipeline stage, checked against torch's
   MemTracker by `bench memory --check`). STATE_BYTES is the time model's view of the
   state: the bytes its gradient and optimizer traffic moves.
-- Float8 (`Plan.float8`, a torchao recipe): the per-rank GEMMs the runtime selects
-  (`bench.model.float8`) run at the float8 rate, forward, input grad and (unless the recipe
+- Float8 (`TrainingLayout.float8`, a torchao recipe): the per-rank GEMMs the runtime selects
+  (`float8_costs`) run at the float8 rate, forward, input grad and (unless the recipe
   keeps it in high precision) weight grad, each after casting both operands to float8.
 - Time (`step_time`): every kernel class priced by `costs` on a `gpus` profile: GEMMs on a
   roofline with a derived shape-dependent efficiency, memory-bound kernels (`streams`) by
@@ -28,36 +28,26 @@ Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
-from boost_titan.bench.model import costs, float8, host
-from boost_titan.bench.model.gpus import FLOAT8, GPUS, GpuProfile, gpu_profile
-from boost_titan.bench.model.records import PerfRecord
-from boost_titan.bench.model.streams import block_streams, embedding_streams, head_streams
-from boost_titan.bench.model.work import Collective, Gemm, Stream, Widths
 from boost_titan.boost_llama.shapes import (
     PAPER_VOCAB,
     PROJECTIONS,
     ModelShape,
     flavor_shape,
-    param_count,
     projection_params,
 )
 from boost_titan.boost_llama.strategies import STRATEGIES as REGISTRY
 from boost_titan.boost_llama.strategies import sizes as strategy_sizes
 from boost_titan.config import RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
+from boost_titan.perf import costs, float8_costs, host
+from boost_titan.perf.gpus import FLOAT8, GpuProfile
+from boost_titan.perf.layout import AC_MODES, BF16_WEIGHTS, DTYPE_BYTES, STRATEGIES, TrainingLayout
+from boost_titan.perf.streams import block_streams, embedding_streams, head_streams
+from boost_titan.perf.work import Collective, Gemm, Stream, Widths
 
-STRATEGIES = tuple(REGISTRY)
-AC_MODES = ("none", "full", "selective", "lowrank")
-DTYPE_BYTES = {"bf16": 2, "fp32": 4}
-DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32"}
-"""TorchTitan's spellings (`training.mixed_precision_param`) of the DTYPE_BYTES names."""
-BF16_WEIGHTS = "bf16-weights"
-"""State of bf16 training without master weights (`training.dtype = "bfloat16"`)."""
 STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8), BF16_WEIGHTS: (2, 2, 4)}
 """Bytes per parameter of (weights, grads, optimizer state incl. any fp32 master copy), by
-`Plan.state`."""
+`TrainingLayout.state`."""
 ADAMW_BYTES_PER_PARAM = {"bf16": 28, "fp32": 28, BF16_WEIGHTS: 14}
 """HBM traffic of one fused AdamW update per parameter (read master, grad, m, v; write
 master, m, v, weight): 4+2+4+4+4+4+4+2 in bf16 training, 4+4+4+4+4+4+4 in fp32, and
@@ -77,61 +67,6 @@ communication nothing hides (TP collectives not overlapped, pipeline sends); hos
 the GPU waits for the host to launch kernels (`host`)."""
 
 
-@dataclass(frozen=True)
-class Plan:
-    """How one model is trained: parallel strategy, batch shape, dtype and recomputation."""
-
-    strategy: str
-    tp: int = 1
-    pp: int = 1
-    seq_len: int = 4096
-    micro_batch: int = 1
-    microbatches: int = 4
-    dtype: str = "bf16"
-    ac: str = "none"
-    rmsnorm: str = "online"
-    group_linears: bool = True
-    overlap_chunks: int = 1
-    master_weights: bool = True
-    """bf16 keeps fp32 master weights (mixed precision); False: weights, grads and AdamW
-    state all in bf16 (TorchTitan's `training.dtype = "bfloat16"`)."""
-    float8: str | None = None
-    """torchao float8 recipe (`[quantize.linear.float8] recipe_name`); None: off."""
-    float8_filter: tuple[str, ...] = ()
-    """TorchTitan's `filter_fqns` (with `auto_filter_small_kn`: torchao's size filter)."""
-    float8_casts: str = "eager"
-    """How the float8 casts run (`bench.model.float8.CASTS`): eager, or fused by torch.compile."""
-    compiled: bool = False
-    """Blocks under torch.compile (`[compile] enable`, off by TorchTitan's default): each
-    memory-bound operation one fused kernel (`host.stream_kernels`); False: eager, as
-    dispatched. Changes launches only: the GPU time prices eager traffic either way."""
-    cuda_graphs: bool = False
-    """`[boost] cuda_graphs`: a micro-batch is one graph launch (`host`)."""
-    legacy_launches: bool = False
-    """The launch pattern of commit 18fc3d3 (`host.weight_launches`), on which the H100 rows
-    of `measured` were taken."""
-
-    @property
-    def tokens(self) -> int:
-        return self.micro_batch * self.seq_len
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def state(self) -> str:
-        """Key of STATE_BYTES: the dtype, or BF16_WEIGHTS for bf16 without master weights."""
-        return BF16_WEIGHTS if self.dtype == "bf16" and not self.master_weights else self.dtype
-
-    @property
-    def precision(self) -> str:
-        """A short description: GEMM and state dtypes, float8 recipe and casts."""
-        text = {"fp32": "fp32", "bf16": "bf16, fp32 master", BF16_WEIGHTS: "bf16, no master"}
-        suffix = f", float8 {self.float8} ({self.float8_casts} casts)" if self.float8 else ""
-        return text[self.state] + suffix
-
-
 def _all_reduce(name: str, elements: int, behind: tuple[str, ...] = ()) -> Collective:
     return Collective("all_reduce", name, elements, behind)
 
@@ -147,14 +82,14 @@ def model_args(flavor: str, arch: str, strategy: str) -> ModelShape:
     return args
 
 
-def check(args: ModelShape, plan: Plan) -> None:
+def check(args: ModelShape, plan: TrainingLayout) -> None:
     """Raise ConfigError (one line, with the fix) for a plan the model cannot describe."""
     choices = {
         "strategy": (plan.strategy, STRATEGIES),
         "ac": (plan.ac, AC_MODES),
         "dtype": (plan.dtype, tuple(DTYPE_BYTES)),
         "rmsnorm": (plan.rmsnorm, RMSNORM_MODES),
-        "float8 casts": (plan.float8_casts, float8.CASTS),
+        "float8 casts": (plan.float8_casts, float8_costs.CASTS),
     }
     for option, (value, allowed) in choices.items():
         if value not in allowed:
@@ -191,13 +126,13 @@ def check(args: ModelShape, plan: Plan) -> None:
             )
 
 
-def _grouped(plan: Plan) -> bool:
+def _grouped(plan: TrainingLayout) -> bool:
     """A norm's consumers run their first GEMMs as one (without TP the model runs as
     written: one GEMM per projection)."""
     return plan.group_linears and plan.tp > 1
 
 
-def _groups(plan: Plan) -> list[tuple[str, ...]]:
+def _groups(plan: TrainingLayout) -> list[tuple[str, ...]]:
     """Projections whose first GEMMs run as one GEMM (and one all-reduce)."""
     if _grouped(plan):
         return list(SHARED_INPUTS)
@@ -209,7 +144,9 @@ def _group_name(group: tuple[str, ...]) -> str:
 
 
 # ---- communication ---------------------------------------------------------------------
-def layer_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], list[Collective]]:
+def layer_collectives(
+    args: ModelShape, plan: TrainingLayout
+) -> tuple[list[Collective], list[Collective]]:
     """Collectives of one block, forward and backward, in issue order.
 
     megatron: all-reduce after row-parallel o and down; backward, the grads of the two norm
@@ -258,14 +195,16 @@ def layer_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], l
     return fwd, bwd
 
 
-def _firsts(plan: Plan, members: tuple[str, ...], suffix: str) -> tuple[str, ...]:
+def _firsts(plan: TrainingLayout, members: tuple[str, ...], suffix: str) -> tuple[str, ...]:
     """Names of the first GEMMs of `members` (grouped: theirs is one GEMM)."""
     if _grouped(plan) and len(members) > 1:
         return (_group_name(members) + suffix,)
     return tuple(p + suffix for p in members)
 
 
-def step_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], list[Collective]]:
+def step_collectives(
+    args: ModelShape, plan: TrainingLayout
+) -> tuple[list[Collective], list[Collective]]:
     """Model-level collectives per micro-batch: output side of the model and loss parallel.
 
     Every strategy ends in a vocab-parallel lm_head whose loss-parallel cross entropy
@@ -290,13 +229,13 @@ def step_collectives(args: ModelShape, plan: Plan) -> tuple[list[Collective], li
     return loss, [_all_reduce("lm_head", d, ("lm_head",))]
 
 
-def pipeline_send_elements(args: ModelShape, plan: Plan) -> int:
+def pipeline_send_elements(args: ModelShape, plan: TrainingLayout) -> int:
     """Elements per token one rank sends across a stage boundary (btp's residual is sharded)."""
     return args.dim // plan.tp if plan.strategy == "btp" else args.dim
 
 
 # ---- compute ---------------------------------------------------------------------------
-def layer_gemms(args: ModelShape, plan: Plan) -> list[Gemm]:
+def layer_gemms(args: ModelShape, plan: TrainingLayout) -> list[Gemm]:
     """Forward GEMMs of one block on one rank, in execution order. Grouped, a norm's
     consumers run their first GEMMs as one (megatron: q/k/v and gate/up themselves;
     low-rank: their A's)."""
@@ -322,7 +261,7 @@ def layer_gemms(args: ModelShape, plan: Plan) -> list[Gemm]:
     return gemms
 
 
-def layer_widths(args: ModelShape, plan: Plan) -> Widths:
+def layer_widths(args: ModelShape, plan: TrainingLayout) -> Widths:
     """Per-rank widths of one block's activations: btp shards the residual and keeps
     latents whole; vanilla keeps activations whole and shards latents; megatron shards
     heads and the MLP."""
@@ -344,31 +283,31 @@ def layer_widths(args: ModelShape, plan: Plan) -> Widths:
     )
 
 
-def _norm_mode(plan: Plan) -> str:
+def _norm_mode(plan: TrainingLayout) -> str:
     """How the block's pre-norms run: replicated, or BTP's online / sync."""
     return plan.rmsnorm if plan.strategy == "btp" and plan.tp > 1 else "replicated"
 
 
-def attention_flops(args: ModelShape, plan: Plan) -> int:
+def attention_flops(args: ModelShape, plan: TrainingLayout) -> int:
     """Forward QK^T and AV of one block on one rank (causal mask not halved)."""
     heads_per_rank = args.n_heads if plan.strategy == "vanilla" else args.n_heads // plan.tp
     return 4 * plan.tokens * plan.seq_len * heads_per_rank * args.head_dim
 
 
-def layer_flops(args: ModelShape, plan: Plan) -> int:
+def layer_flops(args: ModelShape, plan: TrainingLayout) -> int:
     """Forward FLOPs of one block on one rank."""
     return sum(g.flops for g in layer_gemms(args, plan)) + attention_flops(args, plan)
 
 
 # ---- memory ----------------------------------------------------------------------------
-def layer_params(args: ModelShape, plan: Plan) -> int:
+def layer_params(args: ModelShape, plan: TrainingLayout) -> int:
     """Parameters of one block on one rank: every projection is sharded over tp; the two
     norm weights are sharded by btp, replicated by megatron/vanilla."""
     norms = 2 * args.dim // (plan.tp if plan.strategy == "btp" else 1)
     return norms + sum(projection_params(args, p, 0) for p in PROJECTIONS) // plan.tp
 
 
-def params_per_rank(args: ModelShape, plan: Plan) -> int:
+def params_per_rank(args: ModelShape, plan: TrainingLayout) -> int:
     """Parameters on the busiest rank: its stage's blocks plus embedding and/or head."""
     tp, btp = plan.tp, plan.strategy == "btp"
     embedding = args.vocab_size * args.dim // (tp if btp else 1)
@@ -382,7 +321,7 @@ FP32_BYTES = 4
 log-sum-exp, sync RMSNorm's upcasts."""
 
 
-def saved_activations(args: ModelShape, plan: Plan) -> dict[str, int]:
+def saved_activations(args: ModelShape, plan: TrainingLayout) -> dict[str, int]:
     """Bytes one block keeps for backward per micro-batch on one rank without
     recomputation, by item: every distinct storage autograd saves, as `bench trace`
     measures it (each storage once, however many views of it are saved; parameters
@@ -467,7 +406,7 @@ def saved_activations(args: ModelShape, plan: Plan) -> dict[str, int]:
     return items
 
 
-def activation_bytes(args: ModelShape, plan: Plan) -> int:
+def activation_bytes(args: ModelShape, plan: TrainingLayout) -> int:
     """Bytes one block keeps for backward per micro-batch on one rank under `plan.ac`.
 
     none: `saved_activations`. full: the block input only. selective: TorchTitan's
@@ -494,30 +433,24 @@ def activation_bytes(args: ModelShape, plan: Plan) -> int:
     return round((none + t * residual * b) / 2) if plan.ac == "selective" else none
 
 
-def _layers_per_stage(args: ModelShape, plan: Plan) -> int:
+def _layers_per_stage(args: ModelShape, plan: TrainingLayout) -> int:
     return -(-args.n_layers // plan.pp)
 
 
-def memory_per_rank(args: ModelShape, plan: Plan) -> dict[str, int]:
-    """Peak bytes on the busiest rank by part (`memory.PARTS`) and their total, as
-    `bench.model.memory` models it (no data parallelism: priced per replica)."""
-    from boost_titan.bench.model import memory
-
-    peak = memory.peak_memory(args, plan)
-    return peak.parts | {"total": peak.total}
-
-
 # ---- time ------------------------------------------------------------------------------
-def _gemm_time(g: Gemm, plan: Plan, gpu: GpuProfile) -> float:
+def _gemm_time(g: Gemm, plan: TrainingLayout, gpu: GpuProfile) -> float:
     return costs.gemm_time(g, plan.dtype, plan.dtype_bytes, gpu)
 
 
-def _collective_time(c: Collective, plan: Plan, gpu: GpuProfile) -> float:
+def _collective_time(c: Collective, plan: TrainingLayout, gpu: GpuProfile) -> float:
     return costs.collective_time(c.kind, c.bytes(plan.tokens, plan.dtype_bytes), plan.tp, gpu)
 
 
 def overlapped(
-    collectives: list[Collective], weight_grads: dict[str, float], plan: Plan, gpu: GpuProfile
+    collectives: list[Collective],
+    weight_grads: dict[str, float],
+    plan: TrainingLayout,
+    gpu: GpuProfile,
 ) -> tuple[float, float]:
     """(exposed, hidden) seconds of `collectives`: each runs behind the weight-grad GEMMs
     named in its `behind`, and only what outlasts them is exposed."""
@@ -530,7 +463,7 @@ def overlapped(
     return exposed, hidden
 
 
-def chunked_exposed(gemm_s: float, c: Collective, plan: Plan, gpu: GpuProfile) -> float:
+def chunked_exposed(gemm_s: float, c: Collective, plan: TrainingLayout, gpu: GpuProfile) -> float:
     """Exposed seconds of forward all-reduce `c` produced by a GEMM of `gemm_s` seconds,
     both cut into `overlap_chunks` k row blocks: the GEMM blocks g = gemm_s / k and the
     all-reduce blocks a (each on T / k tokens, latency included) form a two-stage pipeline,
@@ -547,7 +480,7 @@ _MEMBERS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 _NORM_CONSUMERS = ("q", "k", "v", "gate", "up")
 
 
-def weight_streams(args: ModelShape, plan: Plan) -> list[Stream]:
+def weight_streams(args: ModelShape, plan: TrainingLayout) -> list[Stream]:
     """Weight-sized memory-bound kernels of one block per micro-batch: grouped first GEMMs
     concatenate their weight shards every forward; BTP's online RMSNorm scales its
     down-projections' weight grads by the norm weight."""
@@ -563,7 +496,7 @@ def weight_streams(args: ModelShape, plan: Plan) -> list[Stream]:
     return streams
 
 
-def float8_selection(args: ModelShape, plan: Plan, layer: int) -> dict[str, str | None]:
+def float8_selection(args: ModelShape, plan: TrainingLayout, layer: int) -> dict[str, str | None]:
     """Each forward GEMM of block `layer` (`layer_gemms`' names) -> None when the runtime
     runs it in float8, else why not; {} with float8 off."""
     if not plan.float8:
@@ -571,37 +504,39 @@ def float8_selection(args: ModelShape, plan: Plan, layer: int) -> dict[str, str 
     reasons = {}
     for g in layer_gemms(args, plan):
         base, _, factor = g.name.partition(".")
-        fqns = float8.module_fqns(layer, _MEMBERS.get(base, (base,)), factor)
-        reasons[g.name] = float8.skip_reason(g.n, g.k, tuple(fqns), plan.float8, plan.float8_filter)
+        fqns = float8_costs.module_fqns(layer, _MEMBERS.get(base, (base,)), factor)
+        reasons[g.name] = float8_costs.skip_reason(
+            g.n, g.k, tuple(fqns), plan.float8, plan.float8_filter
+        )
     return reasons
 
 
-def _selected(args: ModelShape, plan: Plan, layer: int) -> frozenset[str]:
+def _selected(args: ModelShape, plan: TrainingLayout, layer: int) -> frozenset[str]:
     reasons = float8_selection(args, plan, layer)
     return frozenset(name for name, why in reasons.items() if why is None)
 
 
 def float8_cast_streams(
-    args: ModelShape, plan: Plan, selected: frozenset[str]
+    args: ModelShape, plan: TrainingLayout, selected: frozenset[str]
 ) -> dict[str, tuple[list[Stream], list[Stream]]]:
     """The float8 casts of one block per micro-batch, (forward, backward) kernels for each
     forward GEMM named in `selected`."""
     return {
-        g.name: float8.cast_streams(g, plan.float8, plan.float8_casts, plan.dtype_bytes)
+        g.name: float8_costs.cast_streams(g, plan.float8, plan.float8_casts, plan.dtype_bytes)
         for g in layer_gemms(args, plan)
         if g.name in selected
     }
 
 
 def block_phases(
-    args: ModelShape, plan: Plan, gpu: GpuProfile, selected: frozenset[str] = frozenset()
+    args: ModelShape, plan: TrainingLayout, gpu: GpuProfile, selected: frozenset[str] = frozenset()
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds of one block per micro-batch on one rank by class, (forward, backward): gemm,
     memory, attention, comm (exposed) and, in backward, comm_hidden (collective time behind
     weight-grad GEMMs) and what `ac` recomputes. The forward GEMMs named in `selected` run
     in float8 (`float8_selection`), with their casts as memory-bound work."""
     gemms = layer_gemms(args, plan)
-    weight_grad_f8 = bool(selected) and float8.recipe_shape(plan.float8)[0] == 3
+    weight_grad_f8 = bool(selected) and float8_costs.recipe_shape(plan.float8)[0] == 3
 
     def seconds(g: Gemm, in_float8: bool) -> float:
         if in_float8:
@@ -659,7 +594,7 @@ def block_phases(
 
 
 def block_time(
-    args: ModelShape, plan: Plan, gpu: GpuProfile, selected: frozenset[str] = frozenset()
+    args: ModelShape, plan: TrainingLayout, gpu: GpuProfile, selected: frozenset[str] = frozenset()
 ) -> dict[str, float]:
     """Seconds of one block per micro-batch on one rank, forward + backward (+ what `ac`
     recomputes), by class: gemm, memory, attention, comm (exposed) and comm_hidden
@@ -669,7 +604,7 @@ def block_time(
 
 
 def _recomputed(
-    plan: Plan,
+    plan: TrainingLayout,
     gemm_fwd: float,
     b_gemms: float,
     attn_fwd: float,
@@ -700,7 +635,7 @@ def _recomputed(
 
 
 def ends_time(
-    args: ModelShape, plan: Plan, gpu: GpuProfile
+    args: ModelShape, plan: TrainingLayout, gpu: GpuProfile
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per micro-batch of the model's ends, by class: (embedding, on the first
     stage; final norm + lm_head + cross-entropy + their collectives, on the last)."""
@@ -728,7 +663,7 @@ def ends_time(
     return embedding, output
 
 
-def memory_kernels(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+def memory_kernels(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> dict[str, float]:
     """Seconds per step of each memory-bound kernel of the blocks (forward and backward
     under one name) on a rank holding the most blocks (the first stage), largest first."""
     fwd, bwd = block_streams(layer_widths(args, plan), _norm_mode(plan), plan.dtype_bytes)
@@ -743,26 +678,28 @@ def memory_kernels(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, f
         add(stream, per_step * costs.stream_time([stream], gpu, plan.tokens))
     for stream in weight_streams(args, plan):
         add(stream, per_step * costs.stream_time([stream], gpu))
-    for selected, count in _selections(args, plan, _stage_blocks(args, plan)[0]).items():
+    for selected, count in selection_counts(args, plan, _stage_blocks(args, plan)[0]).items():
         for cast_fwd, cast_bwd in float8_cast_streams(args, plan, selected).values():
             for stream in cast_fwd + cast_bwd:
                 add(stream, count * plan.microbatches * costs.stream_time([stream], gpu))
     return dict(sorted(seconds.items(), key=lambda item: -item[1]))
 
 
-def _stage_layers(args: ModelShape, plan: Plan) -> list[int]:
+def _stage_layers(args: ModelShape, plan: TrainingLayout) -> list[int]:
     """Blocks per pipeline stage (the first stages take the remainder)."""
     base, extra = divmod(args.n_layers, plan.pp)
     return [base + (s < extra) for s in range(plan.pp)]
 
 
-def _stage_blocks(args: ModelShape, plan: Plan) -> list[range]:
+def _stage_blocks(args: ModelShape, plan: TrainingLayout) -> list[range]:
     """Block indices of each pipeline stage."""
     ends = [sum(_stage_layers(args, plan)[: s + 1]) for s in range(plan.pp)]
     return [range(end - n, end) for end, n in zip(ends, _stage_layers(args, plan), strict=True)]
 
 
-def _selections(args: ModelShape, plan: Plan, blocks: range) -> dict[frozenset[str], int]:
+def selection_counts(
+    args: ModelShape, plan: TrainingLayout, blocks: range
+) -> dict[frozenset[str], int]:
     """How many of `blocks` run each set of float8 GEMMs (one empty set without float8)."""
     counts: dict[frozenset[str], int] = {}
     for layer in blocks:
@@ -771,7 +708,9 @@ def _selections(args: ModelShape, plan: Plan, blocks: range) -> dict[frozenset[s
     return counts
 
 
-def block_launches(args: ModelShape, plan: Plan, selected: frozenset[str]) -> tuple[int, int]:
+def block_launches(
+    args: ModelShape, plan: TrainingLayout, selected: frozenset[str]
+) -> tuple[int, int]:
     """Kernels one block launches per micro-batch on one rank: (forward, backward with what
     `ac` recomputes), counted as the module docstring of `host` says."""
     gemms = layer_gemms(args, plan)
@@ -798,7 +737,7 @@ def block_launches(args: ModelShape, plan: Plan, selected: frozenset[str]) -> tu
     return fwd, bwd + recompute
 
 
-def weight_casts(args: ModelShape, plan: Plan) -> Stream:
+def weight_casts(args: ModelShape, plan: TrainingLayout) -> Stream:
     """FSDP2's casts of the weights to the compute dtype and copies into the unsharded
     weights, per step on the busiest rank (bf16 training with fp32 master weights only):
     once per step, twice per micro-batch with `legacy_launches`, once per micro-batch under
@@ -814,7 +753,7 @@ def weight_casts(args: ModelShape, plan: Plan) -> Stream:
     )
 
 
-def _ends_launches(args: ModelShape, plan: Plan, stage: int) -> int:
+def _ends_launches(args: ModelShape, plan: TrainingLayout, stage: int) -> int:
     """Kernels of the model's ends on `stage` per micro-batch."""
     launches = sum(host.EMBEDDING_LAUNCHES) * (stage == 0)
     if stage == plan.pp - 1:
@@ -824,13 +763,13 @@ def _ends_launches(args: ModelShape, plan: Plan, stage: int) -> int:
     return launches
 
 
-def _param_tensors(args: ModelShape, plan: Plan, stage: int) -> tuple[int, int]:
+def _param_tensors(args: ModelShape, plan: TrainingLayout, stage: int) -> tuple[int, int]:
     """(parameter tensors of one block, of the ends) on one rank of `stage`."""
     per_block = 2 + len(PROJECTIONS) * (2 if args.low_rank else 1)
     return per_block, (stage == 0) + 2 * (stage == plan.pp - 1)
 
 
-def _rank_tensors(args: ModelShape, plan: Plan) -> int:
+def _rank_tensors(args: ModelShape, plan: TrainingLayout) -> int:
     """Parameter tensors on the busiest rank (the stage holding the most)."""
     counts = []
     for s in range(plan.pp):
@@ -839,7 +778,7 @@ def _rank_tensors(args: ModelShape, plan: Plan) -> int:
     return max(counts)
 
 
-def _launch_kind(plan: Plan) -> str:
+def _launch_kind(plan: TrainingLayout) -> str:
     """`host.weight_launches`' pattern for `plan`."""
     if plan.cuda_graphs:
         return "graphs"
@@ -848,7 +787,7 @@ def _launch_kind(plan: Plan) -> str:
 
 def _stage_host(
     args: ModelShape,
-    plan: Plan,
+    plan: TrainingLayout,
     gpu: GpuProfile,
     stage: int,
     phases: list[tuple[int, dict[str, float], dict[str, float], tuple[int, int]]],
@@ -887,7 +826,7 @@ def _stage_host(
     return {"host": host.host_exposed(work, h)}
 
 
-def stage_times(args: ModelShape, plan: Plan, gpu: GpuProfile) -> list[dict[str, float]]:
+def stage_times(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> list[dict[str, float]]:
     """Seconds per micro-batch of each pipeline stage by class: its blocks, its ends,
     across stages receiving activations (forward) and grads (backward) over the network,
     and the host's launches beyond what the GPU's work hides (`host`)."""
@@ -898,7 +837,7 @@ def stage_times(args: ModelShape, plan: Plan, gpu: GpuProfile) -> list[dict[str,
     for s, layers in enumerate(_stage_blocks(args, plan)):
         parts: dict[str, float] = {}
         phases = []
-        for selected, count in _selections(args, plan, layers).items():
+        for selected, count in selection_counts(args, plan, layers).items():
             if selected not in blocks:
                 fwd, bwd = block_phases(args, plan, gpu, selected)
                 blocks[selected] = (fwd, bwd, block_launches(args, plan, selected))
@@ -918,7 +857,7 @@ def stage_times(args: ModelShape, plan: Plan, gpu: GpuProfile) -> list[dict[str,
     return stages
 
 
-def step_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]:
+def step_time(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> dict[str, float]:
     """Seconds per optimizer step: `TIME_PARTS` (which add up to `step`), plus
     comm_hidden (collective time the plans hide behind weight-grad GEMMs).
 
@@ -945,7 +884,7 @@ def step_time(args: ModelShape, plan: Plan, gpu: GpuProfile) -> dict[str, float]
     return parts | {"step": step, "comm_hidden": plan.microbatches * slowest["comm_hidden"]}
 
 
-def recompute_flops(args: ModelShape, plan: Plan) -> int:
+def recompute_flops(args: ModelShape, plan: TrainingLayout) -> int:
     """Extra backward FLOPs of one block per rank caused by `plan.ac`."""
     if plan.ac in ("full", "selective"):
         return layer_flops(args, plan) // (2 if plan.ac == "selective" else 1)
@@ -953,121 +892,3 @@ def recompute_flops(args: ModelShape, plan: Plan) -> int:
         return 0
     b_gemms = sum(g.flops for g in layer_gemms(args, plan) if g.name.endswith(".B"))
     return b_gemms + attention_flops(args, plan)
-
-
-# ---- records ---------------------------------------------------------------------------
-def evaluate(
-    flavor: str, args: ModelShape, plan: Plan, gpus: list[str], *, gpu_work_only: bool = False
-) -> PerfRecord:
-    """The full record of one configuration; step times on every profile in `gpus`, the
-    first of which `add_speedups` compares on. `gpu_work_only`: the GPU's work alone, no
-    host term (for code whose host cost the model does not know)."""
-    check(args, plan)
-    profiles = {g: gpu_profile(g) for g in gpus}
-    if gpu_work_only:
-        profiles = {g: replace(p, host_launch_s=0.0) for g, p in profiles.items()}
-    for name, profile in profiles.items():
-        if plan.tp > profile.gpus_per_node:
-            raise ConfigError(
-                f"tp {plan.tp} exceeds the {profile.gpus_per_node} GPUs per node of profile "
-                f"{name}; tensor parallelism stays inside one node, lower --tp or pick "
-                "another --gpu"
-            )
-        if plan.float8 and not profile.has_float8:
-            able = ", ".join(g for g, p in GPUS.items() if p.has_float8)
-            raise ConfigError(
-                f"GPU profile {name} has no float8 tensor cores (float8 needs "
-                f"SM89+); pick a --gpu among {able}"
-            )
-    t, db = plan.tokens, plan.dtype_bytes
-    selections = _selections(args, plan, range(args.n_layers))
-    fwd, bwd = layer_collectives(args, plan)
-    step_fwd, step_bwd = step_collectives(args, plan)
-    flops = layer_flops(args, plan)
-    times = {g: step_time(args, plan, profile) for g, profile in profiles.items()}
-    return PerfRecord(
-        flavor=flavor,
-        arch=args.arch,
-        strategy=plan.strategy,
-        tp=plan.tp,
-        pp=plan.pp,
-        seq_len=plan.seq_len,
-        micro_batch=plan.micro_batch,
-        microbatches=plan.microbatches,
-        dtype=plan.dtype,
-        ac=plan.ac,
-        rmsnorm=plan.rmsnorm,
-        group_linears=plan.group_linears,
-        collectives_per_layer_fwd=len(fwd),
-        collectives_per_layer_bwd=len(bwd),
-        comm_bytes_per_layer_fwd=sum(c.bytes(t, db) for c in fwd),
-        comm_bytes_per_layer_bwd=sum(c.bytes(t, db) for c in bwd),
-        collectives_fwd=[c.to_json(t, db) for c in fwd],
-        collectives_bwd=[c.to_json(t, db) for c in bwd],
-        step_collectives_fwd=[c.to_json(t, db) for c in step_fwd],
-        step_collectives_bwd=[c.to_json(t, db) for c in step_bwd],
-        flops_per_layer=flops,
-        flops_per_layer_bwd=2 * flops,
-        recompute_flops_per_layer=recompute_flops(args, plan),
-        gemms=[g.to_json(db) for g in layer_gemms(args, plan)],
-        activation_bytes_per_layer=activation_bytes(args, plan),
-        params_total=param_count(args),
-        params_per_rank=params_per_rank(args, plan),
-        memory_bytes_per_rank=memory_per_rank(args, plan),
-        predicted_step_s={g: parts["step"] for g, parts in times.items()},
-        time_breakdown_s={g: {k: parts[k] for k in TIME_PARTS} for g, parts in times.items()},
-        hidden_comm_s={g: parts["comm_hidden"] for g, parts in times.items()},
-        memory_kernels_s={
-            g: memory_kernels(args, plan, profile) for g, profile in profiles.items()
-        },
-        speedup_gpu=gpus[0],
-        precision=plan.precision,
-        float8_gemms={
-            "float8": sum(len(s) * n for s, n in selections.items()),
-            "total": len(layer_gemms(args, plan)) * args.n_layers,
-        }
-        if plan.float8
-        else {},
-        float8_skipped={k: v for k, v in float8_selection(args, plan, 0).items() if v},
-    )
-
-
-def add_speedups(records: list[PerfRecord]) -> None:
-    """Fill predicted_speedup between records that differ only in strategy (and arch)."""
-
-    def key(r: PerfRecord) -> tuple:
-        return (
-            r.flavor,
-            r.tp,
-            r.pp,
-            r.seq_len,
-            r.micro_batch,
-            r.microbatches,
-            r.precision,
-            r.ac,
-            r.rmsnorm,
-            r.group_linears,
-            r.speedup_gpu,
-        )
-
-    for r in records:
-        mine = r.predicted_step_s[r.speedup_gpu]
-        r.predicted_speedup = {
-            o.strategy: o.predicted_step_s[o.speedup_gpu] / mine
-            for o in records
-            if key(o) == key(r) and o.strategy != r.strategy
-        }
-
-
-def sweep(
-    flavors: list[str], arch: str, strategies: list[str], tps: list[int], gpus: list[str], **plan
-) -> list[PerfRecord]:
-    """Records for every flavor x tp x strategy (other Plan fields from `plan`), with speedups."""
-    records = [
-        evaluate(f, model_args(f, arch, s), Plan(strategy=s, tp=tp, **plan), gpus)
-        for f in flavors
-        for tp in tps
-        for s in strategies
-    ]
-    add_speedups(records)
-    return records

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import functools
 
-from boost_titan.bench.model.streams import FLOAT8_CAST, FLOAT8_CAST_FUSED, FLOAT8_POW2_KERNELS
-from boost_titan.bench.model.work import Gemm, Stream
 from boost_titan.config.errors import ConfigError
+from boost_titan.perf.streams import FLOAT8_CAST, FLOAT8_CAST_FUSED, FLOAT8_POW2_KERNELS
+from boost_titan.perf.work import Gemm, Stream
 
 CASTS = ("eager", "fused")
 """How float8 casts run: torchao's eager kernels, or fused by torch.compile."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from boost_titan.bench.model.records import (
+from boost_titan.boost_llama.strategies import STRATEGIES
+from boost_titan.perf.records import (
     MIB,
     CommAblationRow,
     GemmAblationRow,
@@ -13,7 +14,6 @@ from boost_titan.bench.model.records import (
     ValidationRow,
     config_name,
 )
-from boost_titan.boost_llama.strategies import STRATEGIES
 
 STYLE = dict(zip(STRATEGIES, ("tab:blue", "tab:red", "tab:green"), strict=True))
 """A colour per strategy of the registry (baseline first)."""

@@ -24,18 +24,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from boost_titan.bench.model import costs
-from boost_titan.bench.model import perfmodel as pm
-from boost_titan.bench.model.gpus import GEMM_TILES, NCCL, gpu_profile
-from boost_titan.bench.model.records import (
+from boost_titan.perf import costs, measured, predict, step_model
+from boost_titan.perf.gpus import GEMM_TILES, NCCL, gpu_profile
+from boost_titan.perf.layout import STRATEGIES, TrainingLayout
+from boost_titan.perf.records import (
     CommAblationRow,
     ConstantRow,
     GemmAblationRow,
+    PerfRecord,
     SwitchRow,
     ValidationRow,
     config_name,
 )
-from boost_titan.bench.model.work import Gemm
+from boost_titan.perf.work import Gemm
 
 PAPER_GPU = "a100-hgx4"
 TOLERANCE = 0.15
@@ -80,8 +81,8 @@ COMM_ABLATION = {
 ABLATION_PLAN = {"tp": 4, "seq_len": 4096, "micro_batch": 4}
 
 
-def paper_plan(row: PaperRow, strategy: str, ac: str = "none") -> pm.Plan:
-    return pm.Plan(
+def paper_plan(row: PaperRow, strategy: str, ac: str = "none") -> TrainingLayout:
+    return TrainingLayout(
         strategy=strategy,
         tp=row.tp,
         pp=row.pp,
@@ -99,9 +100,9 @@ def validation_rows(gpu: str = PAPER_GPU, ac: str = "none") -> list[ValidationRo
     rows = []
     for row in PAPER_ROWS:
         records = {
-            s: pm.evaluate(
+            s: predict.evaluate(
                 row.flavor,
-                pm.model_args(row.flavor, "cola", s),
+                step_model.model_args(row.flavor, "cola", s),
                 paper_plan(row, s, ac),
                 [gpu],
                 gpu_work_only=True,
@@ -126,7 +127,7 @@ def validation_rows(gpu: str = PAPER_GPU, ac: str = "none") -> list[ValidationRo
 def low_rank_pair(strategy: str, part: str, flavor: str = "7B") -> list[Gemm]:
     """The authors' GEMM benchmark: one low-rank pair's forward on one of TP4's GPUs,
     batch 4 x seq 4096 tokens; attention d -> r -> d, MLP d -> r -> d_ff."""
-    args = pm.model_args(flavor, "cola", strategy)
+    args = step_model.model_args(flavor, "cola", strategy)
     tokens, tp, d, r = (
         ABLATION_PLAN["micro_batch"] * ABLATION_PLAN["seq_len"],
         ABLATION_PLAN["tp"],
@@ -164,8 +165,8 @@ def comm_ablation(gpu: str = PAPER_GPU) -> list[CommAblationRow]:
     """One layer's forward TP collectives, 7B, batch 4, seq 4096, TP4."""
     profile, rows = gpu_profile(gpu), []
     for strategy, (paper_bytes, paper_s) in COMM_ABLATION.items():
-        plan = pm.Plan(strategy=strategy, **ABLATION_PLAN)
-        fwd, _ = pm.layer_collectives(pm.model_args("7B", "cola", strategy), plan)
+        plan = TrainingLayout(strategy=strategy, **ABLATION_PLAN)
+        fwd, _ = step_model.layer_collectives(step_model.model_args("7B", "cola", strategy), plan)
         nbytes = [c.bytes(plan.tokens, plan.dtype_bytes) for c in fwd]
         seconds = sum(
             costs.collective_time(c.kind, n, plan.tp, profile)
@@ -185,11 +186,13 @@ def switch_rows(gpu: str = PAPER_GPU) -> list[SwitchRow]:
     """Grouping and online RMSNorm as predicted speedups of BTP, in every paper row with TP."""
     rows = []
     for row in (r for r in PAPER_ROWS if r.tp > 1):
-        args = pm.model_args(row.flavor, "cola", "btp")
+        args = step_model.model_args(row.flavor, "cola", "btp")
         default = paper_plan(row, "btp")
-        base = pm.evaluate(row.flavor, args, default, [gpu]).predicted_step_s[gpu]
+        base = predict.evaluate(row.flavor, args, default, [gpu]).predicted_step_s[gpu]
         for switch, change in SWITCHES.items():
-            flipped = pm.evaluate(row.flavor, args, dataclasses.replace(default, **change), [gpu])
+            flipped = predict.evaluate(
+                row.flavor, args, dataclasses.replace(default, **change), [gpu]
+            )
             rows.append(
                 SwitchRow(
                     config_name(row.flavor, row.tp, row.pp),
@@ -267,8 +270,8 @@ def constant_rows(gpu: str = PAPER_GPU) -> list[ConstantRow]:
         ),
         ConstantRow(
             "AdamW + clipping",
-            f"{pm.ADAMW_BYTES_PER_PARAM['bf16']} + "
-            f"{pm.CLIP_GRAD_PASSES} x grad bytes per parameter",
+            f"{step_model.ADAMW_BYTES_PER_PARAM['bf16']} + "
+            f"{step_model.CLIP_GRAD_PASSES} x grad bytes per parameter",
             "counted",
         ),
     ]
@@ -279,3 +282,63 @@ def within_tolerance(row: ValidationRow) -> dict[str, bool]:
     """Whether each predicted speedup lies within TOLERANCE of the published one."""
     paper, model = row.paper_speedup, row.predicted_speedup
     return {k: abs(model[k] / paper[k] - 1) <= TOLERANCE for k in paper}
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Every table of `bench validate` on one GPU profile."""
+
+    constants: list[ConstantRow]
+    rows: list[ValidationRow]
+    gemm: list[GemmAblationRow]
+    comm: list[CommAblationRow]
+    switches: list[SwitchRow]
+    hosts: list[measured.HostRow]
+
+    @property
+    def within(self) -> int:
+        """Rows whose predicted speedups all lie within TOLERANCE of the published ones."""
+        return sum(all(within_tolerance(r).values()) for r in self.rows)
+
+    def to_json(self) -> list[dict]:
+        """Every row as one JSON list, each tagged with its table."""
+        asdict = dataclasses.asdict
+        return (
+            [{"table": "constant"} | asdict(r) for r in self.constants]
+            + [{"table": "iteration"} | r.to_json() for r in self.rows]
+            + [{"table": "gemm_ablation"} | asdict(r) for r in self.gemm]
+            + [{"table": "comm_ablation"} | asdict(r) for r in self.comm]
+            + [{"table": "switch", "speedup": r.speedup} | asdict(r) for r in self.switches]
+            + [{"table": "host", "error": r.error} | asdict(r) for r in self.hosts]
+        )
+
+
+def validation(gpu: str = PAPER_GPU, ac: str = "none") -> Validation:
+    """The model against the published tables, and the product's switches, on `gpu`."""
+    return Validation(
+        constants=constant_rows(gpu),
+        rows=validation_rows(gpu, ac),
+        gemm=gemm_ablation(gpu),
+        comm=comm_ablation(gpu),
+        switches=switch_rows(gpu),
+        hosts=measured.host_rows(),
+    )
+
+
+PLOT_FLAVORS = ("1B", "3B", "7B", "13B", "30B")
+"""The paper's sizes in the figure's sweep panel."""
+
+
+def plot_sweep(gpu: str = PAPER_GPU) -> list[PerfRecord]:
+    """The figure's sweep: every strategy on `PLOT_FLAVORS` at TP4, micro-batch 1 x 4 of
+    4096."""
+    return predict.sweep(
+        list(PLOT_FLAVORS),
+        "cola",
+        list(STRATEGIES),
+        [4],
+        [gpu],
+        seq_len=4096,
+        micro_batch=1,
+        microbatches=4,
+    )

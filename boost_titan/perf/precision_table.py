@@ -1,7 +1,7 @@
 """`bench precision`: the predicted step of the paper's configurations in each precision.
 
 The four BOOST configurations (1B on one GPU, 3B TP2, 7B TP4, 13B TP4 x PP2; CoLA, BTP,
-as `validation.PAPER_ROWS`) in one batch layout, micro-batch 1 x 4 micro-batches of 4096
+as `paper.PAPER_ROWS`) in one batch layout, micro-batch 1 x 4 micro-batches of 4096
 tokens (BOOST's layout; the published 3B / 13B rows ran 4 x 1), priced in fp32, bf16 (fp32
 master weights) and float8 (torchao tensorwise on every GEMM the runtime selects: eager
 casts in an eager model, casts fused by torch.compile, and fused with TorchTitan's
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boost_titan.bench.model import perfmodel as pm
-from boost_titan.bench.model.gpus import gpu_profile
-from boost_titan.bench.model.records import config_name
-from boost_titan.bench.model.validation import PAPER_GPU, PAPER_ROWS
+from boost_titan.perf import predict, step_model
+from boost_titan.perf.gpus import gpu_profile
+from boost_titan.perf.job import job_plan
+from boost_titan.perf.layout import TrainingLayout
+from boost_titan.perf.paper import PAPER_GPU, PAPER_ROWS
+from boost_titan.perf.records import config_name
 
 GPUS = (PAPER_GPU, "h100")
 BATCH = {"seq_len": 4096, "micro_batch": 1, "microbatches": 4}
@@ -33,7 +35,7 @@ PRECISIONS: dict[str, dict] = {
         "compiled": True,
     },
 }
-"""Column name -> Plan fields (over bf16 with master weights)."""
+"""Column name -> TrainingLayout fields (over bf16 with master weights)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class PrecisionRow:
 def precision_rows(gpus: tuple[str, ...] = GPUS) -> list[PrecisionRow]:
     rows = []
     for paper in PAPER_ROWS:
-        args = pm.model_args(paper.flavor, "cola", "btp")
+        args = step_model.model_args(paper.flavor, "cola", "btp")
         for gpu in gpus:
             seconds: dict[str, float | None] = {}
             counts = {}
@@ -57,8 +59,8 @@ def precision_rows(gpus: tuple[str, ...] = GPUS) -> list[PrecisionRow]:
                 if "float8" in fields and not gpu_profile(gpu).has_float8:
                     seconds[column] = None
                     continue
-                plan = pm.Plan(strategy="btp", tp=paper.tp, pp=paper.pp, **BATCH, **fields)
-                record = pm.evaluate(paper.flavor, args, plan, [gpu])
+                plan = TrainingLayout(strategy="btp", tp=paper.tp, pp=paper.pp, **BATCH, **fields)
+                record = predict.evaluate(paper.flavor, args, plan, [gpu])
                 seconds[column] = record.predicted_step_s[gpu]
                 if record.float8_gemms:
                     counts[column] = record.float8_gemms
@@ -93,15 +95,13 @@ def format_precision_rows(rows: list[PrecisionRow]) -> str:
 def format_jobs(paths: list[str], gpus: tuple[str, ...] = ("a100", "h100")) -> str:
     """A markdown table of training jobs as `bench model --config` prices them (each on
     the fewest processes its degrees allow): layout, precision, predicted step per GPU."""
-    from boost_titan.bench.model.job import job_plan
-
     header = ["config", "processes", "layout", "batch", "precision", *[f"step s {g}" for g in gpus]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for path in paths:
         job = job_plan(path)
         p = job.plan
         layout = " x ".join([f"{p.strategy} TP{p.tp}"] * (p.tp > 1) + [f"PP{p.pp}"] * (p.pp > 1))
-        steps = pm.evaluate(job.flavor, job.args, p, list(gpus)).predicted_step_s
+        steps = predict.evaluate(job.flavor, job.args, p, list(gpus)).predicted_step_s
         batch = f"{p.micro_batch} x {p.microbatches} x {p.seq_len}"
         cells = [f"`{path}`", str(p.tp * p.pp), layout or "one device", batch, p.precision]
         lines.append("| " + " | ".join([*cells, *[f"{steps[g]:.3f}" for g in gpus]]) + " |")

@@ -3,7 +3,7 @@
     python -m boost_titan.bench model --config train_configs/7B.toml --nproc 4
 
 Read without torch or torchtitan: the TOML's values, else TorchTitan 0.2.2's defaults
-(`TITAN_DEFAULTS`, from `torchtitan/config/job_config.py`; tests/unit/test_perfmodel.py checks
+(`TITAN_DEFAULTS`, from `torchtitan/config/job_config.py`; tests/unit/test_step_model.py checks
 them against TorchTitan's dataclasses) and our `[boost]` section's (`boost_titan.config`).
 The layout comes from `boost_titan.check.resolve_world` (the process count, `--nproc`,
 else the fewest the degrees allow), the precision from `runtime.precision.Precision`
@@ -19,12 +19,13 @@ from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
 
-from boost_titan.bench.model import float8
-from boost_titan.bench.model.perfmodel import Plan, check, model_args
 from boost_titan.boost_llama.shapes import ModelShape
 from boost_titan.config import Boost
 from boost_titan.config.cli import load_toml
 from boost_titan.config.errors import ConfigError
+from boost_titan.perf import float8_costs
+from boost_titan.perf.layout import TrainingLayout
+from boost_titan.perf.step_model import check, model_args
 
 TITAN_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"name": "llama3", "flavor": "debugmodel", "converters": []},
@@ -66,7 +67,7 @@ class JobPlan:
 
     flavor: str
     args: ModelShape
-    plan: Plan
+    plan: TrainingLayout
     summary: str
     """One line: processes, layout, batch and precision."""
     notices: tuple[str, ...]
@@ -123,11 +124,11 @@ def _precision(job: SimpleNamespace, fsdp: bool, path: str) -> tuple[str, bool]:
 
 def _float8(job: SimpleNamespace, path: str) -> tuple[str | None, tuple[str, ...]]:
     converters = job.model.converters
-    unknown = [c for c in converters if c != float8.CONVERTER]
+    unknown = [c for c in converters if c != float8_costs.CONVERTER]
     if unknown:
         raise ConfigError(
             f"model.converters {unknown[0]!r} in {path} is not modelled; the model "
-            f"prices {float8.CONVERTER} only"
+            f"prices {float8_costs.CONVERTER} only"
         )
     if not converters:
         return None, ()
@@ -202,7 +203,7 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
     dtype, master = _precision(job, degrees["dp_shard"] > 1, path)
     recipe, filters = _float8(job, path)
     compiled = job.compile.enable and "model" in job.compile.components
-    plan = Plan(
+    plan = TrainingLayout(
         strategy=strategy,
         tp=degrees["tp"],
         pp=degrees["pp"],
@@ -245,3 +246,14 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
             f"{dp} replicas is not modelled",
         )
     return JobPlan(flavor, args, plan, summary, notices)
+
+
+def process_count(nproc: str | None) -> int | None:
+    """The processes a job runs on: `nproc` if given, else $NGPU, else None (the fewest its
+    degrees allow); ConfigError for anything but a positive integer."""
+    nproc = nproc if nproc is not None else os.environ.get("NGPU")
+    if nproc is not None and (not str(nproc).isdigit() or int(nproc) < 1):
+        raise ConfigError(
+            f"process count {nproc!r} is not a positive integer; pass --nproc N with N >= 1"
+        )
+    return None if nproc is None else int(nproc)

@@ -13,7 +13,7 @@ FSDP shard degree:
   it (`runtime.accumulation`), as under PP (TorchTitan's policy); with FSDP (d > 1) a
   block's copy lives during its forward and again during its backward, the final norm +
   lm_head's from forward to backward (TorchTitan does not reshard them).
-- activations: `perfmodel.activation_bytes` per block (exact against `bench trace`) x the
+- activations: `step_model.activation_bytes` per block (exact against `bench trace`) x the
   stage's blocks x the micro-batches 1F1B keeps in flight on it (pp - s, at most all).
 - loss (last stage): the logits' temporaries, [T, V/tp] elements of `LOSS_BYTES` (TP 1:
   the fp32 log-softmax and two fp32 gradients in its backward) or `LOSS_PARALLEL_BYTES`
@@ -39,18 +39,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boost_titan.bench.model import perfmodel
-from boost_titan.bench.model.perfmodel import Plan
 from boost_titan.boost_llama.shapes import ModelShape
+from boost_titan.perf import step_model
+from boost_titan.perf.layout import BF16_WEIGHTS, TrainingLayout
 
 GIB = 2**30
 FP32 = 4
 BF16 = 2
-MASTER_BYTES = {"bf16": FP32, "fp32": FP32, perfmodel.BF16_WEIGHTS: BF16}
+MASTER_BYTES = {"bf16": FP32, "fp32": FP32, BF16_WEIGHTS: BF16}
 """Bytes per parameter of the weights the optimizer updates (and of their gradients)."""
-MOMENT_BYTES = {"bf16": 2 * FP32, "fp32": 2 * FP32, perfmodel.BF16_WEIGHTS: 2 * BF16}
+MOMENT_BYTES = {"bf16": 2 * FP32, "fp32": 2 * FP32, BF16_WEIGHTS: 2 * BF16}
 """AdamW's exp_avg and exp_avg_sq, in the weights' dtype."""
-COPY_BYTES = {"bf16": BF16, "fp32": 0, perfmodel.BF16_WEIGHTS: 0}
+COPY_BYTES = {"bf16": BF16, "fp32": 0, BF16_WEIGHTS: 0}
 """The unsharded compute copy FSDP2's policy casts (none when weights are in compute dtype)."""
 LOSS_BYTES = 3 * FP32
 """Per logit element at the loss's peak without TP, in its backward: the saved fp32
@@ -95,7 +95,7 @@ def split_error(n_layers: int, pp: int) -> str | None:
     return None
 
 
-def _end_params(args: ModelShape, plan: Plan) -> tuple[int, int]:
+def _end_params(args: ModelShape, plan: TrainingLayout) -> tuple[int, int]:
     """(embedding, final norm + lm_head) parameters on one rank."""
     btp = plan.strategy == "btp"
     embedding = args.vocab_size * args.dim // (plan.tp if btp else 1)
@@ -103,24 +103,24 @@ def _end_params(args: ModelShape, plan: Plan) -> tuple[int, int]:
     return embedding, head
 
 
-def stage_params(args: ModelShape, plan: Plan, stage: int) -> int:
+def stage_params(args: ModelShape, plan: TrainingLayout, stage: int) -> int:
     """Parameters on one rank of pipeline stage `stage`."""
     embedding, head = _end_params(args, plan)
-    blocks = stage_layers(args.n_layers, plan.pp)[stage] * perfmodel.layer_params(args, plan)
+    blocks = stage_layers(args.n_layers, plan.pp)[stage] * step_model.layer_params(args, plan)
     return blocks + embedding * (stage == 0) + head * (stage == plan.pp - 1)
 
 
-def in_flight(plan: Plan, stage: int) -> int:
+def in_flight(plan: TrainingLayout, stage: int) -> int:
     """Micro-batches whose activations 1F1B keeps on `stage` at its peak."""
     return min(plan.pp - stage, plan.microbatches)
 
 
-def _recomputed(args: ModelShape, plan: Plan) -> int:
+def _recomputed(args: ModelShape, plan: TrainingLayout) -> int:
     """Bytes a block's backward rebuilds under `plan.ac` (none: nothing)."""
     if plan.ac == "none":
         return 0
-    none = perfmodel.activation_bytes(args, Plan(**{**plan.__dict__, "ac": "none"}))
-    return max(0, none - perfmodel.activation_bytes(args, plan))
+    none = step_model.activation_bytes(args, TrainingLayout(**{**plan.__dict__, "ac": "none"}))
+    return max(0, none - step_model.activation_bytes(args, plan))
 
 
 @dataclass(frozen=True)
@@ -135,11 +135,13 @@ class StageMemory:
         return sum(self.parts.values())
 
 
-def stage_memory(args: ModelShape, plan: Plan, stage: int = 0, dp_shard: int = 1) -> StageMemory:
+def stage_memory(
+    args: ModelShape, plan: TrainingLayout, stage: int = 0, dp_shard: int = 1
+) -> StageMemory:
     """The peak of one rank of `stage` (module docstring), by part."""
     state, last = plan.state, stage == plan.pp - 1
     n = stage_params(args, plan, stage)
-    block = perfmodel.layer_params(args, plan)
+    block = step_model.layer_params(args, plan)
     _, head = _end_params(args, plan)
     copy = COPY_BYTES[state]
     one_copy = copy * (head + block)  # FSDP: one block's and the final norm + lm_head's
@@ -148,7 +150,7 @@ def stage_memory(args: ModelShape, plan: Plan, stage: int = 0, dp_shard: int = 1
     # the last micro-batch's backward frees each unit's copy after its backward
     end_copy = copy * n if kept and plan.microbatches > 1 else one_copy
     layers = stage_layers(args.n_layers, plan.pp)[stage]
-    activations = perfmodel.activation_bytes(args, plan) * layers * in_flight(plan, stage)
+    activations = step_model.activation_bytes(args, plan) * layers * in_flight(plan, stage)
     t, vocab = plan.tokens, args.vocab_size // plan.tp
     residual = args.dim // plan.tp if plan.strategy == "btp" else args.dim
     per_logit = LOSS_PARALLEL_BYTES if plan.tp > 1 else LOSS_BYTES
@@ -171,7 +173,7 @@ def stage_memory(args: ModelShape, plan: Plan, stage: int = 0, dp_shard: int = 1
     return StageMemory(stage, fixed | dict(zip(names, peak, strict=True)))
 
 
-def peak_memory(args: ModelShape, plan: Plan, dp_shard: int = 1) -> StageMemory:
+def peak_memory(args: ModelShape, plan: TrainingLayout, dp_shard: int = 1) -> StageMemory:
     """The busiest stage's peak (ties: the first)."""
     stages = [stage_memory(args, plan, s, dp_shard) for s in range(plan.pp)]
     return max(stages, key=lambda m: m.total)

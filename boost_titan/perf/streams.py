@@ -7,7 +7,7 @@ dtype's bytes per element; sizes are bytes per token. Single-kernel operations: 
 kernels), SiLU, products, adds, concatenations. Two operations of the product's own code
 decompose into many element-wise kernels with fp32 temporaries: RoPE (`apply_rope`) and
 sync RMSNorm (`sync_rmsnorm`, also BTP's final norm); `Eager` holds their traffic, counted
-from the aten ops they dispatch (tests/unit/test_perfmodel.py measures it again). A norm
+from the aten ops they dispatch (tests/unit/test_step_model.py measures it again). A norm
 group hands its consumers the parts of one split, so their grads meet in one
 concatenation. Under torch.compile most of this fuses; the model prices eager.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boost_titan.bench.model.work import Stream, Widths
+from boost_titan.perf.work import Stream, Widths
 
 
 @dataclass(frozen=True)

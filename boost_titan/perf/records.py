@@ -15,13 +15,13 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
   collective; behind lists the GEMMs whose weight grads run while it is in flight.
 - step_collectives_fwd / _bwd: the same for the model-level extras (final norm, gather,
   lm_head, loss parallel), once per micro-batch and pipeline, not per layer.
-- flops_per_layer: forward FLOPs of a block per rank (GEMMs + attention, see perfmodel);
+- flops_per_layer: forward FLOPs of a block per rank (GEMMs + attention, see step_model);
   flops_per_layer_bwd = 2x; recompute_flops_per_layer: extra backward work of `ac`.
 - gemms: forward GEMMs of a block per rank: {name, m, n, k, flops, intensity}, the
   product [m, k] x [k, n], intensity = FLOPs per byte of the three operands.
 - activation_bytes_per_layer: saved-for-backward bytes of a block per rank.
 - params_total: parameters of the whole model; params_per_rank: on the busiest rank.
-- memory_bytes_per_rank: the peak by `bench.model.memory.PARTS`, and its total.
+- memory_bytes_per_rank: the peak by `memory.PARTS`, and its total.
 - predicted_step_s: {gpu: seconds per optimizer step}; time_breakdown_s: {gpu: {part: s}}
   with parts gemm, memory (memory-bound kernels), attention, optimizer, comm (exposed
   communication) and bubble, which add up to the step; hidden_comm_s: {gpu: s} of
@@ -37,9 +37,10 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from boost_titan.boost_llama.strategies import STRATEGIES
+from boost_titan.perf.layout import TrainingLayout
 
 MIB = 2**20
 
@@ -95,6 +96,13 @@ class PerfRecord(LayerRecord):
     float8_gemms: dict[str, int]
     float8_skipped: dict[str, str]
     predicted_speedup: dict[str, float] = field(default_factory=dict)
+
+
+def layout_fields(layout: TrainingLayout, record: type[LayerRecord] = LayerRecord) -> dict:
+    """The fields of `layout` that `record` carries (those both name alike), for
+    `record(**layout_fields(...), ...)`: the one place a layout becomes a record's fields."""
+    own = {f.name for f in fields(layout)}
+    return {f.name: getattr(layout, f.name) for f in fields(record) if f.name in own}
 
 
 def config_name(flavor: str, tp: int, pp: int) -> str:

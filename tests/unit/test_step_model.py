@@ -14,16 +14,15 @@ from torch.utils._pytree import tree_flatten
 
 from boost_titan.bench.__main__ import main
 from boost_titan.bench.measure.trace import fake_tp_mesh
-from boost_titan.bench.model import costs, streams, validation
-from boost_titan.bench.model import float8 as float8_model
-from boost_titan.bench.model import perfmodel as pm
-from boost_titan.bench.model.gpus import GPUS, NCCL, GpuProfile, gpu_profile
-from boost_titan.bench.model.records import PerfRecord
-from boost_titan.bench.model.work import Collective, Gemm, Stream
 from boost_titan.boost_llama.layers import apply_rope, rope_table
 from boost_titan.boost_llama.shapes import ModelShape, param_count
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize.norms import sync_rmsnorm
+from boost_titan.perf import costs, float8_costs, paper, predict, step_model, streams
+from boost_titan.perf.gpus import GPUS, NCCL, GpuProfile, gpu_profile
+from boost_titan.perf.layout import BF16_WEIGHTS, STRATEGIES, TrainingLayout
+from boost_titan.perf.records import PerfRecord
+from boost_titan.perf.work import Collective, Gemm, Stream
 from tests.helpers import ROOT
 
 # d=8, r=2, d_ff=16, 2 heads of 4; one micro-batch of T = 3 tokens (seq 3), bf16, TP2.
@@ -32,20 +31,20 @@ TINY_FULL = dataclasses.replace(TINY, arch="fullrank")
 BYTES_PER_ELEMENT = 3 * 2  # tokens * bf16
 
 
-def plan(strategy: str, **kw) -> pm.Plan:
-    return pm.Plan(strategy=strategy, **{"tp": 2, "seq_len": 3, **kw})
+def plan(strategy: str, **kw) -> TrainingLayout:
+    return TrainingLayout(strategy=strategy, **{"tp": 2, "seq_len": 3, **kw})
 
 
 def args_for(strategy: str) -> ModelShape:
     return TINY_FULL if strategy == "megatron" else TINY
 
 
-def sizes(collectives: list[pm.Collective]) -> list[tuple[str, int]]:
+def sizes(collectives: list[step_model.Collective]) -> list[tuple[str, int]]:
     return [(c.name, c.elements_per_token) for c in collectives]
 
 
 def test_tiny_collectives_grouped_online():
-    fwd, bwd = pm.layer_collectives(TINY, plan("btp"))
+    fwd, bwd = step_model.layer_collectives(TINY, plan("btp"))
     assert sizes(fwd) == [
         ("qkv.A", 7),
         ("o.A", 2),
@@ -56,24 +55,24 @@ def test_tiny_collectives_grouped_online():
     assert [c.bytes(3, 2) for c in fwd] == [42, 12, 30, 12]
     assert {c.kind for c in fwd + bwd} == {"all_reduce"}
 
-    fwd, bwd = pm.layer_collectives(TINY, plan("vanilla"))
+    fwd, bwd = step_model.layer_collectives(TINY, plan("vanilla"))
     assert [n for _, n in sizes(fwd)] == [8, 8, 8, 8, 16, 16, 8]  # q k v o gate up down at d_out
     assert sizes(bwd) == [("down.A", 16), ("gate_up.A", 8), ("o.A", 8), ("qkv.A", 8)]
     assert sum(c.bytes(3, 2) for c in fwd) == 72 * BYTES_PER_ELEMENT
 
-    fwd, bwd = pm.layer_collectives(TINY_FULL, plan("megatron"))
+    fwd, bwd = step_model.layer_collectives(TINY_FULL, plan("megatron"))
     assert sizes(fwd) == [("o", 8), ("down", 8)]
     assert sizes(bwd) == [("gate_up", 8), ("qkv", 8)]
 
 
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
-@pytest.mark.parametrize("strategy", pm.STRATEGIES)
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_backward_all_reduces_hide_behind_weight_grads(strategy, grouped):
     """Each backward input-grad all-reduce names the GEMMs whose weight grads it runs
     behind: grouped, the one GEMM of the group; ungrouped, each member's; forward ones none."""
     p = plan(strategy, group_linears=grouped)
-    fwd, bwd = pm.layer_collectives(args_for(strategy), p)
-    names = {g.name for g in pm.layer_gemms(args_for(strategy), p)}
+    fwd, bwd = step_model.layer_collectives(args_for(strategy), p)
+    names = {g.name for g in step_model.layer_gemms(args_for(strategy), p)}
     assert all(not c.behind for c in fwd)
     assert all(c.behind and set(c.behind) <= names for c in bwd)
     behind = {c.name: c.behind for c in bwd}
@@ -86,26 +85,26 @@ def test_backward_all_reduces_hide_behind_weight_grads(strategy, grouped):
         assert behind["down.A"] == ("down.A",)
     else:
         assert behind["gate_up"] == (("gate_up",) if grouped else ("gate", "up"))
-    _, step_bwd = pm.step_collectives(args_for(strategy), p)
+    _, step_bwd = step_model.step_collectives(args_for(strategy), p)
     assert [c.behind for c in step_bwd] == ([(), ()] if strategy == "btp" else [("lm_head",)])
 
 
 def test_tiny_collectives_sync_and_ungrouped():
-    fwd, bwd = pm.layer_collectives(TINY, plan("btp", rmsnorm="sync"))
+    fwd, bwd = step_model.layer_collectives(TINY, plan("btp", rmsnorm="sync"))
     assert [n for _, n in sizes(fwd)] == [1, 6, 2, 1, 4, 2]
     assert sorted(n for _, n in sizes(bwd)) == [1, 1, 2, 2, 4, 6]
-    fwd, bwd = pm.layer_collectives(TINY, plan("btp", group_linears=False))
+    fwd, bwd = step_model.layer_collectives(TINY, plan("btp", group_linears=False))
     assert [n for _, n in sizes(fwd)] == [3, 2, 2, 2, 3, 2, 2]  # statistic rides on q and gate
     assert [n for _, n in sizes(bwd)] == [2] * 7
-    fwd, bwd = pm.layer_collectives(TINY, plan("btp", group_linears=False, rmsnorm="sync"))
+    fwd, bwd = step_model.layer_collectives(TINY, plan("btp", group_linears=False, rmsnorm="sync"))
     assert (len(fwd), len(bwd)) == (9, 9)
-    _, bwd = pm.layer_collectives(TINY, plan("vanilla", group_linears=False))
+    _, bwd = step_model.layer_collectives(TINY, plan("vanilla", group_linears=False))
     assert sizes(bwd) == [("down.A", 16), ("gate_up.A", 8), ("o.A", 8), ("qkv.A", 8)]  # per input
-    assert pm.layer_collectives(TINY, plan("btp", tp=1)) == ([], [])
+    assert step_model.layer_collectives(TINY, plan("btp", tp=1)) == ([], [])
 
 
 def test_tiny_step_collectives():
-    fwd, bwd = pm.step_collectives(TINY, plan("btp"))
+    fwd, bwd = step_model.step_collectives(TINY, plan("btp"))
     assert [(c.kind, c.elements_per_token) for c in fwd] == [
         ("all_reduce", 1),
         ("all_gather", 4),
@@ -117,48 +116,54 @@ def test_tiny_step_collectives():
         ("reduce_scatter", 8),
         ("all_reduce", 1),
     ]
-    fwd, bwd = pm.step_collectives(TINY_FULL, plan("megatron"))
+    fwd, bwd = step_model.step_collectives(TINY_FULL, plan("megatron"))
     assert [c.elements_per_token for c in fwd] == [1, 1, 1]
     assert sizes(bwd) == [("lm_head", 8)]
 
 
 def test_tiny_flops_and_gemms():
     # low-rank GEMMs: 2T * sum r(d_in + d_out) / tp = 6 * 272 / 2; attention 4*T*seq*d/tp = 144
-    assert pm.layer_flops(TINY, plan("btp")) == 816 + 144
-    assert pm.layer_flops(TINY, plan("vanilla")) == 816 + 288  # attention replicated
-    assert pm.layer_flops(TINY_FULL, plan("megatron")) == 6 * 640 // 2 + 144
-    megatron = {g.name: (g.m, g.n, g.k) for g in pm.layer_gemms(TINY_FULL, plan("megatron"))}
+    assert step_model.layer_flops(TINY, plan("btp")) == 816 + 144
+    assert step_model.layer_flops(TINY, plan("vanilla")) == 816 + 288  # attention replicated
+    assert step_model.layer_flops(TINY_FULL, plan("megatron")) == 6 * 640 // 2 + 144
+    megatron = {
+        g.name: (g.m, g.n, g.k) for g in step_model.layer_gemms(TINY_FULL, plan("megatron"))
+    }
     assert megatron == {"qkv": (3, 12, 8), "o": (3, 8, 4), "gate_up": (3, 16, 8), "down": (3, 8, 8)}
-    ungrouped = pm.layer_gemms(TINY_FULL, plan("megatron", group_linears=False))
+    ungrouped = step_model.layer_gemms(TINY_FULL, plan("megatron", group_linears=False))
     assert [g.name for g in ungrouped] == ["q", "k", "v", "o", "gate", "up", "down"]
     # without TP the model runs one GEMM per projection, grouped or not
-    assert [g.name for g in pm.layer_gemms(TINY, plan("btp", tp=1))][:3] == ["q.A", "q.B", "k.A"]
-    btp = {g.name: (g.m, g.n, g.k) for g in pm.layer_gemms(TINY, plan("btp"))}
+    assert [g.name for g in step_model.layer_gemms(TINY, plan("btp", tp=1))][:3] == [
+        "q.A",
+        "q.B",
+        "k.A",
+    ]
+    btp = {g.name: (g.m, g.n, g.k) for g in step_model.layer_gemms(TINY, plan("btp"))}
     assert btp["qkv.A"] == (3, 6, 4) and btp["q.B"] == (3, 4, 2) and btp["down.A"] == (3, 2, 8)
-    vanilla = {g.name: (g.m, g.n, g.k) for g in pm.layer_gemms(TINY, plan("vanilla"))}
+    vanilla = {g.name: (g.m, g.n, g.k) for g in step_model.layer_gemms(TINY, plan("vanilla"))}
     assert (
         vanilla["qkv.A"] == (3, 3, 8)
         and vanilla["q.B"] == (3, 8, 1)
         and vanilla["down.A"] == (3, 1, 16)
     )
-    dx, dw = pm.Gemm("x", 3, 4, 2).backward()
+    dx, dw = step_model.Gemm("x", 3, 4, 2).backward()
     assert (dx.m, dx.n, dx.k, dw.m, dw.n, dw.k) == (3, 2, 4, 2, 4, 3)
-    assert pm.Gemm("x", 2, 2, 2).intensity(2) == 16 / 24
-    assert pm.recompute_flops(TINY, plan("btp", ac="full")) == 960
+    assert step_model.Gemm("x", 2, 2, 2).intensity(2) == 16 / 24
+    assert step_model.recompute_flops(TINY, plan("btp", ac="full")) == 960
     # lowrank recomputes the B GEMMs (2T r sum(d_out) / tp) and attention
-    assert pm.recompute_flops(TINY, plan("btp", ac="lowrank")) == 6 * 2 * 72 // 2 + 144
+    assert step_model.recompute_flops(TINY, plan("btp", ac="lowrank")) == 6 * 2 * 72 // 2 + 144
 
 
 def test_tiny_memory():
-    assert pm.layer_params(TINY, plan("btp")) == 136 + 8  # r(d_in+d_out)/tp + sharded norms
-    assert pm.layer_params(TINY, plan("vanilla")) == 136 + 16
-    assert pm.layer_params(TINY_FULL, plan("megatron")) == 320 + 16
-    for strategy in pm.STRATEGIES:
+    assert step_model.layer_params(TINY, plan("btp")) == 136 + 8  # r(d_in+d_out)/tp + sharded norms
+    assert step_model.layer_params(TINY, plan("vanilla")) == 136 + 16
+    assert step_model.layer_params(TINY_FULL, plan("megatron")) == 320 + 16
+    for strategy in STRATEGIES:
         args = args_for(strategy)
-        assert pm.params_per_rank(args, plan(strategy, tp=1)) == param_count(args)
-    mem = pm.memory_per_rank(TINY, plan("btp"))  # 4 micro-batches: later ones hold every grad
-    assert mem["grads"] == mem["weights"] == 4 * pm.params_per_rank(TINY, plan("btp"))
-    assert mem["activations"] == 2 * pm.activation_bytes(TINY, plan("btp"))
+        assert step_model.params_per_rank(args, plan(strategy, tp=1)) == param_count(args)
+    mem = predict.memory_per_rank(TINY, plan("btp"))  # 4 micro-batches: later ones hold every grad
+    assert mem["grads"] == mem["weights"] == 4 * step_model.params_per_rank(TINY, plan("btp"))
+    assert mem["activations"] == 2 * step_model.activation_bytes(TINY, plan("btp"))
     assert mem["optimizer"] == 2 * mem["weights"]  # AdamW's two fp32 moments per master weight
     assert mem["total"] == sum(v for k, v in mem.items() if k != "total")
 
@@ -167,7 +172,7 @@ def test_tiny_saved_activations_hand_computed():
     """Bytes one block keeps for backward, T = 3 tokens, bf16 (2 bytes), TP2: TINY has
     d 8, r 2, d_ff 16 and 2 heads of 4, so per rank btp holds residual 4, q = k = v 4,
     ffn 8, latents 2 and one head; the rstd and log-sum-exp are fp32 (4 bytes)."""
-    btp = pm.saved_activations(TINY, plan("btp"))
+    btp = step_model.saved_activations(TINY, plan("btp"))
     assert btp == {
         "attention_norm.input": 3 * 4 * 2,
         "attention_norm.statistic": 3 * 2,
@@ -189,7 +194,7 @@ def test_tiny_saved_activations_hand_computed():
     assert sum(btp.values()) == 560
     # megatron: replicated norms keep input, fp32 rstd and output (8 wide); q/k/v are views
     # of one [12] GEMM output that v keeps; the MLP keeps gate/up [16], SiLU(gate), product
-    megatron = pm.saved_activations(TINY_FULL, plan("megatron"))
+    megatron = step_model.saved_activations(TINY_FULL, plan("megatron"))
     assert megatron["attention_norm.input"] == megatron["attention_norm.output"] == 48
     assert megatron["attention_norm.rstd"] == 3 * 4
     assert (
@@ -204,27 +209,27 @@ def test_tiny_saved_activations_hand_computed():
     )
     assert sum(megatron.values()) == 2 * 108 + 192 + 256 + (24 + 24 + 72 + 24 + 12) + 192 == 1012
     # vanilla: replicated activations, all heads (lse 2 per token), latents r/tp = 1
-    vanilla = pm.saved_activations(TINY, plan("vanilla"))
+    vanilla = step_model.saved_activations(TINY, plan("vanilla"))
     assert vanilla["qkv.concat_weights"] == 3 * 8 * 2 and vanilla["attention.lse"] == 3 * 2 * 4
     assert vanilla["pairs.latents"] == vanilla["pairs.silu"] == 7 * 3 * 1 * 2
     assert sum(vanilla.values()) == 216 + 80 + 216 + 288 + 84 == 884
     # sync RMSNorm (eager): two fp32 upcasts, fp32 rstd, the normalised product, the output
-    sync = pm.saved_activations(TINY, plan("btp", rmsnorm="sync"))
+    sync = step_model.saved_activations(TINY, plan("btp", rmsnorm="sync"))
     assert (sync["attention_norm.upcast"], sync["attention_norm.rstd"]) == (2 * 3 * 4 * 4, 12)
     assert sync["attention_norm.normalised"] == sync["attention_norm.output"] == 24
-    fp32 = pm.saved_activations(TINY, plan("btp", rmsnorm="sync", dtype="fp32"))
+    fp32 = step_model.saved_activations(TINY, plan("btp", rmsnorm="sync", dtype="fp32"))
     assert fp32["attention_norm.upcast"] == 3 * 4 * 4  # the upcast is the input itself
     # ungrouped, the online norm also keeps each consumer's latent; no weights concatenated
-    ungrouped = pm.saved_activations(TINY, plan("btp", group_linears=False))
+    ungrouped = step_model.saved_activations(TINY, plan("btp", group_linears=False))
     assert (
         ungrouped["attention_norm.latents"] == 3 * 3 * 2 * 2 and ungrouped["ffn_norm.latents"] == 24
     )
     assert not any(k.endswith("concat_weights") for k in ungrouped)
     # SVD: one latent per pair (no SiLU), and a SiLU on the MLP gate
-    svd = pm.saved_activations(dataclasses.replace(TINY, arch="svd"), plan("btp"))
+    svd = step_model.saved_activations(dataclasses.replace(TINY, arch="svd"), plan("btp"))
     assert "pairs.silu" not in svd and svd["mlp.silu_gate"] == 48
     # GQA (one kv head of 4 on 2 heads): k and v are repeated to q's width before attention
-    gqa = pm.saved_activations(
+    gqa = step_model.saved_activations(
         dataclasses.replace(TINY_FULL, n_heads=2, n_kv_heads=1), plan("megatron", tp=1)
     )
     assert gqa["attention.k"] == gqa["attention.v"] == gqa["attention.q"] == 3 * 8 * 2
@@ -243,20 +248,20 @@ def test_tiny_activation_bytes_under_ac():
         ("megatron", "full"): 48,
     }
     for (strategy, ac), nbytes in expected.items():
-        assert pm.activation_bytes(args_for(strategy), plan(strategy, ac=ac)) == nbytes
+        assert step_model.activation_bytes(args_for(strategy), plan(strategy, ac=ac)) == nbytes
     assert (
-        pm.activation_bytes(TINY, plan("btp", ac="lowrank", rmsnorm="sync"))
+        step_model.activation_bytes(TINY, plan("btp", ac="lowrank", rmsnorm="sync"))
         == 3 * (4 + 14) * 2 + 2 * 3 * 4
     )
-    assert pm.activation_bytes(TINY, plan("btp", ac="lowrank", tp=1)) == 3 * (8 + 14) * 2
+    assert step_model.activation_bytes(TINY, plan("btp", ac="lowrank", tp=1)) == 3 * (8 + 14) * 2
 
 
 def test_paper_7b_forward_payloads():
-    p = pm.Plan(strategy="btp", tp=4, seq_len=4096, micro_batch=4)
+    p = TrainingLayout(strategy="btp", tp=4, seq_len=4096, micro_batch=4)
     gib = {}
-    for strategy in pm.STRATEGIES:
-        args = pm.model_args("7B", "cola", strategy)
-        fwd, _ = pm.layer_collectives(args, dataclasses.replace(p, strategy=strategy))
+    for strategy in STRATEGIES:
+        args = step_model.model_args("7B", "cola", strategy)
+        fwd, _ = step_model.layer_collectives(args, dataclasses.replace(p, strategy=strategy))
         gib[strategy] = sum(c.bytes(p.tokens, 2) for c in fwd) / 2**30
     assert gib["megatron"] == 0.25
     assert gib["vanilla"] == pytest.approx(1.30, abs=0.005)
@@ -264,26 +269,26 @@ def test_paper_7b_forward_payloads():
 
 
 def test_btp_keeps_gemm_intensity():
-    p = pm.Plan(strategy="btp", tp=4)
-    btp = pm.layer_gemms(pm.model_args("7B", "cola", "btp"), p)
+    p = TrainingLayout(strategy="btp", tp=4)
+    btp = step_model.layer_gemms(step_model.model_args("7B", "cola", "btp"), p)
     vanilla_plan = dataclasses.replace(p, strategy="vanilla")
-    vanilla = pm.layer_gemms(pm.model_args("7B", "cola", "vanilla"), vanilla_plan)
+    vanilla = step_model.layer_gemms(step_model.model_args("7B", "cola", "vanilla"), vanilla_plan)
     assert min(g.intensity(2) for g in btp) > min(g.intensity(2) for g in vanilla)
 
 
 def test_check_rejects():
     with pytest.raises(ConfigError):
-        pm.check(TINY_FULL, plan("btp"))
+        step_model.check(TINY_FULL, plan("btp"))
     with pytest.raises(ConfigError):
-        pm.check(TINY, plan("btp", tp=3))
+        step_model.check(TINY, plan("btp", tp=3))
     with pytest.raises(ConfigError):
-        pm.check(TINY_FULL, plan("megatron", ac="lowrank"))
+        step_model.check(TINY_FULL, plan("megatron", ac="lowrank"))
     with pytest.raises(ConfigError):
-        pm.check(dataclasses.replace(TINY, arch="lax"), plan("btp"))
+        step_model.check(dataclasses.replace(TINY, arch="lax"), plan("btp"))
 
 
 def test_record_fields_and_speedups():
-    records = pm.sweep(["1B"], "cola", list(pm.STRATEGIES), [2], ["a100", "h100"])
+    records = predict.sweep(["1B"], "cola", list(STRATEGIES), [2], ["a100", "h100"])
     fields = {f.name for f in dataclasses.fields(PerfRecord)}
     required = {
         "flavor",
@@ -319,7 +324,7 @@ def test_record_fields_and_speedups():
     for parts, step in zip(
         by["btp"].time_breakdown_s.values(), by["btp"].predicted_step_s.values(), strict=True
     ):
-        assert set(parts) == set(pm.TIME_PARTS)
+        assert set(parts) == set(step_model.TIME_PARTS)
         assert sum(parts.values()) == pytest.approx(step)
 
 
@@ -438,21 +443,21 @@ def test_collectives_on_nccl_ring_model():
 
 
 def test_overlap_hides_only_what_weight_grads_cover():
-    p = pm.Plan(strategy="btp", tp=4, seq_len=1000)
+    p = TrainingLayout(strategy="btp", tp=4, seq_len=1000)
     ar = Collective("all_reduce", "x", 10**4, behind=("a", "b"))
     cost = costs.collective_time("all_reduce", 10**4 * 1000 * 2, 4, TOY)
-    assert pm.overlapped([ar], {"a": cost / 4, "b": cost / 4}, p, TOY) == pytest.approx(
+    assert step_model.overlapped([ar], {"a": cost / 4, "b": cost / 4}, p, TOY) == pytest.approx(
         (cost / 2, cost / 2)
     )
-    assert pm.overlapped([ar], {"a": cost, "b": cost}, p, TOY) == pytest.approx((0.0, cost))
+    assert step_model.overlapped([ar], {"a": cost, "b": cost}, p, TOY) == pytest.approx((0.0, cost))
     exposed = dataclasses.replace(ar, behind=())
-    assert pm.overlapped([exposed], {}, p, TOY) == pytest.approx((cost, 0.0))
+    assert step_model.overlapped([exposed], {}, p, TOY) == pytest.approx((cost, 0.0))
 
 
 # ---- memory-bound inventory --------------------------------------------------------------
 def test_tiny_block_streams_hand_computed():
     """megatron, TP2, bf16: residual 8, q = kv = 4, ffn 8 per rank, grouped."""
-    w = pm.layer_widths(TINY_FULL, plan("megatron"))
+    w = step_model.layer_widths(TINY_FULL, plan("megatron"))
     fwd, bwd = streams.block_streams(w, "replicated", 2)
     by = {s.name: s.bytes for s in fwd}
     assert (
@@ -469,13 +474,13 @@ def test_tiny_block_streams_hand_computed():
     assert {s.name: s for s in bwd}["ffn_norm.cat_grads"].bytes == 2 * 16 * 2
     assert sum(s.bytes for s in bwd) == 1040
     # ungrouped: the consumers' input grads are summed instead (2 adds of the residual)
-    w = pm.layer_widths(TINY_FULL, plan("megatron", group_linears=False))
+    w = step_model.layer_widths(TINY_FULL, plan("megatron", group_linears=False))
     _, bwd = streams.block_streams(w, "replicated", 2)
     assert {s.name: s.bytes for s in bwd}["attention_norm.sum_grads"] == 2 * 3 * 8 * 2
 
 
 def test_btp_online_norm_streams():
-    w = pm.layer_widths(TINY, plan("btp"))  # residual 4, latents 2 (whole), q/k/v 3 x 2
+    w = step_model.layer_widths(TINY, plan("btp"))  # residual 4, latents 2 (whole), q/k/v 3 x 2
     assert (w.residual, w.latent, w.q, w.ffn) == (4, 2, 4, 8)
     fwd, bwd = streams.block_streams(w, "online", 2)
     by = {s.name: s.bytes for s in fwd}
@@ -489,7 +494,9 @@ def test_btp_online_norm_streams():
     assert back["attention_norm.grad_dot_out"] == 4 * 6 * 2  # product (3) and row sum (1)
     sync_fwd, _ = streams.block_streams(w, "sync", 2)
     assert {s.name: s.bytes for s in sync_fwd}["attention_norm"] == 4 * 42
-    vanilla = pm.layer_widths(TINY, plan("vanilla"))  # replicated activations, latents split
+    vanilla = step_model.layer_widths(
+        TINY, plan("vanilla")
+    )  # replicated activations, latents split
     assert (vanilla.residual, vanilla.q, vanilla.ffn, vanilla.latent) == (8, 8, 16, 1)
 
 
@@ -578,7 +585,7 @@ def test_sync_rmsnorm_eager_cost_measured_on_the_product():
 def test_grouped_output_grads_measured():
     """Three consumers taking their parts of one split group output (as
     `GroupInstance.hand_out` / `take` do): the split's backward concatenates their grads."""
-    w = pm.layer_widths(TINY, plan("btp"))
+    w = step_model.layer_widths(TINY, plan("btp"))
     tokens, widths = 16, (w.latent,) * 3
     out = torch.randn(tokens, sum(widths), dtype=torch.bfloat16, requires_grad=True)
     ys = [part.view_as(part) for part in out.split(widths, dim=-1)]
@@ -591,15 +598,17 @@ def test_grouped_output_grads_measured():
 
 # ---- step composition ---------------------------------------------------------------------
 def test_step_parts_add_up_and_the_pipeline_bubble():
-    args = pm.model_args("1B", "cola", "btp")
-    one = pm.Plan(strategy="btp", tp=2, seq_len=512, microbatches=4)
-    stages = pm.stage_times(args, one, TOY)
-    step = pm.step_time(args, one, TOY)
-    assert sum(step[k] for k in pm.TIME_PARTS) == pytest.approx(step["step"])
+    args = step_model.model_args("1B", "cola", "btp")
+    one = TrainingLayout(strategy="btp", tp=2, seq_len=512, microbatches=4)
+    stages = step_model.stage_times(args, one, TOY)
+    step = step_model.step_time(args, one, TOY)
+    assert sum(step[k] for k in step_model.TIME_PARTS) == pytest.approx(step["step"])
     per_mb = sum(v for k, v in stages[0].items() if k != "comm_hidden")
     assert step["bubble"] == 0.0
-    params = pm.params_per_rank(args, one)
-    casts = pm.weight_casts(args, one)  # FSDP2's once per step: read fp32, write + copy bf16
+    params = step_model.params_per_rank(args, one)
+    casts = step_model.weight_casts(
+        args, one
+    )  # FSDP2's once per step: read fp32, write + copy bf16
     assert casts.bytes == (4 + 2 * 2 + 2 * 2) * params
     accumulate = costs.stream_time([Stream("acc", 3 * 3 * params * 2), casts], TOY)
     optimizer = params * (28 + 3 * 2) / 0.5e12 + 4e-6
@@ -611,30 +620,41 @@ def test_step_parts_add_up_and_the_pipeline_bubble():
     # two stages, one micro-batch: the stages run one after the other, the faster one is bubble
     two = dataclasses.replace(one, pp=2, microbatches=1)
     stages = [
-        sum(v for k, v in s.items() if k != "comm_hidden") for s in pm.stage_times(args, two, TOY)
+        sum(v for k, v in s.items() if k != "comm_hidden")
+        for s in step_model.stage_times(args, two, TOY)
     ]
-    step = pm.step_time(args, two, TOY)
+    step = step_model.step_time(args, two, TOY)
     assert step["bubble"] == pytest.approx(min(stages))
-    casts = costs.stream_time([pm.weight_casts(args, two)], TOY)
+    casts = costs.stream_time([step_model.weight_casts(args, two)], TOY)
     assert step["step"] - step["optimizer"] - casts == pytest.approx(sum(stages))
     # the first stage: half the blocks' exposed communication plus receiving the grads of its
     # output (btp sends its d/tp shard), over the network
     send = costs.send_time(two.tokens * args.dim // 2 * 2, TOY)
-    block = pm.block_time(args, two, TOY)
-    assert pm.stage_times(args, two, TOY)[0]["comm"] == pytest.approx(12 * block["comm"] + send)
+    block = step_model.block_time(args, two, TOY)
+    assert step_model.stage_times(args, two, TOY)[0]["comm"] == pytest.approx(
+        12 * block["comm"] + send
+    )
 
 
 def test_memory_kernels_add_up_to_the_blocks_memory_time():
-    args, p = pm.model_args("1B", "cola", "btp"), pm.Plan(strategy="btp", tp=2, seq_len=512)
-    kernels = pm.memory_kernels(args, p, TOY)
-    assert sum(kernels.values()) == pytest.approx(24 * 4 * pm.block_time(args, p, TOY)["memory"])
+    args, p = (
+        step_model.model_args("1B", "cola", "btp"),
+        TrainingLayout(strategy="btp", tp=2, seq_len=512),
+    )
+    kernels = step_model.memory_kernels(args, p, TOY)
+    assert sum(kernels.values()) == pytest.approx(
+        24 * 4 * step_model.block_time(args, p, TOY)["memory"]
+    )
     assert list(kernels.values()) == sorted(kernels.values(), reverse=True)
 
 
 def test_tp_stays_inside_a_node():
     with pytest.raises(ConfigError, match="4 GPUs per node"):
-        pm.evaluate(
-            "7B", pm.model_args("7B", "cola", "btp"), pm.Plan(strategy="btp", tp=8), ["a100-hgx4"]
+        predict.evaluate(
+            "7B",
+            step_model.model_args("7B", "cola", "btp"),
+            TrainingLayout(strategy="btp", tp=8),
+            ["a100-hgx4"],
         )
 
 
@@ -643,13 +663,13 @@ def test_validation_within_tolerance_of_every_paper_row():
     """Both published speedups (BTP vs full-rank TP, BTP vs vanilla) of all four published
     configurations within +-15 %, except the documented KNOWN_GAPS, which must still be
     outside (so a fix retires them)."""
-    rows = validation.validation_rows()
+    rows = paper.validation_rows()
     assert [(r.flavor, r.tp, r.pp) for r in rows] == [
-        (r.flavor, r.tp, r.pp) for r in validation.PAPER_ROWS
+        (r.flavor, r.tp, r.pp) for r in paper.PAPER_ROWS
     ]
     for row in rows:
-        for ratio, ok in validation.within_tolerance(row).items():
-            assert ok != ((row.flavor, ratio) in validation.KNOWN_GAPS), (
+        for ratio, ok in paper.within_tolerance(row).items():
+            assert ok != ((row.flavor, ratio) in paper.KNOWN_GAPS), (
                 row.flavor,
                 ratio,
                 row.predicted_speedup,
@@ -662,17 +682,17 @@ def test_validation_within_tolerance_of_every_paper_row():
 
 
 def test_ablations_against_the_published_ones():
-    comm = {r.strategy: r for r in validation.comm_ablation()}
+    comm = {r.strategy: r for r in paper.comm_ablation()}
     for r in comm.values():
         assert abs(r.predicted_s / r.paper_s - 1) <= 0.20, r
         assert r.predicted_bytes == pytest.approx(r.paper_bytes, rel=1e-3), (
             r
         )  # + BTP's 2 statistics
-    gemm = {(r.strategy, r.part): r.predicted_utilisation for r in validation.gemm_ablation()}
+    gemm = {(r.strategy, r.part): r.predicted_utilisation for r in paper.gemm_ablation()}
     for part in ("attention", "mlp"):
         assert gemm["vanilla", part] < gemm["btp", part]
-    switches = validation.switch_rows()
-    assert {r.switch for r in switches} == set(validation.SWITCHES)
+    switches = paper.switch_rows()
+    assert {r.switch for r in switches} == set(paper.SWITCHES)
     assert all(r.speedup > 1 for r in switches if r.switch.startswith("online"))
 
 
@@ -694,7 +714,7 @@ def test_cli_json(capsys):
     assert main(argv) == 0
     records = json.loads(capsys.readouterr().out)
     assert isinstance(records, list) and len(records) == 3
-    assert {r["strategy"] for r in records} == set(pm.STRATEGIES)
+    assert {r["strategy"] for r in records} == set(STRATEGIES)
     assert records[0]["comm_bytes_per_layer_fwd"] == 2**28
 
 
@@ -744,21 +764,26 @@ def test_cli_dtype_takes_torchtitans_spelling(capsys):
 def test_overlap_chunks_pipeline_hand_computed():
     """k row blocks of a GEMM and its all-reduce form a two-stage pipeline: exposed =
     (k - 1)(max(g, a) - g) + a, with g = GEMM / k and a the all-reduce of T / k tokens."""
-    gpu = pm.gpu_profile("a100-hgx4")
+    gpu = gpu_profile("a100-hgx4")
     c = Collective("all_reduce", "o.A", 256)
-    one = pm.Plan(strategy="btp", tp=4, seq_len=4096, micro_batch=4)
+    one = TrainingLayout(strategy="btp", tp=4, seq_len=4096, micro_batch=4)
     two = dataclasses.replace(one, overlap_chunks=2)
     full = costs.collective_time("all_reduce", c.bytes(one.tokens, 2), 4, gpu)
     half = costs.collective_time("all_reduce", c.bytes(one.tokens, 2) / 2, 4, gpu)
-    assert pm.chunked_exposed(1.0, c, one, gpu) == full  # one block: all of it exposed
-    assert pm.chunked_exposed(1.0, c, two, gpu) == pytest.approx(half)  # GEMM-bound: the last block
-    assert pm.chunked_exposed(0.0, c, two, gpu) == pytest.approx(2 * half)  # nothing to hide behind
+    assert step_model.chunked_exposed(1.0, c, one, gpu) == full  # one block: all of it exposed
+    assert step_model.chunked_exposed(1.0, c, two, gpu) == pytest.approx(
+        half
+    )  # GEMM-bound: the last block
+    assert step_model.chunked_exposed(0.0, c, two, gpu) == pytest.approx(
+        2 * half
+    )  # nothing to hide behind
     g = half / 2  # each GEMM block hides half of an all-reduce block
-    assert pm.chunked_exposed(2 * g, c, two, gpu) == pytest.approx(half - g + half)
+    assert step_model.chunked_exposed(2 * g, c, two, gpu) == pytest.approx(half - g + half)
     # the block model uses it for every forward all-reduce a GEMM produces
-    args = pm.model_args("7B", "cola", "btp")
+    args = step_model.model_args("7B", "cola", "btp")
     steps = [
-        pm.block_time(args, dataclasses.replace(one, overlap_chunks=k), gpu)["comm"] for k in (1, 2)
+        step_model.block_time(args, dataclasses.replace(one, overlap_chunks=k), gpu)["comm"]
+        for k in (1, 2)
     ]
     assert steps[1] < steps[0]
 
@@ -780,15 +805,15 @@ def test_float8_reprices_only_the_selected_gemms(recipe, gemms):
     """Selecting one GEMM moves the block's GEMM time by exactly that GEMM's float8 saving
     (its weight grad stays bf16 under rowwise_with_gw_hp) and its memory-bound time by its
     casts; nothing else changes."""
-    args = pm.model_args("7B", "cola", "btp")
-    plan = pm.Plan(strategy="btp", tp=4, float8=recipe)
-    base = pm.block_time(args, plan, H100)
-    assert base == pm.block_time(args, dataclasses.replace(plan, float8=None), H100)
-    g = {g.name: g for g in pm.layer_gemms(args, plan)}["gate_up.A"]
-    one = pm.block_time(args, plan, H100, frozenset({g.name}))
+    args = step_model.model_args("7B", "cola", "btp")
+    plan = TrainingLayout(strategy="btp", tp=4, float8=recipe)
+    base = step_model.block_time(args, plan, H100)
+    assert base == step_model.block_time(args, dataclasses.replace(plan, float8=None), H100)
+    g = {g.name: g for g in step_model.layer_gemms(args, plan)}["gate_up.A"]
+    one = step_model.block_time(args, plan, H100, frozenset({g.name}))
     assert one["gemm"] - base["gemm"] == pytest.approx(_fp8_delta(g, gemms))
     assert one["gemm"] < base["gemm"]
-    fwd, bwd = float8_model.cast_streams(g, recipe, "eager", 2)
+    fwd, bwd = float8_costs.cast_streams(g, recipe, "eager", 2)
     assert one["memory"] - base["memory"] == pytest.approx(costs.stream_time(fwd + bwd, H100))
     # forward x and W, input grad dY and W (+ weight grad dY and x), 33 bytes per element each
     x, w, dy = g.m * g.k, g.n * g.k, g.m * g.n
@@ -805,33 +830,35 @@ def test_float8_selection_is_the_runtimes():
     from boost_titan.boost_llama import BoostTransformer
     from boost_titan.parallelize.float8 import gemm_skip_reason, group_skip_reason
 
-    args = pm.model_args("1B", "cola", "btp")
+    args = step_model.model_args("1B", "cola", "btp")
     with torch.device("meta"):
         model = BoostTransformer(args)
     modules = dict(model.named_modules())
-    tp1 = pm.Plan(strategy="btp", tp=1, float8="tensorwise")
-    for g in pm.layer_gemms(args, tp1):
+    tp1 = TrainingLayout(strategy="btp", tp=1, float8="tensorwise")
+    for g in step_model.layer_gemms(args, tp1):
         base, _, factor = g.name.partition(".")
-        (fqn,) = float8_model.module_fqns(3, (base,), factor)
+        (fqn,) = float8_costs.module_fqns(3, (base,), factor)
         assert tuple(modules[fqn].weight.shape) == (g.n, g.k), g.name
     for filters in (("auto_filter_small_kn",), ("layers.1.",)):
         plan = dataclasses.replace(tp1, tp=4, float8_filter=filters)
         for layer in (0, 1):
-            reasons = pm.float8_selection(args, plan, layer)
-            assert set(reasons) == {g.name for g in pm.layer_gemms(args, plan)}
-            for g in pm.layer_gemms(args, plan):
+            reasons = step_model.float8_selection(args, plan, layer)
+            assert set(reasons) == {g.name for g in step_model.layer_gemms(args, plan)}
+            for g in step_model.layer_gemms(args, plan):
                 base, _, factor = g.name.partition(".")
-                fqns = float8_model.module_fqns(layer, pm._MEMBERS.get(base, (base,)), factor)
+                fqns = float8_costs.module_fqns(
+                    layer, step_model._MEMBERS.get(base, (base,)), factor
+                )
                 judge = (
                     group_skip_reason(g.n, g.k, fqns, "tensorwise", list(filters))
                     if len(fqns) > 1
                     else gemm_skip_reason(g.n, g.k, fqns[0], "tensorwise", list(filters))
                 )
                 assert reasons[g.name] == judge, (filters, layer, g.name)
-    assert all(pm.float8_selection(args, plan, 1).values())  # layers.1. is filtered whole
-    first = pm.float8_selection(args, plan, 0)  # d_ff / 4 = 1368 is no multiple of 16
+    assert all(step_model.float8_selection(args, plan, 1).values())  # layers.1. is filtered whole
+    first = step_model.float8_selection(args, plan, 0)  # d_ff / 4 = 1368 is no multiple of 16
     assert {name for name, why in first.items() if why} == {"gate.B", "up.B", "down.A"}
-    record = pm.evaluate("1B", args, plan, ["h100"])
+    record = predict.evaluate("1B", args, plan, ["h100"])
     assert record.float8_gemms == {"float8": 23 * (len(first) - 3), "total": 24 * len(first)}
 
 
@@ -847,7 +874,7 @@ def test_float8_cast_traffic_measured_on_the_product():
         x, w, dy = (torch.randn(*shape, dtype=dtype) for shape in ((m, k), (n, k), (m, n)))
         for recipe in k8.RECIPES:
             f8 = k8.float8_recipe(recipe)
-            gemms, pow2 = float8_model.recipe_shape(recipe)
+            gemms, pow2 = float8_costs.recipe_shape(recipe)
             launches = streams.FLOAT8_CAST.launches(b) + streams.FLOAT8_POW2_KERNELS * pow2
             gemm_runs = (
                 (functools.partial(k8.forward, x, w, f8), m * k + n * k),
@@ -883,9 +910,9 @@ def test_fp32_bf16_float8_ordering():
     assert costs.gemm_time(tiny, "fp8", 2, slow) == pytest.approx(tiny.bytes(2, 1) / 0.5e9 + 1e-6)
 
     def step(flavor: str, strategy: str, **kw) -> float:  # the GPU's work: the dtypes' cost
-        plan = pm.Plan(strategy=strategy, tp=4, **kw)
-        args = pm.model_args(flavor, "cola", strategy)
-        record = pm.evaluate(flavor, args, plan, ["h100"], gpu_work_only=True)
+        plan = TrainingLayout(strategy=strategy, tp=4, **kw)
+        args = step_model.model_args(flavor, "cola", strategy)
+        record = predict.evaluate(flavor, args, plan, ["h100"], gpu_work_only=True)
         return record.predicted_step_s["h100"]
 
     fused = {"float8": "tensorwise", "float8_casts": "fused"}
@@ -922,11 +949,11 @@ def test_job_toml_is_priced_in_the_runs_precision(tmp_path, capsys):
     """A job's TOML gives the plan the trainer runs: its layout and batch, fp32 when
     mixed_precision_param is float32, bf16 weights without master copy with training.dtype
     bfloat16, float8 from model.converters (casts fused when the model is compiled)."""
-    from boost_titan.bench.model.job import job_plan
+    from boost_titan.perf.job import job_plan
 
     default = job_plan(str(ROOT / "train_configs" / "7B.toml"), 4).plan
     compiled = {"compiled": True, "float8_casts": "fused"}  # [compile] enable
-    assert default == pm.Plan(
+    assert default == TrainingLayout(
         strategy="btp", tp=4, seq_len=4096, micro_batch=4, microbatches=1, **compiled
     )
     fp32 = job_plan(_job(tmp_path, 'training mixed_precision_param = "float32"'), 4).plan
@@ -949,7 +976,7 @@ def test_job_toml_is_priced_in_the_runs_precision(tmp_path, capsys):
     )
     step = json.loads(capsys.readouterr().out)[0]["predicted_step_s"]["a100-hgx4"]
     job = job_plan(_job(tmp_path, 'training mixed_precision_param = "float32"'), 4)
-    assert step == pm.step_time(job.args, fp32, gpu_profile("a100-hgx4"))["step"]
+    assert step == step_model.step_time(job.args, fp32, gpu_profile("a100-hgx4"))["step"]
     pure = job_plan(_job(tmp_path, 'training dtype = "bfloat16"'), 4).plan
     assert pure == dataclasses.replace(default, master_weights=False)
     f8 = job_plan(
@@ -981,7 +1008,7 @@ def test_job_precision_agrees_with_the_trainers():
     `runtime.precision.Precision` makes the trainer run (and says it runs)."""
     from types import SimpleNamespace
 
-    from boost_titan.bench.model.job import _precision
+    from boost_titan.perf.job import _precision
     from boost_titan.runtime.precision import Precision
 
     for weights in ("float32", "bfloat16"):
@@ -991,11 +1018,11 @@ def test_job_precision_agrees_with_the_trainers():
             )
             precision = Precision.of(training)
             dtype, master = _precision(SimpleNamespace(training=training), False, "job.toml")
-            state = pm.Plan(strategy="btp", dtype=dtype, master_weights=master).state
+            state = TrainingLayout(strategy="btp", dtype=dtype, master_weights=master).state
             expected = (
                 "bf16"
                 if precision.casts_for_compute
-                else pm.BF16_WEIGHTS
+                else BF16_WEIGHTS
                 if precision.weights == "bfloat16"
                 else "fp32"
             )
@@ -1006,7 +1033,7 @@ def test_job_precision_agrees_with_the_trainers():
 def test_torchtitan_defaults_are_torchtitans():
     from torchtitan.config import JobConfig
 
-    from boost_titan.bench.model.job import TITAN_DEFAULTS
+    from boost_titan.perf.job import TITAN_DEFAULTS
 
     titan = JobConfig()
     for section, defaults in TITAN_DEFAULTS.items():

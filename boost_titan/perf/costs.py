@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 
-from boost_titan.bench.model.gpus import FLOAT8, GEMM_TILES, NCCL, GpuProfile
-from boost_titan.bench.model.work import Gemm, Stream
+from boost_titan.perf.gpus import FLOAT8, GEMM_TILES, NCCL, GpuProfile
+from boost_titan.perf.work import Gemm, Stream
 
 MAX_SPLIT_K = 16
 MIN_SPLIT_K_CHUNK = 256

@@ -3,7 +3,7 @@ with the GPU's work phase by phase.
 
 Every kernel costs the host time to issue it (Python, the dispatcher, autograd, FSDP2's
 hooks, the launch itself): `GpuProfile.host_launch_s` on average, calibrated on one measured
-H100 row (`bench.model.measured`). The host runs ahead of the GPU within a phase, so a phase
+H100 row (`measured`). The host runs ahead of the GPU within a phase, so a phase
 takes the longer of its host time and its GPU time; phases follow one another:
 
 - per block and micro-batch, its forward and its backward (with what activation
@@ -17,19 +17,19 @@ takes the longer of its host time and its GPU time; phases follow one another:
   inside the phase of the unit they belong to, and per step the gradient norm, clipping
   and AdamW (`optimizer_launches`).
 
-With CUDA graphs (`Plan.cuda_graphs`) a micro-batch is one graph launch: its host time is a
-few launches and its kernels run back to back. `Plan.legacy_launches` prices the launch
-pattern of commit 18fc3d3, on which the H100 rows were measured: FSDP2 resharded after
-every forward and backward (each weight cast and copied twice per micro-batch, one unit per
-block) and one norm reduction per gradient.
+With CUDA graphs (`TrainingLayout.cuda_graphs`) a micro-batch is one graph launch: its host
+time is a few launches and its kernels run back to back. `TrainingLayout.legacy_launches`
+prices the launch pattern of commit 18fc3d3, on which the H100 rows were measured: FSDP2
+resharded after every forward and backward (each weight cast and copied twice per
+micro-batch, one unit per block) and one norm reduction per gradient.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boost_titan.bench.model.costs import FLASH_BACKWARD_LAUNCHES
-from boost_titan.bench.model.work import Stream
+from boost_titan.perf.costs import FLASH_BACKWARD_LAUNCHES
+from boost_titan.perf.work import Stream
 
 GRAPH_LAUNCHES = 5
 """Host launches of a graphed micro-batch: three input copies, the graph, the loss clone."""
@@ -88,7 +88,7 @@ def weight_launches(
       forward and again before its backward, each micro-batch reduced into the sharded
       gradient (an add from the second on) with the unit's two reduction copies;
     - "graphs": FSDP2 reshards and reduces after every micro-batch inside the graph: no
-      host launches (the GPU side is `perfmodel.weight_casts`)."""
+      host launches (the GPU side is `step_model.weight_casts`)."""
     m = microbatches
     if plan_kind == "graphs":
         return WeightLaunches(0.0, 0.0, 0.0)

@@ -6,7 +6,7 @@ tokens/s from TorchTitan's log (the lower end where two runs were taken), as
 docs/gpus.md#what-ran-on-a-gpu lists them (`scripts/gpu_check.sh` measures them again). The
 code of that commit cast
 every weight before every forward and backward and reduced one norm per gradient, which
-the model prices with `Plan.legacy_launches`.
+the model prices with `TrainingLayout.legacy_launches`.
 
 `HOST_FIT` is the row `GpuProfile.host_launch_s` is fitted to (`fit_host_launch`); every other
 row is held out and only compared (`host_rows`, printed by `bench validate`).
@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from boost_titan.bench.model import perfmodel as pm
-from boost_titan.bench.model.gpus import GpuProfile, gpu_profile
-from boost_titan.bench.model.records import _render
+from boost_titan.perf import step_model
+from boost_titan.perf.gpus import GpuProfile, gpu_profile
+from boost_titan.perf.layout import TrainingLayout
+from boost_titan.perf.records import _render
 
 FLAVOR, SEQ_LEN = "1B", 4096
 
@@ -43,7 +44,7 @@ class MeasuredRow:
     def step_s(self) -> float:
         return self.micro_batch * self.microbatches * SEQ_LEN / self.tokens_per_s
 
-    def plan(self, **changes) -> pm.Plan:
+    def plan(self, **changes) -> TrainingLayout:
         """The row's layout as the model prices it (`changes`: e.g. the product's launches)."""
         fields = dict(
             strategy=self.strategy,
@@ -54,7 +55,7 @@ class MeasuredRow:
             compiled=self.compiled,
             legacy_launches=True,
         )
-        return pm.Plan(**(fields | changes))
+        return TrainingLayout(**(fields | changes))
 
 
 H100_ROWS = (
@@ -69,8 +70,8 @@ HOST_FIT = H100_ROWS[0]
 
 
 def predicted_step(row: MeasuredRow, gpu: GpuProfile, **changes) -> float:
-    args = pm.model_args(FLAVOR, row.arch, row.strategy)
-    return pm.step_time(args, row.plan(**changes), gpu)["step"]
+    args = step_model.model_args(FLAVOR, row.arch, row.strategy)
+    return step_model.step_time(args, row.plan(**changes), gpu)["step"]
 
 
 def fit_host_launch(gpu: str = "h100", row: MeasuredRow = HOST_FIT) -> float:

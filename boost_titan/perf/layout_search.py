@@ -9,7 +9,7 @@ bf16 with fp32 master weights; on float8 GPUs also torchao's tensorwise float8).
 feasible when TorchTitan can build it (TP divides every sharded size and stays in a node,
 PP splits the layers with at least as many micro-batches as stages, DP divides the global
 batch) and `memory.peak_memory` fits `USABLE` of the GPU. Feasible layouts are ranked by
-`perfmodel.step_time` plus the data-parallel traffic FSDP2 does not hide (`dp_exposed`).
+`step_model.step_time` plus the data-parallel traffic FSDP2 does not hide (`dp_exposed`).
 Pure Python: a few thousand layouts take a second or two.
 """
 
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from boost_titan.bench.model import memory, perfmodel
-from boost_titan.bench.model.gpus import GPUS, GpuProfile, gpu_profile
-from boost_titan.bench.model.perfmodel import Plan
 from boost_titan.boost_llama.shapes import FLAVORS, ModelShape
 from boost_titan.config import OVERLAP_CHUNKS
 from boost_titan.config.errors import ConfigError
+from boost_titan.perf import memory, step_model
+from boost_titan.perf.gpus import GPUS, GpuProfile, gpu_profile
+from boost_titan.perf.job import job_plan
+from boost_titan.perf.layout import AC_MODES, TrainingLayout
 
 GPU_MEMORY_GIB = {"a100": 80.0, "a100-hgx4": 80.0, "h100": 80.0}
 """HBM per GPU of each `gpus.GPUS` profile (A100-80GB-SXM, H100-SXM)."""
@@ -55,10 +56,11 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """One candidate: the model's plan, its data-parallel degree and what the model says."""
+class Candidate:
+    """One candidate layout: the training layout, its data-parallel degree and what the model
+    says."""
 
-    plan: Plan
+    plan: TrainingLayout
     dp: int
     memory: memory.StageMemory
     step_s: float = 0.0
@@ -79,8 +81,8 @@ class Result:
 
     request: Request
     args: ModelShape
-    ranked: list[Layout]
-    rejected: list[Layout]
+    ranked: list[Candidate]
+    rejected: list[Candidate]
     structural: list[str]
     """One line per reason a whole family of layouts is impossible (sizes, splits)."""
 
@@ -112,7 +114,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def dp_exposed(args: ModelShape, plan: Plan, dp: int, compute_s: float, gpu: GpuProfile) -> float:
+def dp_exposed(
+    args: ModelShape, plan: TrainingLayout, dp: int, compute_s: float, gpu: GpuProfile
+) -> float:
     """Seconds of FSDP2's data-parallel traffic not hidden behind compute: per micro-batch
     a bf16 all-gather of the stage's weights in forward and again in backward (once per
     step under PP, which keeps them) and an fp32 reduce-scatter of the gradients, each a
@@ -126,12 +130,12 @@ def dp_exposed(args: ModelShape, plan: Plan, dp: int, compute_s: float, gpu: Gpu
     return max(0.0, traffic / gpu.net_bw - compute_s)
 
 
-def _structural(args: ModelShape, plan: Plan, gpu: GpuProfile) -> str:
+def _structural(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> str:
     """Why TorchTitan cannot build `plan` at all, or ""."""
     if plan.tp > gpu.gpus_per_node:
         return f"tp {plan.tp} exceeds the {gpu.gpus_per_node} GPUs of a node"
     try:
-        perfmodel.check(args, replace(plan, pp=1))
+        step_model.check(args, replace(plan, pp=1))
     except ConfigError as e:
         return str(e).split(";")[0]
     return memory.split_error(args.n_layers, plan.pp) or ""
@@ -141,13 +145,13 @@ def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
     """(plan, dp, reason) for every base layout (overlap chunks 1, no float8); reason ""
     when TorchTitan can build it. At TP 1 the low-rank strategies are one layout (btp's)."""
     for strategy in strategies(request.arch):
-        acs = [a for a in perfmodel.AC_MODES if not (a == "lowrank" and strategy == "megatron")]
+        acs = [a for a in AC_MODES if not (a == "lowrank" and strategy == "megatron")]
         for tp in _divisors(request.gpus):
             if tp == 1 and strategy == "vanilla":
                 continue
             for pp in _divisors(request.gpus // tp):
                 dp = request.gpus // (tp * pp)
-                base = Plan(  # the written config compiles (float8's casts fuse)
+                base = TrainingLayout(  # the written config compiles (float8's casts fuse)
                     strategy=strategy,
                     tp=tp,
                     pp=pp,
@@ -171,7 +175,7 @@ def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
                         yield replace(base, micro_batch=micro, microbatches=count, ac=ac), dp, ""
 
 
-def _variants(plan: Plan, gpu: GpuProfile, overlap: bool) -> list[Plan]:
+def _variants(plan: TrainingLayout, gpu: GpuProfile, overlap: bool) -> list[TrainingLayout]:
     """`plan` with every other overlap-chunk count (under TP, when asked for) and float8
     (where the GPU has it); the memory model prices them alike."""
     chunks = OVERLAP_CHUNKS if plan.tp > 1 and overlap else (1,)
@@ -184,9 +188,9 @@ def _variants(plan: Plan, gpu: GpuProfile, overlap: bool) -> list[Plan]:
     ]
 
 
-def _timed(args: ModelShape, plan: Plan, dp: int, peak, gpu: GpuProfile) -> Layout:
-    compute = perfmodel.step_time(args, plan, gpu)["step"]
-    return Layout(plan, dp, peak, step_s=compute + dp_exposed(args, plan, dp, compute, gpu))
+def _timed(args: ModelShape, plan: TrainingLayout, dp: int, peak, gpu: GpuProfile) -> Candidate:
+    compute = step_model.step_time(args, plan, gpu)["step"]
+    return Candidate(plan, dp, peak, step_s=compute + dp_exposed(args, plan, dp, compute, gpu))
 
 
 def plan_layouts(request: Request) -> Result:
@@ -194,7 +198,7 @@ def plan_layouts(request: Request) -> Result:
     their overlap-chunk and float8 variants; ConfigError (one line) when none fits."""
     check_request(request)
     gpu = gpu_profile(request.gpu)
-    args = perfmodel.model_args(request.flavor, request.arch, strategies(request.arch)[0])
+    args = step_model.model_args(request.flavor, request.arch, strategies(request.arch)[0])
     usable = USABLE * request.gpu_memory_gib * memory.GIB
     ranked, oom, structural = [], [], []
     for plan, dp, why in _plans(request, args, gpu):
@@ -205,7 +209,7 @@ def plan_layouts(request: Request) -> Result:
         peak = memory.peak_memory(args, plan, dp_shard=dp)
         if peak.total > usable:
             over = (peak.total - usable) / memory.GIB
-            oom.append(Layout(plan, dp, peak, reason=f"out of memory by {over:.1f} GiB"))
+            oom.append(Candidate(plan, dp, peak, reason=f"out of memory by {over:.1f} GiB"))
             continue
         ranked.append(_timed(args, plan, dp, peak, gpu))
     ranked.sort(key=lambda lay: lay.step_s)
@@ -239,7 +243,7 @@ def _batch_fix(request: Request, args: ModelShape, gpu: GpuProfile) -> int | Non
     for strategy in strategies(request.arch):
         for tp in _divisors(request.gpus):
             for pp in _divisors(request.gpus // tp):
-                base = Plan(strategy=strategy, tp=tp, pp=pp, seq_len=request.seq_len)
+                base = TrainingLayout(strategy=strategy, tp=tp, pp=pp, seq_len=request.seq_len)
                 if _structural(args, base, gpu):
                     continue
                 dp = request.gpus // (tp * pp)
@@ -258,7 +262,7 @@ def _gpus_fix(request: Request, args: ModelShape, gpu: GpuProfile, more: bool) -
 
 
 def _infeasible(
-    request: Request, args: ModelShape, gpu: GpuProfile, oom: list[Layout], structural: list[str]
+    request: Request, args: ModelShape, gpu: GpuProfile, oom: list[Candidate], structural: list[str]
 ) -> str:
     """One line for a request no layout serves, leading with what to change: a larger
     global batch or other GPU count for layouts that cannot be built, more GPUs or more
@@ -291,7 +295,7 @@ def _infeasible(
     )
 
 
-def _distinct(layouts: list[Layout]) -> list[Layout]:
+def _distinct(layouts: list[Candidate]) -> list[Candidate]:
     """One layout per (strategy, TP, PP, DP), the first of each."""
     kept, seen = [], set()
     for lay in layouts:
@@ -302,7 +306,7 @@ def _distinct(layouts: list[Layout]) -> list[Layout]:
     return kept
 
 
-def describe(lay: Layout) -> str:
+def describe(lay: Candidate) -> str:
     """One phrase: strategy, TP x PP x DP, AC, micro-batches, chunks, float8."""
     p = lay.plan
     f8 = f", float8 {p.float8}" if p.float8 else ""
@@ -328,7 +332,7 @@ HEADER = (
 )
 
 
-def _row(i: int, lay: Layout, request: Request) -> list[str]:
+def _row(i: int, lay: Candidate, request: Request) -> list[str]:
     p = lay.plan
     usable = USABLE * request.gpu_memory_gib
     precision = "bf16+fp32 master" + (f", f8 {p.float8}" if p.float8 else "")
@@ -414,7 +418,7 @@ def checkpoint_interval(step_s: float) -> int:
     return min(STEPS, steps // unit * unit)
 
 
-def toml_text(result: Result, lay: Layout) -> str:
+def toml_text(result: Result, lay: Candidate) -> str:
     """`lay` as a training config `python -m boost_titan.check --nproc N` accepts, naming
     the prediction and its assumptions in its header; checkpointing on."""
     r, p = result.request, lay.plan
@@ -501,58 +505,6 @@ enable = true
 {float8}"""
 
 
-# ---- command line ------------------------------------------------------------------------
-def add_args(parser) -> None:
-    """`plan --auto`'s options."""
-    parser.add_argument("--gpus", type=int, help="GPUs in all (with --auto)")
-    parser.add_argument(
-        "--gpu",
-        default="a100",
-        type=str.lower,
-        choices=tuple(GPUS),
-        help="GPU profile, any case (default a100)",
-    )
-    parser.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the profile's, 80)")
-    parser.add_argument("--seq-len", type=int, default=4096)
-    parser.add_argument(
-        "--global-batch", type=int, default=4, help="sequences per step (default 4, BOOST's)"
-    )
-    parser.add_argument("--top", type=int, default=10, help="rows of the ranked table")
-    parser.add_argument(
-        "--overlap",
-        action="store_true",
-        help="also try BTP's overlap_chunks 2 and 4 (unmeasured on GPUs; off by default)",
-    )
-    parser.add_argument("--write-toml", metavar="PATH", help="write the winner as a config")
-
-
-def run(ns) -> int:
-    """`python -m boost_titan.plan --auto ...` (ConfigError: one line, from the caller)."""
-    if ns.gpus is None:
-        raise ConfigError("--auto needs --gpus N (the GPUs to plan for)")
-    request = Request(
-        flavor=ns.flavor,
-        arch=ns.arch or "cola",
-        gpus=ns.gpus,
-        gpu=ns.gpu,
-        gpu_memory_gib=GPU_MEMORY_GIB[ns.gpu] if ns.gpu_memory is None else ns.gpu_memory,
-        seq_len=ns.seq_len,
-        global_batch=ns.global_batch,
-        overlap=ns.overlap,
-    )
-    result = plan_layouts(request)
-    print(format_result(result, top=ns.top, markdown=ns.markdown))
-    if ns.write_toml:
-        try:
-            with open(ns.write_toml, "w") as f:
-                f.write(toml_text(result, result.ranked[0]))
-        except OSError as e:
-            raise ConfigError(f"cannot write --write-toml {ns.write_toml}: {e.strerror}") from None
-        best = result.ranked[0]
-        print(f"\nwrote {ns.write_toml}: {describe(best)} (predicted {best.step_s:.3f} s per step)")
-    return 0
-
-
 # ---- documentation -----------------------------------------------------------------------
 PAPER_SIZES = {"1B": 1, "3B": 2, "7B": 4, "13B": 8, "30B": 32}
 """The paper's flavors and GPU counts (train_configs/*.toml)."""
@@ -564,17 +516,15 @@ DOCS_TOP = 3
 def paper_rows(gpu: str = "a100") -> list[list[str]]:
     """Per paper size: the paper's layout (its TOML, as `bench model --config` reads it)
     and the planner's pick, each with the predicted step and peak memory per GPU."""
-    from boost_titan.bench.model.job import job_plan
-
     rows = []
     for flavor, gpus in PAPER_SIZES.items():
         job = job_plan(f"train_configs/{flavor}.toml", gpus)
         dp = gpus // (job.plan.tp * job.plan.pp)
         profile = gpu_profile(gpu)
-        compute = perfmodel.step_time(job.args, job.plan, profile)["step"]
+        compute = step_model.step_time(job.args, job.plan, profile)["step"]
         step = compute + dp_exposed(job.args, job.plan, dp, compute, profile)
         peak = memory.peak_memory(job.args, job.plan, dp_shard=dp)
-        paper = Layout(job.plan, dp, peak, step_s=step)
+        paper = Candidate(job.plan, dp, peak, step_s=step)
         result = plan_layouts(
             Request(flavor, "cola", gpus, gpu, GPU_MEMORY_GIB[gpu], job.plan.seq_len, 4)
         )
