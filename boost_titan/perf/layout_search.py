@@ -382,7 +382,7 @@ def format_result(result: Result, top: int = 10, markdown: bool = False) -> str:
     title = (
         f"{r.flavor} {r.arch} on {r.gpus} x {r.gpu} ({r.gpu_memory_gib:g} GiB, "
         f"{USABLE:.0%} usable), seq {r.seq_len}, global batch {r.global_batch}: "
-        f"{len(result.ranked)} feasible layouts; times and memory predicted (bench.model), "
+        f"{len(result.ranked)} feasible layouts; times and memory predicted (boost_titan.perf), "
         "not measured"
     )
     note = idle_note(r)
@@ -514,8 +514,9 @@ DOCS_TOP = 3
 
 
 def paper_rows(gpu: str = "a100") -> list[list[str]]:
-    """Per paper size: the paper's layout (its TOML, as `bench model --config` reads it)
-    and the planner's pick, each with the predicted step and peak memory per GPU."""
+    """Per paper size: the shipped config (its TOML, as `bench model --config` reads it: the
+    paper's TP and PP degrees, the planner's micro-batch) and the planner's pick, each with
+    the predicted step and peak memory per GPU."""
     rows = []
     for flavor, gpus in PAPER_SIZES.items():
         job = job_plan(f"train_configs/{flavor}.toml", gpus)
@@ -572,17 +573,18 @@ def docs_tables() -> str:
         parts.append(f"`{command}`\n\n{text.split(chr(10) + chr(10))[0]}")
     header = (
         "size on GPUs",
-        "paper's layout",
+        "shipped config",
         "pred. step s",
         "pred. GiB/GPU",
         "planner's pick",
         "pred. step s",
         "pred. GiB/GPU",
-        "paper / pick",
-        "paper's rank",
+        "shipped / pick",
+        "shipped config's rank",
     )
     parts.append(
-        "Paper (train_configs/*.toml) vs planner, A100 (a100 profile), global batch 4:\n\n"
+        "Shipped configs (train_configs/*.toml: the paper's TP x PP) vs planner, A100 "
+        "(a100 profile), global batch 4:\n\n"
         + _render(header, paper_rows(), markdown=True)
     )
     return "\n\n".join(parts)
