@@ -163,7 +163,7 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
     its degrees allow); ConfigError (one line) for what the model cannot price."""
     from boost_titan.boost_llama.shapes import flavor_shape
     from boost_titan.boost_llama.strategies import resolve_strategy
-    from boost_titan.check import check_batch, resolve_world
+    from boost_titan.config.preflight import check_batch, resolve_world
 
     job = _read(path)
     if job.model.name != BOOST_MODEL:
