@@ -16,6 +16,9 @@ from boost_titan.config.errors import ConfigError
 ARCHS = ("fullrank", "svd", "cola", "lax")
 LAX_BASES = ("svd", "cola")
 RMSNORM_MODES = ("online", "sync")
+AC_MODES = ("none", "full", "selective", "lowrank")
+"""Activation checkpointing: none; TorchTitan's full and op-level selective; BOOST's low-rank
+([activation_checkpoint] mode, or [boost] lowrank_ac with mode none)."""
 OVERLAP_CHUNKS = (1, 2, 4)
 """Values of [boost] overlap_chunks."""
 DATA_ORDERS = ("sharded", "global")

@@ -34,6 +34,7 @@ from boost_titan.runtime.checkpoint_files import (
 from boost_titan.runtime.dump_lock import DumpFolderLock
 from boost_titan.runtime.precision import Precision
 
+
 def pop_nproc(args: list[str]) -> tuple[int | None, list[str]]:
     """Split `--nproc N` / `--nproc=N` off `args`; fall back to $NGPU."""
     rest: list[str] = []

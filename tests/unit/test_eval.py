@@ -20,8 +20,8 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 from boost_titan import eval as eval_command
 from boost_titan import generate as generate_command
 from boost_titan.boost_llama import BoostTransformer
-from boost_titan.config.preflight import check
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.preflight import check
 from boost_titan.data import corpus
 from boost_titan.data import tokenizer as tk
 from boost_titan.data.validation import (

@@ -26,8 +26,8 @@ from boost_titan.boost_llama.state_dict_adapter import (
     args_of,
     model_shapes,
 )
-from boost_titan.config.preflight import check
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.preflight import check
 from boost_titan.export import export, main
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import (

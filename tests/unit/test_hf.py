@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from boost_titan.bench.measure.trace import fake_tp_mesh
+from boost_titan.bench.measure.fake_group import fake_tp_mesh
 from boost_titan.parallelize import (
     LowRankLinear,
     PlanError,

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchtitan.config.job_config import ActivationCheckpoint, Compile, Training
 
-from boost_titan.activation_memory import main, measure_layer
+from boost_titan.activation_memory import main
+from boost_titan.bench.measure.activations import measure_layer
 from boost_titan.boost_llama import flavor_args
 from boost_titan.boost_llama.parallelize import parallelize_boost
 from boost_titan.config import Boost

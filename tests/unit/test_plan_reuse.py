@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from boost_titan.bench.measure.trace import fake_tp_mesh
+from boost_titan.bench.measure.fake_group import fake_tp_mesh
 from boost_titan.parallelize import (
     PlanError,
     apply_plan,
