@@ -28,7 +28,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from boost_titan.export import load_model_state
+from boost_titan.boost_llama.export_format import load_model_state
 from boost_titan.loss_compare import torchrun_train
 from boost_titan.runtime.run_log import read_log
 from tests.helpers import ROOT

@@ -20,6 +20,7 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 from boost_titan import eval as eval_command
 from boost_titan import generate as generate_command
 from boost_titan.boost_llama import BoostTransformer
+from boost_titan.boost_llama.export_format import export
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.preflight import check
 from boost_titan.data import corpus
@@ -31,7 +32,6 @@ from boost_titan.data.validation import (
     pack_windows,
     validation_data,
 )
-from boost_titan.export import export
 from boost_titan.runtime.run_log import RunLog, read_log
 from boost_titan.runtime.validator import BoostValidator, evaluate
 from boost_titan.trained import build, locate
