@@ -3,7 +3,7 @@ of train's arguments into a JobConfig with one-line errors (`cli`), and `ConfigE
 (`errors`). Importable without torch or torchtitan.
 
 The section is merged into TorchTitan's JobConfig, loaded through
-`--job.custom_config_module boost_titan.config`, which `boost_titan.train` adds by itself.
+`--job.custom_config_module boost_titan.config`, which `boost_titan.runtime.entry` adds itself.
 TorchTitan requires the module to define a dataclass named `JobConfig` whose fields are the
 new sections.
 """
