@@ -32,19 +32,19 @@ from torchtitan.components.loss import IGNORE_INDEX, cross_entropy_loss
 from torchtitan.distributed.utils import get_train_context
 from tqdm import tqdm
 
-from boost_titan.boost_llama.strategies import strategy_names
-from boost_titan.config.cli import OneLineParser
-from boost_titan.config.errors import ConfigError
-from boost_titan.data.validation import build_validation_batches, data_at
-from boost_titan.parallelize.teardown import run_to_end
-from boost_titan.runtime.validator import HeldOutLoss, evaluate
-from boost_titan.trained import (
+from boost_titan.boost_llama.load_trained import (
     add_model_options,
     build,
     fail_worker,
     load_tokenizer_for,
     locate_from,
 )
+from boost_titan.boost_llama.strategies import strategy_names
+from boost_titan.config.cli import OneLineParser
+from boost_titan.config.errors import ConfigError
+from boost_titan.data.validation import build_validation_batches, data_at
+from boost_titan.parallelize.teardown import run_to_end
+from boost_titan.runtime.validator import HeldOutLoss, evaluate
 
 CPU_MESH_WARNING = r"DTensor .* may not have complete support on cpu device mesh"
 

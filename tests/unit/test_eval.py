@@ -21,6 +21,7 @@ from boost_titan import eval as eval_command
 from boost_titan import generate as generate_command
 from boost_titan.boost_llama import BoostTransformer
 from boost_titan.boost_llama.export_format import export
+from boost_titan.boost_llama.load_trained import build, locate
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.preflight import check
 from boost_titan.data import corpus
@@ -34,7 +35,6 @@ from boost_titan.data.validation import (
 )
 from boost_titan.runtime.run_log import RunLog, read_log
 from boost_titan.runtime.validator import BoostValidator, evaluate
-from boost_titan.trained import build, locate
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import debug_args, save_checkpoint
 from tests.helpers.commands import assert_one_error, run_module
