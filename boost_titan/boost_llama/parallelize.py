@@ -23,7 +23,7 @@ from boost_titan.parallelize import apply_plan, key_compile_caches_by_rank
 from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, compilable_full_ac
 
 from .data_parallel import apply_data_parallel
-from .float8 import apply_job_float8
+from .job_float8 import apply_job_float8
 from .strategies import build_plan, resolve_strategy
 
 # selective AC keeps collectives' outputs, so recomputation never replays a collective
