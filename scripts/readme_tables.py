@@ -209,9 +209,9 @@ TABLES: dict[str, Table] = {
         f"python -m boost_titan.bench precision --config {DEFAULT_CONFIGS}",
         bench_output("precision", "--config", DEFAULT_CONFIGS, fenced=False),
     ),
-    "hf-refusals": Table(  # the render function lives in boost_titan.parallelize.hf_refusals
-        "python -m boost_titan.parallelize.hf_refusals",
-        lambda: __import__("boost_titan.parallelize.hf_refusals", fromlist=["_"]).refusal_table(),
+    "hf-refusals": Table(  # the render function lives in boost_titan.hf_refusals
+        "python -m boost_titan.hf_refusals",
+        lambda: __import__("boost_titan.hf_refusals", fromlist=["_"]).refusal_table(),
     ),
     "memory-check": Table(  # render function: boost_titan.bench.measure.memtrack (minutes)
         "python -m boost_titan.bench memory --check",
