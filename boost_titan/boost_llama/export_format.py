@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from boost_titan.runtime.checkpoint_files import (
     check_readable,
     is_complete_checkpoint,
     latest_checkpoint,
+    read_tensors,
 )
 
 from .shapes import FLAVORS, ModelShape
@@ -296,26 +296,15 @@ def infer_args(
 def load_model_state(checkpoint: str) -> dict[str, torch.Tensor]:
     """The model weights of a DCP checkpoint as full tensors (one process, no process group)."""
     import torch
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    from boost_titan.parallelize.safe_load import guard_dcp
 
     metadata = model_metadata(checkpoint)  # its pickles vetted (check_readable)
-    guard_dcp()  # and DCP's own reads through the same allowlist
     state = {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in metadata.items()}
-    try:
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=FileSystemReader(checkpoint), no_dist=True)
-    except (Exception, CheckpointException) as e:  # a short read fails inside DCP's reader
-        failures = getattr(e, "failures", None)
-        cause = next(iter(failures.values()))[0] if failures else e
-        raise ConfigError(
-            f"--checkpoint {checkpoint}: cannot read its tensors ({type(cause).__name__}); the "
-            "checkpoint is damaged, use another step-N folder"
-        ) from None
+    failure = (
+        f"--checkpoint {checkpoint}: cannot read its tensors ({{}}); the checkpoint is "
+        "damaged, use another step-N folder"
+    )
+    read_tensors(state, FileSystemReader(checkpoint), failure)  # DCP's reads vetted alike
     return state
 
 

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import warnings
 from dataclasses import dataclass
 from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader, HuggingFaceStorageReader
 from torch.distributed.checkpoint.state_dict import (
@@ -48,8 +46,7 @@ from boost_titan.config.cli import fail
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.tokenizer import load_tokenizer
 from boost_titan.parallelize import apply_plan
-from boost_titan.parallelize.safe_load import guard_dcp
-from boost_titan.runtime.checkpoint_files import is_complete_checkpoint
+from boost_titan.runtime.checkpoint_files import is_complete_checkpoint, read_tensors
 
 DCP, EXPORT = "dcp", "export"
 
@@ -126,23 +123,16 @@ def load_weights(model: nn.Module, source: Source) -> None:
     """Read `source`'s weights into `model` (plain or sharded parameters) with DCP, whose
     reads of a DCP folder's pickles go through the checkpoint allowlist (`guard_dcp`; `locate`
     has vetted them already)."""
-    guard_dcp()
     if source.kind == DCP:
         reader = FileSystemReader(source.path)
     else:
         reader = HuggingFaceStorageReader(source.path)
     state = get_model_state_dict(model)
-    try:
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
-    except Exception as e:  # DCP wraps a short read or a damaged file in several types
-        failures = getattr(e, "failures", None)
-        cause = next(iter(failures.values()))[0] if failures else e
-        raise ConfigError(
-            f"--checkpoint {source.path}: cannot read its weights ({type(cause).__name__}); the "
-            "files are damaged, use another checkpoint"
-        ) from None
+    failure = (
+        f"--checkpoint {source.path}: cannot read its weights ({{}}); the files are damaged, "
+        "use another checkpoint"
+    )
+    read_tensors(state, reader, failure, no_dist=not dist.is_initialized())
     set_model_state_dict(model, state)
 
 

@@ -55,15 +55,11 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def shard(
-    model: BoostTransformer,
-    mesh: DeviceMesh,
-    strategy: str,
-    rmsnorm: str = "online",
-    group_linears: bool = True,
+    model: BoostTransformer, mesh: DeviceMesh, strategy: str, **plan_options
 ) -> BoostTransformer:
-    """`model` under the real TP plan of `strategy` on a fake group's `mesh` (no broadcast
-    of weights: each rank keeps its own)."""
-    plan = build_plan(strategy, model.args, rmsnorm=rmsnorm, group_linears=group_linears)
+    """`model` under the real TP plan of `strategy` (`build_plan` with `plan_options`) on a
+    fake group's `mesh` (no broadcast of weights: each rank keeps its own)."""
+    plan = build_plan(strategy, model.args, **plan_options)
     return apply_plan(model, mesh, plan, src_data_rank=None)
 
 
@@ -75,7 +71,8 @@ def parallel_model(
     group_linears: bool = True,
 ) -> BoostTransformer:
     """`args`' model, sharded (`shard`)."""
-    return shard(BoostTransformer(args), mesh, strategy, rmsnorm, group_linears)
+    model = BoostTransformer(args)
+    return shard(model, mesh, strategy, rmsnorm=rmsnorm, group_linears=group_linears)
 
 
 def layer_input_dim(args: BoostModelArgs, strategy: str, tp: int) -> int:

@@ -129,7 +129,13 @@ def track(args: BoostModelArgs, plan: Plan, stage: int = 0, fake: bool = True) -
         with default_dtype(torch.float32):
             model = _stage_model(args, plan, stage)
             if plan.tp > 1:
-                shard(model, mesh["tp"], plan.strategy, plan.rmsnorm, plan.group_linears)
+                shard(
+                    model,
+                    mesh["tp"],
+                    plan.strategy,
+                    rmsnorm=plan.rmsnorm,
+                    group_linears=plan.group_linears,
+                )
             _apply_ac(model, plan.ac, plan.tp)
             with _real_meshes(fake):
                 apply_fsdp(
