@@ -21,14 +21,12 @@ import tempfile
 import time
 
 # isort: off
-# before torchtitan: the [boost] section, CPU set-up, TrainSpec
-try:
-    from boost_titan.runtime import entry
-    from boost_titan.parallelize.teardown import run_to_end
-except ImportError:  # an earlier commit, measured by scripts/compare_step.py
-    from boost_titan import train as entry
+from boost_titan.runtime import entry  # before torchtitan: [boost] section, CPU, TrainSpec
 
-    run_to_end = getattr(entry, "run_to_end", None)
+try:
+    from boost_titan.parallelize.teardown import run_to_end
+except ImportError:  # an earlier commit (scripts/compare_step.py): no orderly end to call
+    run_to_end = None
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
