@@ -13,12 +13,12 @@ import sys
 from typing import Any
 
 from boost_titan.bench.measure.activations import (
-    DTYPES,
     LOW_RANK_STRATEGIES,
     LayerMeasurement,
     check_layer_args,
     measure_layer,
 )
+from boost_titan.bench.measure.fake_group import DTYPES
 from boost_titan.boost_llama import FLAVORS, flavor_args
 from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError

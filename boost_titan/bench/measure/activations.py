@@ -42,8 +42,6 @@ from boost_titan.runtime.saved_activations import saved_activation_bytes
 
 LOW_RANK_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if s.low_rank)
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
 
 # ---- one layer under an AC mode --------------------------------------------------------
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,9 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan
 from boost_titan.parallelize.teardown import end_process_groups
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+"""The compute dtypes a measurement builds its model in, by the name the commands take."""
+
 
 @contextmanager
 def fake_tp_mesh(tp: int, *, fsdp_dim: bool = False) -> Iterator[DeviceMesh]:

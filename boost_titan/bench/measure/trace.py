@@ -36,6 +36,7 @@ from torch.utils.flop_counter import (
 )
 
 from boost_titan.bench.measure.fake_group import (
+    DTYPES,
     default_dtype,
     fake_tp_mesh,
     fused_rms_norm_saves,
@@ -53,7 +54,6 @@ from boost_titan.parallelize.debug import (
     record_collectives,
 )
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FLOP_TOLERANCE = 0.01
 ACTIVATION_TOLERANCE = 0.05
 """Largest relative gap between the traced and the modelled activation bytes (issue 13:
