@@ -6,8 +6,8 @@
 DIR is a DCP step folder (any parallelism; the shapes give the model, `--arch` and friends
 what they cannot, as for `boost_titan.export`) or an export. The data default to the
 default corpus's held-out split; `--dataset-path` takes the training formats. The windows
-and the loss are those of validation during training (`boost_titan.data.validation`,
-`boost_titan.runtime.validator.evaluate`): the same checkpoint, data, seq_len, batch size
+and the loss are those of validation during training (`boost_titan.data.held_out`,
+`boost_titan.runtime.held_out_loss.evaluate`): the same checkpoint, data, seq_len, batch size
 and steps give the same number as the run's `validate` line. Under torchrun the model is
 sharded with the training TP plan over `--tp` ranks (default: all of them), the rest
 split the batches as data-parallel ranks. Rank 0 shows a progress bar on stderr and prints
@@ -32,19 +32,19 @@ from torchtitan.components.loss import IGNORE_INDEX, cross_entropy_loss
 from torchtitan.distributed.utils import get_train_context
 from tqdm import tqdm
 
-from boost_titan.boost_llama.strategies import strategy_names
-from boost_titan.config.cli import OneLineParser
-from boost_titan.config.errors import ConfigError
-from boost_titan.data.validation import build_validation_batches, data_at
-from boost_titan.parallelize.teardown import run_to_end
-from boost_titan.runtime.validator import HeldOutLoss, evaluate
-from boost_titan.trained import (
+from boost_titan.boost_llama.load_trained import (
     add_model_options,
     build,
     fail_worker,
     load_tokenizer_for,
     locate_from,
 )
+from boost_titan.boost_llama.strategies import strategy_names
+from boost_titan.config.cli import OneLineParser
+from boost_titan.config.errors import ConfigError
+from boost_titan.data.held_out import build_validation_batches, data_at
+from boost_titan.parallelize.teardown import run_to_end
+from boost_titan.runtime.held_out_loss import HeldOutLoss, evaluate
 
 CPU_MESH_WARNING = r"DTensor .* may not have complete support on cpu device mesh"
 

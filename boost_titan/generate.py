@@ -3,7 +3,7 @@
     python -m boost_titan.generate --checkpoint DIR --prompt "def " [--arch A]
         [--max-new-tokens 64] [--temperature 0] [--top-k 0] [--seed 0] [--tokenizer PATH]
 
-DIR is a DCP step folder or an export (see `boost_titan.trained`). Temperature 0 (the
+DIR is a DCP step folder or an export (see `boost_llama.load_trained`). Temperature 0 (the
 default) decodes greedily; above 0 it samples from the softmax of logits / temperature,
 over the `top-k` most likely tokens when top-k > 0, with a generator seeded by `--seed`,
 so a seed always gives the same text. Generation stops after `--max-new-tokens` or at the
@@ -19,14 +19,14 @@ import sys
 
 import torch
 
-from boost_titan.config.cli import OneLineParser, fail
-from boost_titan.config.errors import ConfigError
-from boost_titan.trained import (
+from boost_titan.boost_llama.load_trained import (
     add_model_options,
     build,
     load_tokenizer_for,
     locate_from,
 )
+from boost_titan.config.cli import OneLineParser, fail
+from boost_titan.config.errors import ConfigError
 
 
 def parser() -> OneLineParser:

@@ -29,23 +29,21 @@ Every layout trains on the config's dataset in the global order (`[boost] data_o
 "global"`): each step's global batch is the same windows at any data-parallel degree, so
 layouts must agree to fp32 rounding. With `--validate`, the held-out batch
 (`--validation-batch`) is split over the data-parallel ranks likewise, so every layout is
-scored on the same windows.
+scored on the same windows. `--config` and `--out` are paths from the working directory
+(the default config is a checkout's `train_configs/debug.toml`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from boost_titan.config.cli import OneLineParser, fail
 from boost_titan.config.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parents[1]
+from boost_titan.runtime.launch import pipeline_args, train
 
 
 @dataclass(frozen=True)
@@ -58,17 +56,6 @@ class Layout:
     args: tuple[str, ...]
     seed: int = 0
     arch: str | None = None
-
-
-def _pp(schedule: str = "1F1B", microbatch: int = 2) -> tuple[str, ...]:
-    return (
-        "--parallelism.pipeline_parallel_degree",
-        "2",
-        "--parallelism.pipeline_parallel_schedule",
-        schedule,
-        "--parallelism.pipeline_parallel_microbatch_size",
-        str(microbatch),
-    )
 
 
 _TP = "--parallelism.tensor_parallel_degree"
@@ -93,8 +80,8 @@ LAYOUTS = {
     "vanilla-tp2": Layout(2, 1, (_TP, "2", "--boost.tp_strategy", "vanilla")),
     "dp2": Layout(2, 2, (_TP, "1", _DP, "2")),
     "dp2-tp2": Layout(4, 2, (_TP, "2", _DP, "2")),
-    "pp2-tp2": Layout(4, 1, (_TP, "2", *_pp())),
-    "dp2-tp2-pp2": Layout(8, 2, (_TP, "2", _DP, "2", *_pp(microbatch=1))),
+    "pp2-tp2": Layout(4, 1, (_TP, "2", *pipeline_args())),
+    "dp2-tp2-pp2": Layout(8, 2, (_TP, "2", _DP, "2", *pipeline_args(microbatch=1))),
     "tp1-seed1": Layout(1, 1, (_TP, "1"), seed=1),
     "fullrank-tp2": Layout(2, 1, (_TP, "2"), arch="fullrank"),
 }
@@ -102,37 +89,6 @@ LAYOUTS = {
 
 
 # ---- running ------------------------------------------------------------------------------
-def torchrun_train(
-    nproc: int, dump: Path, args: list[str], config: str, timeout: float = 3600
-) -> str:
-    """`torchrun -m boost_titan.train` with `nproc` processes into `dump`; its output (rank 0)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d",
-        "--rdzv_endpoint=localhost:0",
-        "--local-ranks-filter",
-        "0",
-        "--tee",
-        "3",
-        "-m",
-        "boost_titan.train",
-        "--job.config_file",
-        config,
-        "--job.dump_folder",
-        str(dump),
-        *args,
-    ]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    if result.returncode:
-        tail = (result.stdout + result.stderr).strip().splitlines()[-1:] or ["no output"]
-        raise ConfigError(f"training into {dump} failed (exit {result.returncode}): {tail[0]}")
-    return result.stdout + result.stderr
-
-
 def read_log_rows(dump: Path) -> tuple[list[dict], list[dict]]:
     """The training rows (step, loss, grad_norm) and validation rows of a run's log."""
     from boost_titan.runtime.run_log import read_log
@@ -345,7 +301,7 @@ def _seed_checkpoint(out: Path, common: list[str], arch: str, seed: int, config:
         ]
         if arch:
             args += ["--boost.arch", arch]
-        torchrun_train(1, folder, args, config)
+        train(1, config, folder, args)
     return folder / "checkpoint" / "step-0"
 
 
@@ -405,8 +361,8 @@ def run(ns: argparse.Namespace, extra: list[str]) -> Comparison:
                 str(ns.validation_batch // layout.dp),
             ]
             print(f"{name}: {layout.nproc} processes -> {dump}", flush=True)
-            output = torchrun_train(
-                layout.nproc, dump, [*common, *load, *layout.args, *arch, *batch], ns.config
+            output = train(
+                layout.nproc, ns.config, dump, [*common, *load, *layout.args, *arch, *batch]
             )
             (dump / "train.log").write_text(output)
         rows[name], validations[name] = read_log_rows(dump)
@@ -436,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         default=8,
         help="held-out windows per validation step, over all data-parallel ranks",
     )
-    parser.add_argument("--config", default=str(ROOT / "train_configs" / "debug.toml"))
+    parser.add_argument("--config", default="train_configs/debug.toml")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |loss difference|")
     parser.add_argument(
         "--grad-norm-tolerance",

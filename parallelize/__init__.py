@@ -8,13 +8,14 @@ Describe where a model keeps its modules with a `ModelLayout`, build a plan
 one step with an unsharded copy). `plan_table` prints what a plan does to each module.
 
 Modules: `plans` (layouts, plan builders, apply), `styles` (single-module styles),
-`groups` (a pre-norm and the consumers it feeds, as one unit), `usage` (first-forward
+`groups` (a pre-norm and the consumers it feeds, as one unit), `group_check` (first-forward
 check of how the model uses a group's output), `verify`, `describe`, `norms` (sharded
 RMSNorms, online and sync), `comm` (autograd-aware collectives), `lowrank_ac` (low-rank
 activation checkpointing), `compile_cache` (compile cache keys that name the rank),
 `float8` (which per-rank GEMMs of an applied plan run in float8: `apply_float8`), `debug`
 (`record_collectives`: every collective a piece of code issues, checked against torch's
 `CommDebugMode`). Hugging Face models (transformers imported lazily): `hf` (`hf_layout`),
+`hf_guards` (one-line errors for what a sharded HF model cannot do),
 `low_rank` (`to_low_rank`: down/up pairs with SVD init), `hf_checkpoint` (`save_hf` /
 `load_hf` as a HF folder, `save_sharded` / `load_sharded` with DCP). Processes and files:
 `safe_load` (a DCP checkpoint's pickles through one allowlist: loading never runs code from

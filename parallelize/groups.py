@@ -28,7 +28,7 @@ each consumer runs its own. Their input grads are partial and the group all-redu
 norm output's grad once, overlapped with the weight-grad GEMMs when grouped.
 
 Both rely on the group's output reaching only the listed consumers and, when deferred, on
-each latent reaching only its up. `usage.BlockCheck` verifies that on the autograd graph
+each latent reaching only its up. `group_check.BlockCheck` verifies that on the autograd graph
 of each block's first training forward (eager mode) and raises a one-line `PlanError`.
 """
 
@@ -46,7 +46,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from boost_titan.kernels.float8 import Float8
 
-from . import comm, usage
+from . import comm, group_check
 from .norms import online_rmsnorm_down, sync_rmsnorm
 from .styles import (
     Collective,
@@ -181,7 +181,7 @@ class GroupInstance:
     """The current forward call's: the linears that leave their input grads partial
     leave their weight-grad GEMMs to the group's backward all-reduce too, which runs
     behind them (eager mode; compiled forwards reduce without it)."""
-    record: usage.GroupRecord | None = None
+    record: group_check.GroupRecord | None = None
 
     @classmethod
     def resolve(
@@ -264,7 +264,7 @@ class GroupInstance:
         """Consumer `index`'s columns of the group output `x`: its part when `x` is the
         output it was split from (once), else a narrow view (compiled forwards)."""
         part = self.parts[index] if index < len(self.parts) else None
-        if part is None or self.owner is None or not usage.same_data(x, self.owner):
+        if part is None or self.owner is None or not group_check.same_data(x, self.owner):
             start, width = self.spans[index]
             return x.narrow(-1, start, width)
         self.parts[index] = None
@@ -301,12 +301,12 @@ class GroupInstance:
         if self.record is None or torch.compiler.is_compiling():
             return
         output = self.record.output
-        if output is None or not usage.same_data(x, output):
+        if output is None or not group_check.same_data(x, output):
             raise PlanError(
                 f"{self.consumer_fqns[index]} is listed as reading {self.norm_fqn}'s output "
                 "but was called with another tensor; fix ModelLayout.shared_inputs"
             )
-        self.record.firsts[index] = usage.nodes_between(y, output)
+        self.record.firsts[index] = group_check.nodes_between(y, output)
         self.record.latents[index] = y.grad_fn
 
     def record_up(self, index: int, h: torch.Tensor, y: torch.Tensor) -> None:
@@ -471,7 +471,7 @@ class BottleneckGroupNorm(_GroupNorm):
         )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        usage.watch(self._instance())
+        group_check.watch(self._instance())
         return super()._apply(module, device_mesh)
 
     def _local_forward(self, module, group, x):
@@ -590,7 +590,7 @@ class ReplicatedGroupNorm(_GroupNorm):
         tp = device_mesh.size()
         full = [f.out_features for f in instance.firsts]
         instance.spans = _spans(full if self.gather_latents else [w // tp for w in full])
-        usage.watch(instance)
+        group_check.watch(instance)
         return super()._apply(module, device_mesh)
 
     def _local_forward(self, module, group, x):

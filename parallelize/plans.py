@@ -60,6 +60,7 @@ from .groups import (
     NormGroup,
     ReplicatedGroupNorm,
 )
+from .hf_guards import guard_sharded_hf_model
 from .styles import (
     ColumnParallel,
     HeadNorm,
@@ -70,6 +71,7 @@ from .styles import (
     ShardedRMSNorm,
     TPStyle,
 )
+from .verify import verify_plan
 
 Plan = dict[str, ParallelStyle]
 """A TP plan: FQN pattern (may use `*`) -> the ParallelStyle of the modules it matches."""
@@ -548,13 +550,9 @@ def apply_plan(
         r.style.overlap_chunks = overlap_chunks
         parallelize_module(r.module, mesh, r.style, src_data_rank=src_data_rank)
     key_compile_caches_by_rank(mesh)
-    from .hf import guard_sharded_hf_model
-
     heads = [r.fqn for r in resolved if getattr(r.style, "output_dtensor", False)]
     guard_sharded_hf_model(model, heads[0] if heads else None)
     if reference is not None:
-        from .verify import verify_plan
-
         verify_plan(model, reference)
     return model
 

@@ -34,6 +34,16 @@ COPIED = (
     "boost_titan/runtime/launch.py",
 )
 
+RUN_STEP = (
+    "import argparse, sys\n"
+    "from boost_titan.bench.measure import step\n"
+    "parser = argparse.ArgumentParser(prog='bench step')\n"
+    "step.add_args(parser)\n"
+    "ns, trainer_args = parser.parse_known_args()\n"
+    "sys.exit(step.run(ns, trainer_args))\n"
+)
+"""`bench step` without the bench CLI, which the older commit may lack."""
+
 
 def _worktree(commit: str, where: Path) -> Path:
     tree = where / "tree"
@@ -44,6 +54,9 @@ def _worktree(commit: str, where: Path) -> Path:
     )
     for name in COPIED:
         shutil.copy(ROOT / name, tree / name)
+    for older, now in (("train.py", "runtime/entry.py"), ("check.py", "config/preflight.py")):
+        if not (tree / "boost_titan" / now).exists():  # before the library left the command
+            shutil.copy(tree / "boost_titan" / older, tree / "boost_titan" / now)
     for package in ("parallelize", "kernels"):
         (tree / "boost_titan" / package).symlink_to(tree / package)
     return tree
@@ -52,7 +65,7 @@ def _worktree(commit: str, where: Path) -> Path:
 def _measure(tree: Path, bench_args: list[str]) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         env = dict(os.environ, PYTHONPATH=str(tree))
-        command = [sys.executable, "-m", "boost_titan.bench.measure.step", "--json", out.name]
+        command = [sys.executable, "-c", RUN_STEP, "--json", out.name]
         result = subprocess.run(
             [*command, *bench_args], cwd=tree, env=env, capture_output=True, text=True
         )

@@ -22,10 +22,15 @@ import sys
 import time
 from pathlib import Path
 
+from boost_titan.runtime.launch import torchrun_command
+
 ROOT = Path(__file__).resolve().parent.parent
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-TORCHRUN += ["--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0"]
 ABORTS = ("terminate called", "SIGABRT", "exitcode  : -6")
+
+
+def _torchrun(module: str, *args: str) -> list[str]:
+    """`python -m module *args` on 2 processes, every rank's output kept."""
+    return torchrun_command(2, module, args, rank0_only=False)
 
 
 def commands(run: Path) -> dict[str, list[str]]:
@@ -44,9 +49,7 @@ def commands(run: Path) -> dict[str, list[str]]:
             "--validation.no_enable",
             "--metrics.no_enable_tensorboard",
         ],
-        "eval (TP 2)": [
-            *TORCHRUN,
-            "-m",
+        "eval (TP 2)": _torchrun(
             "boost_titan.eval",
             "--checkpoint",
             str(run / "dump" / "checkpoint" / "step-2"),
@@ -58,7 +61,7 @@ def commands(run: Path) -> dict[str, list[str]]:
             "2",
             "--seq-len",
             "64",
-        ],
+        ),
         "bench cpu": [
             sys.executable,
             "-m",
@@ -74,8 +77,8 @@ def commands(run: Path) -> dict[str, list[str]]:
             "compile",
             *"--strategy btp --ac none --tp 2 --repeats 1".split(),
         ],
-        "examples.own_model": [*TORCHRUN, "-m", "boost_titan.examples.own_model"],
-        "examples.hf_llama": [*TORCHRUN, "-m", "boost_titan.examples.hf_llama"],
+        "examples.own_model": _torchrun("boost_titan.examples.own_model"),
+        "examples.hf_llama": _torchrun("boost_titan.examples.hf_llama"),
     }
 
 

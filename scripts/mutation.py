@@ -277,13 +277,13 @@ MUTANTS = [
     ),
     # ---- the first-forward check and low-rank AC ---------------------------------------
     M(
-        "parallelize/usage.py",
+        "parallelize/group_check.py",
         "        if output is not None and others:",
         "        if False:",
         "unlisted reader of a norm output not detected",
     ),
     M(
-        "parallelize/usage.py",
+        "parallelize/group_check.py",
         "                if node in bypass:",
         "                if False:",
         "latent leaking past its up not detected",

@@ -129,13 +129,16 @@ def trace_table() -> str:
 def lowrank_ac_table() -> str:
     """The TP1 / TP4 table of `python -m boost_titan.activation_memory --flavor 1B
     --seq-len 2048 [--tp 4]`, and what the low-rank recompute contains."""
-    from boost_titan.activation_memory import MODES, measure_layer
+    from boost_titan.bench.measure.activations import measure_layer
     from boost_titan.boost_llama import flavor_args
+    from boost_titan.config import AC_MODES
     from boost_titan.perf import step_model
     from boost_titan.perf.layout import TrainingLayout
 
     args = flavor_args(AC_FLAVOR, arch="cola")
-    runs = {tp: {m: measure_layer(args, m, seq_len=AC_SEQ, tp=tp) for m in MODES} for tp in AC_TPS}
+    runs = {
+        tp: {m: measure_layer(args, m, seq_len=AC_SEQ, tp=tp) for m in AC_MODES} for tp in AC_TPS
+    }
     names = {
         "none": "none",
         "full": "TorchTitan `full`",
@@ -148,7 +151,7 @@ def lowrank_ac_table() -> str:
         header += [f"{label}: MiB/layer", "vs none", "recompute GFLOP"]
     header.append(f"TP{max(AC_TPS)} backward collectives")
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for mode in MODES:
+    for mode in AC_MODES:
         cells = [names[mode]]
         for tp in AC_TPS:
             m, none = runs[tp][mode], runs[tp]["none"]
@@ -210,9 +213,9 @@ TABLES: dict[str, Table] = {
         f"python -m boost_titan.bench precision --config {DEFAULT_CONFIGS}",
         bench_output("precision", "--config", DEFAULT_CONFIGS, fenced=False),
     ),
-    "hf-refusals": Table(  # the render function lives in boost_titan.parallelize.hf_refusals
-        "python -m boost_titan.parallelize.hf_refusals",
-        lambda: __import__("boost_titan.parallelize.hf_refusals", fromlist=["_"]).refusal_table(),
+    "hf-refusals": Table(  # the render function lives in boost_titan.hf_refusals
+        "python -m boost_titan.hf_refusals",
+        lambda: __import__("boost_titan.hf_refusals", fromlist=["_"]).refusal_table(),
     ),
     "memory-check": Table(  # render function: boost_titan.bench.measure.memtrack (minutes)
         "python -m boost_titan.bench memory --check",

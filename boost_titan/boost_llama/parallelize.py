@@ -1,12 +1,14 @@
 """The TrainSpec's parallelize function: TP plan -> activation checkpointing -> compile ->
 FSDP2 / DDP, in TorchTitan's order, configured from the job's TOML (as TorchTitan's
-`models/llama3/infra/parallelize.py`)."""
+`models/llama3/infra/parallelize.py`). `apply_ac_mode` applies the same activation
+checkpointing by mode name, for the measurements (`activation_memory`, `bench memory`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torchtitan.config.job_config import ActivationCheckpoint
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.llama3.infra.parallelize import (
@@ -15,11 +17,13 @@ from torchtitan.models.llama3.infra.parallelize import (
 )
 from torchtitan.tools.logging import logger
 
+from boost_titan.config import AC_MODES
+from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan, key_compile_caches_by_rank
 from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, compilable_full_ac
 
 from .data_parallel import apply_data_parallel
-from .float8 import apply_job_float8
+from .job_float8 import apply_job_float8
 from .strategies import build_plan, resolve_strategy
 
 # selective AC keeps collectives' outputs, so recomputation never replays a collective
@@ -52,23 +56,14 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
     apply_job_float8(model, job_config)  # on the plan's per-rank GEMMs, before AC and compile
 
     compile_model = job_config.compile.enable and "model" in job_config.compile.components
-    ac = job_config.activation_checkpoint
-    if ac.mode != "none":
-        apply_ac(
-            model,
-            ac,
-            model_compile_enabled=compile_model,
-            op_sac_save_list=_SAC_SAVE,
-            base_folder=job_config.job.dump_folder,
-        )
-        whole_blocks = ac.mode == "full" or ac.selective_ac_option != "op"  # full or by layer
-        if compile_model and parallel_dims.tp_enabled and whole_blocks:
-            for block in model.layers.values():
-                if isinstance(block, CheckpointWrapper):
-                    compilable_full_ac(block)
-    elif boost.lowrank_ac:
-        apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=parallel_dims.tp)
-        logger.info("Applied low-rank activation checkpointing to the model")
+    apply_checkpointing(
+        model,
+        job_config.activation_checkpoint,
+        lowrank=boost.lowrank_ac,
+        tp_degree=parallel_dims.tp,
+        compile_model=compile_model,
+        base_folder=job_config.job.dump_folder,
+    )
     if job_config.compile.enable:  # TorchTitan compiles the loss too (`compile.components`)
         key_compile_caches_by_rank(*parallel_dims.get_all_one_dimensional_meshes().values())
     if compile_model:
@@ -76,3 +71,44 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
 
     apply_data_parallel(model, parallel_dims, job_config, compile_model)
     return model
+
+
+def apply_checkpointing(
+    model: nn.Module,
+    ac: ActivationCheckpoint,
+    *,
+    lowrank: bool,
+    tp_degree: int,
+    compile_model: bool = False,
+    base_folder: str = "",
+) -> None:
+    """TorchTitan's AC for `ac.mode` != "none" (op-level selective AC saves `_SAC_SAVE`),
+    else BOOST's low-rank AC when `lowrank`; blocks checkpointed whole stay compilable
+    under TP."""
+    if ac.mode != "none":
+        apply_ac(
+            model,
+            ac,
+            model_compile_enabled=compile_model,
+            op_sac_save_list=_SAC_SAVE,
+            base_folder=base_folder,
+        )
+        whole_blocks = ac.mode == "full" or ac.selective_ac_option != "op"  # full or by layer
+        if compile_model and tp_degree > 1 and whole_blocks:
+            for block in model.layers.values():
+                if isinstance(block, CheckpointWrapper):
+                    compilable_full_ac(block)
+    elif lowrank:
+        apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=tp_degree)
+        logger.info("Applied low-rank activation checkpointing to the model")
+
+
+def apply_ac_mode(model: nn.Module, mode: str, *, tp_degree: int) -> None:
+    """Wrap `model.layers` as the trainer would for `mode` (one of AC_MODES; selective is
+    op-level, saving `_SAC_SAVE`, which includes the CPU flash-attention op, so attention
+    is saved as it is on GPU)."""
+    if mode not in AC_MODES:
+        raise ConfigError(f"unknown AC mode {mode!r}; choose one of {', '.join(AC_MODES)}")
+    lowrank = mode == "lowrank"
+    config = ActivationCheckpoint(mode="none" if lowrank else mode, selective_ac_option="op")
+    apply_checkpointing(model, config, lowrank=lowrank, tp_degree=tp_degree)

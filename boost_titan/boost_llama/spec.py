@@ -18,11 +18,11 @@ from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 from boost_titan.config import DATA_ORDERS, OVERLAP_CHUNKS, RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
-from boost_titan.data.validation import validation_data
-from boost_titan.runtime.validator import BoostValidator
+from boost_titan.data.held_out import validation_data
+from boost_titan.runtime.held_out_loss import BoostValidator
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
-from .float8 import install_converter, validate_float8
+from .job_float8 import install_converter, validate_float8
 from .model import BoostTransformer
 from .parallelize import parallelize_boost
 from .shapes import flavor_shape, param_count

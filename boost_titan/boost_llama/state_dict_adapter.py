@@ -9,9 +9,7 @@ the weights.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Any
 
 from torch.distributed.checkpoint import HuggingFaceStorageReader
@@ -21,7 +19,14 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import is_complete_checkpoint
 
 from .args import BoostModelArgs
-from .export_format import CONFIG, WEIGHTS, args_of, first_shape_mismatch, model_shapes
+from .export_format import (
+    CONFIG,
+    WEIGHTS,
+    first_shape_mismatch,
+    model_fields,
+    model_shapes,
+    read_config,
+)
 from .shapes import FLAVORS, ModelShape
 
 # ---- loading an export in the trainer ----------------------------------------------------
@@ -34,19 +39,10 @@ _FIX = {
 
 
 def _compared(args: ModelShape) -> dict[str, Any]:
-    fields = {"arch": args.arch}
-    if args.arch == "lax":
-        fields["lax_base"] = args.lax_base
-    fields.update(
-        dim=args.dim,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        n_kv_heads=args.kv_heads,
-        ffn_dim=args.ffn_dim,
-    )
-    if args.low_rank:
-        fields["rank"] = args.effective_rank
-    fields.update(vocab_size=args.vocab_size, norm_eps=args.norm_eps, rope_theta=args.rope_theta)
+    """The `config.json` fields an export must share with the job's model (any
+    max_seq_len serves)."""
+    fields = model_fields(args)
+    del fields["max_seq_len"]
     return fields
 
 
@@ -86,12 +82,7 @@ def check_export(path: str, args: ModelShape, option: str = "checkpoint.initial_
 
     check_export_files(path, option)
     where = f"{option} {path}"
-    try:
-        config = json.loads(Path(path, CONFIG).read_text())
-    except (OSError, ValueError) as e:
-        reason = type(e).__name__
-        raise ConfigError(f"{where}: {CONFIG} is unreadable ({reason}); export again") from None
-    exported = args_of(config if isinstance(config, dict) else {}, source=f"{where}: {CONFIG}")
+    exported = read_config(path, where)
     ours = _compared(args)
     for name, value in _compared(exported).items():
         if ours.get(name) != value:

@@ -1,9 +1,10 @@
 """The job's configuration: the `[boost]` TOML section and its choices (here), the parsing
 of train's arguments into a JobConfig with one-line errors (`cli`), and `ConfigError`
-(`errors`). Importable without torch or torchtitan.
+(`errors`), all importable without torch or torchtitan; and the checks of a whole job
+before any worker starts (`preflight`, behind `python -m boost_titan.check`).
 
 The section is merged into TorchTitan's JobConfig, loaded through
-`--job.custom_config_module boost_titan.config`, which `boost_titan.train` adds by itself.
+`--job.custom_config_module boost_titan.config`, which `boost_titan.runtime.entry` adds itself.
 TorchTitan requires the module to define a dataclass named `JobConfig` whose fields are the
 new sections.
 """
@@ -16,6 +17,9 @@ from boost_titan.config.errors import ConfigError
 ARCHS = ("fullrank", "svd", "cola", "lax")
 LAX_BASES = ("svd", "cola")
 RMSNORM_MODES = ("online", "sync")
+AC_MODES = ("none", "full", "selective", "lowrank")
+"""Activation checkpointing: none; TorchTitan's full and op-level selective; BOOST's low-rank
+([activation_checkpoint] mode, or [boost] lowrank_ac with mode none)."""
 OVERLAP_CHUNKS = (1, 2, 4)
 """Values of [boost] overlap_chunks."""
 DATA_ORDERS = ("sharded", "global")

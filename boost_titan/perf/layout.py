@@ -2,7 +2,7 @@
 
 The parallel strategy and degrees, the batch shape, the dtypes, recomputation, float8 and
 how kernels are launched; the lists of choices the model prices (`STRATEGIES`,
-`AC_MODES`, `DTYPE_BYTES`).
+`DTYPE_BYTES`; `AC_MODES` is `boost_titan.config`'s).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from boost_titan.boost_llama.strategies import STRATEGIES as REGISTRY
 
 STRATEGIES = tuple(REGISTRY)
-AC_MODES = ("none", "full", "selective", "lowrank")
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32"}
 """TorchTitan's spellings (`training.mixed_precision_param`) of the DTYPE_BYTES names."""

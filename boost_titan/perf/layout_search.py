@@ -443,7 +443,7 @@ def toml_text(result: Result, lay: Candidate) -> str:
     minutes = interval * lay.step_s / 60
     return f"""# {r.flavor} {r.arch} on {r.gpus} x {r.gpu}: the pick of `boost_titan.plan --auto`.
 # Layout: {describe(lay)}.
-# Prediction (bench.model, {r.gpu} profile; not measured): {lay.step_s:.3f} s per step, \
+# Prediction (boost_titan.perf, {r.gpu} profile; not measured): {lay.step_s:.3f} s per step, \
 {lay.tokens_per_gpu_s(r):,.0f} tokens/s per GPU, peak {lay.memory_gib:.1f} GiB per GPU.
 # Assumptions: the model's kernel and link rates for the {r.gpu} profile (docs/performance.md);
 # FSDP2's traffic hidden behind compute up to the step's length; {1 - USABLE:.0%} of the \
@@ -584,7 +584,6 @@ def docs_tables() -> str:
     )
     parts.append(
         "Shipped configs (train_configs/*.toml: the paper's TP x PP) vs planner, A100 "
-        "(a100 profile), global batch 4:\n\n"
-        + _render(header, paper_rows(), markdown=True)
+        "(a100 profile), global batch 4:\n\n" + _render(header, paper_rows(), markdown=True)
     )
     return "\n\n".join(parts)

@@ -1,14 +1,16 @@
 """DCP checkpoints on disk: the `step-N` folders of a run, which are complete, and whether
 one can be read safely (its `.metadata` and every byte item unpickle through the allowlist
 of `boost_titan.parallelize.safe_load`, and every file the metadata names is there and long
-enough). Read by the trainer, `boost_titan.check` and `boost_titan.export`; imports torch
-only to read a checkpoint.
+enough), and `read_tensors` (DCP's load through the same allowlist, one-line errors). Read
+by the trainer, `check`, `export`, `eval` and `generate`; imports torch only to read a
+checkpoint.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from boost_titan.config.errors import ConfigError
@@ -141,6 +143,26 @@ def save_failure(failures: dict, path: str, kept: str | None) -> str:
         f"saving the checkpoint {path} failed on rank {rank} ({reason}); {resume}: free space "
         f"in (or make writable) {os.path.dirname(path)}, then rerun"
     )
+
+
+def read_tensors(state: dict[str, Any], reader: Any, failure: str, no_dist: bool = True) -> None:
+    """`dcp.load` of `state` from the storage `reader`, its pickles through the checkpoint
+    allowlist (`safe_load.guard_dcp`) and its single-process warning silenced; ConfigError
+    `failure` (formatted with the cause's type name) when a file is short or damaged."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from boost_titan.parallelize.safe_load import guard_dcp
+
+    guard_dcp()
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=reader, no_dist=no_dist)
+    except (Exception, CheckpointException) as e:  # DCP wraps a short read in several types
+        failures = getattr(e, "failures", None)
+        cause = next(iter(failures.values()))[0] if failures else e
+        raise ConfigError(failure.format(type(cause).__name__)) from None
 
 
 class AsyncSaveFolder:

@@ -20,7 +20,7 @@
   meeting replaces TorchTitan's 2 s sleep of rank 0 "for other ranks to complete" at the
   end of `train` (its only sleep, skipped here; TorchTitan still logs the line).
 - Rank 0 appends each step's global loss (and each validation's held-out loss,
-  `boost_titan.runtime.validator`) to `<dump_folder>/losses.jsonl` and, at the end, logs
+  `boost_titan.runtime.held_out_loss`) to `<dump_folder>/losses.jsonl` and, at the end, logs
   steps run, tokens/s, first/last loss, the last validation and where outputs went.
 - The first step run measures the activations its forwards keep for backward (peak, on
   each rank; `PeakSavedActivations`); rank 0 logs them after that step and in the summary.
@@ -80,6 +80,7 @@ from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpo
 from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
+from boost_titan.runtime.held_out_loss import owns_loss
 from boost_titan.runtime.nonfinite import (
     NonFiniteGuard,
     RankView,
@@ -93,7 +94,6 @@ from boost_titan.runtime.resume import prepare_to_load
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
 from boost_titan.runtime.stopping import StopRequest, stopped_line
-from boost_titan.runtime.validator import owns_loss
 
 TITAN_CLIP = titan_dist_utils.clip_grad_norm_
 """TorchTitan's own clipping, kept before the trainer points `train_step` at its own."""

@@ -4,12 +4,12 @@ several files share: `two_process_run`."""
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from boost_titan.runtime.launch import train_command
 from tests.helpers import DEBUG_TOML, ROOT
 from tests.helpers.corpus import real_data_args
 
@@ -56,35 +56,22 @@ def two_process_run(tmp_path_factory) -> TrainingRun:
     env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--rdzv_backend",
-            "c10d",
-            "--rdzv_endpoint=localhost:0",
-            "--local-ranks-filter",
-            "0",
-            "--role",
-            "rank",
-            "--tee",
-            "3",
-            "-m",
-            "boost_titan.train",
-            "--job.config_file",
-            str(DEBUG_TOML),
-            "--job.dump_folder",
-            str(folder),
-            "--training.steps",
-            "10",
-            "--metrics.log_freq",
-            "5",
-            "--metrics.disable_color_printing",
-            "--checkpoint.interval",
-            "5",
-            *flags,
-        ],
+        train_command(
+            2,
+            DEBUG_TOML,
+            folder,
+            [
+                "--training.steps",
+                "10",
+                "--metrics.log_freq",
+                "5",
+                "--metrics.disable_color_printing",
+                "--checkpoint.interval",
+                "5",
+                *flags,
+            ],
+            launcher_args=("--role", "rank"),
+        ),
         cwd=ROOT,
         env=env,
         capture_output=True,

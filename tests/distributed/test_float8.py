@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from boost_titan.kernels.float8 import RECIPES, float8_recipe
 from boost_titan.parallelize.float8 import apply_float8
 from tests.helpers.distributed import run_on_ranks
-from tests.helpers.float8 import BATCH, DIM, SEQ, build_model
+from tests.helpers.float8_model import BATCH, DIM, SEQ, build_model
 
 PLANS = {"btp": "cola", "vanilla": "cola", "megatron": "fullrank"}
 OUTPUT_DB = 20.0

@@ -22,7 +22,6 @@ import re
 import resource
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from boost_titan.runtime.checkpoint_files import (
     is_complete_checkpoint,
     latest_checkpoint,
 )
+from boost_titan.runtime.launch import train_command
 from boost_titan.runtime.run_log import read_log
 from boost_titan.runtime.stopping import STOPPED, stopped_line
 from tests.helpers import ROOT
@@ -60,29 +60,9 @@ COMMON = (
 )
 
 
-def _command(dump: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--rdzv_backend=c10d",
-        "--rdzv_endpoint=localhost:0",
-        "--local-ranks-filter",
-        "0",
-        "--tee",
-        "3",
-        *extra,
-        "-m",
-        "boost_titan.train",
-        "--job.config_file",
-        str(ROOT / "train_configs/debug.toml"),
-        "--job.dump_folder",
-        str(dump),
-        "--training.steps",
-        str(steps),
-        *COMMON,
-    ]
+def _command(dump: Path, steps: int) -> list[str]:
+    args = ["--training.steps", str(steps), *COMMON]
+    return train_command(2, ROOT / "train_configs/debug.toml", dump, args)
 
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}

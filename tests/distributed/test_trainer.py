@@ -7,31 +7,16 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 
 from boost_titan.runtime.checkpoint_files import latest_checkpoint
+from boost_titan.runtime.launch import torchrun_command
 from tests.helpers import DEBUG_TOML, ROOT
 
 
 def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--rdzv_backend",
-        "c10d",
-        "--rdzv_endpoint=localhost:0",
-        "--role",
-        "rank",
-        "--local-ranks-filter",
-        "0",
-        "--tee",
-        "3",
-        "-m",
-        "boost_titan.train",
+    job = [
         "--job.config_file",
         str(DEBUG_TOML),
         "--parallelism.tensor_parallel_degree",
@@ -43,6 +28,7 @@ def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
         "4",
         *args,
     ]
+    command = torchrun_command(nproc, "boost_titan.train", job, launcher_args=("--role", "rank"))
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 

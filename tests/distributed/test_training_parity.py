@@ -19,7 +19,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from boost_titan.export import load_model_state
-from boost_titan.loss_compare import torchrun_train
+from boost_titan.boost_llama.export_format import load_model_state
+from boost_titan.runtime.launch import pipeline_args, torchrun_command, train
 from boost_titan.runtime.run_log import read_log
 from tests.helpers import ROOT
 from tests.helpers.checkpoints import bits_equal, checkpoint_weights
@@ -48,7 +47,7 @@ SEQ_LEN = 64
 
 def _torchrun(nproc: int, dump: Path, *args: str) -> str:
     """Run training with the debug config; return its (rank 0) output."""
-    return torchrun_train(nproc, dump, list(args), str(ROOT / "train_configs/debug.toml"), 600)
+    return train(nproc, ROOT / "train_configs/debug.toml", dump, args, timeout=600)
 
 
 def _losses(dump: Path) -> list[float]:
@@ -88,17 +87,6 @@ def _batch(n: int) -> tuple[str, ...]:
     return ("--training.local_batch_size", str(n), "--validation.local_batch_size", str(n))
 
 
-def _pp(schedule: str, microbatch: int) -> tuple[str, ...]:
-    return (
-        "--parallelism.pipeline_parallel_degree",
-        "2",
-        "--parallelism.pipeline_parallel_schedule",
-        schedule,
-        "--parallelism.pipeline_parallel_microbatch_size",
-        str(microbatch),
-    )
-
-
 TP2 = ("--parallelism.tensor_parallel_degree", "2")
 DP2 = ("--parallelism.data_parallel_shard_degree", "2")
 LOWRANK_AC = ("--boost.lowrank_ac",)
@@ -108,15 +96,15 @@ SAVED = r"saved activations: ([0-9.]+) MiB per step on rank 0 \(step 1\)"
 # Global batch 4 everywhere (local batch x DP degree). The debug flavor has 4 layers;
 # with Interleaved1F1B's 2 stages per rank, TorchTitan's default split (embedding and
 # norm + output count as a layer each) leaves the last stage no block at all.
-INTERLEAVED = _pp("Interleaved1F1B", 1)
+INTERLEAVED = pipeline_args("Interleaved1F1B", 1)
 LAYOUTS = {
     "tp2-btp": Layout(2, (*TP2, *_batch(4))),
     "dp2-tp2": Layout(4, (*TP2, *DP2, *_batch(2))),
-    "pp2-tp2": Layout(4, (*TP2, *_pp("1F1B", 2), *_batch(4))),
+    "pp2-tp2": Layout(4, (*TP2, *pipeline_args("1F1B", 2), *_batch(4))),
     "pp2-tp2-interleaved": Layout(4, (*TP2, *INTERLEAVED, *_batch(4))),
-    "dp2-tp2-pp2": Layout(8, (*TP2, *DP2, *_pp("1F1B", 1), *_batch(2))),
-    "lax-pp2-tp2": Layout(4, (*TP2, *_pp("1F1B", 2), *_batch(4)), arch="lax"),
-    "lowrank_ac-pp2-tp2": Layout(4, (*TP2, *_pp("1F1B", 2), *_batch(4), *LOWRANK_AC)),
+    "dp2-tp2-pp2": Layout(8, (*TP2, *DP2, *pipeline_args("1F1B", 1), *_batch(2))),
+    "lax-pp2-tp2": Layout(4, (*TP2, *pipeline_args("1F1B", 2), *_batch(4)), arch="lax"),
+    "lowrank_ac-pp2-tp2": Layout(4, (*TP2, *pipeline_args("1F1B", 2), *_batch(4), *LOWRANK_AC)),
 }
 
 
@@ -306,7 +294,9 @@ RESHARDED = {
     "tp4-btp": Layout(4, ("--parallelism.tensor_parallel_degree", "4", *_batch(4))),
     "tp2-vanilla": Layout(2, (*TP2, "--boost.tp_strategy", "vanilla", *_batch(4))),
     "fsdp2": Layout(2, ("--parallelism.tensor_parallel_degree", "1", *DP2, *_batch(2))),
-    "pp2": Layout(2, ("--parallelism.tensor_parallel_degree", "1", *_pp("1F1B", 2), *_batch(4))),
+    "pp2": Layout(
+        2, ("--parallelism.tensor_parallel_degree", "1", *pipeline_args("1F1B", 2), *_batch(4))
+    ),
 }
 
 
@@ -396,17 +386,7 @@ def test_same_weights_same_validation_loss(resharded_validation, layout):
 
 def _eval_torchrun(nproc: int, *args: str) -> dict:
     """`python -m boost_titan.eval` under torchrun; its JSON result."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d",
-        "--rdzv_endpoint=localhost:0",
-        "-m",
-        "boost_titan.eval",
-        *args,
-    ]
+    cmd = torchrun_command(nproc, "boost_titan.eval", args, rank0_only=False)
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -14,14 +14,13 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from boost_titan.bench.measure.trace import (
+from boost_titan.bench.measure.fake_group import (
     default_dtype,
     fake_tp_mesh,
     layer_input_dim,
     parallel_model,
-    trace_model,
-    without,
 )
+from boost_titan.bench.measure.trace import trace_model, without
 from boost_titan.boost_llama import flavor_args
 from boost_titan.parallelize import comm
 from boost_titan.parallelize.debug import (

@@ -20,21 +20,21 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 from boost_titan import eval as eval_command
 from boost_titan import generate as generate_command
 from boost_titan.boost_llama import BoostTransformer
-from boost_titan.check import check
+from boost_titan.boost_llama.export_format import export
+from boost_titan.boost_llama.load_trained import build, locate
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.preflight import check
 from boost_titan.data import corpus
 from boost_titan.data import tokenizer as tk
-from boost_titan.data.validation import (
+from boost_titan.data.held_out import (
     ValidationBatches,
     build_validation_batches,
     data_at,
     pack_windows,
     validation_data,
 )
-from boost_titan.export import export
+from boost_titan.runtime.held_out_loss import BoostValidator, evaluate
 from boost_titan.runtime.run_log import RunLog, read_log
-from boost_titan.runtime.validator import BoostValidator, evaluate
-from boost_titan.trained import build, locate
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import debug_args, save_checkpoint
 from tests.helpers.commands import assert_one_error, run_module

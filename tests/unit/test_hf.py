@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from boost_titan.bench.measure.trace import fake_tp_mesh
+from boost_titan.bench.measure.fake_group import fake_tp_mesh
+from boost_titan.hf_refusals import refusal_table, refusals
 from boost_titan.parallelize import (
     LowRankLinear,
     PlanError,
@@ -26,7 +27,6 @@ from boost_titan.parallelize import (
     to_low_rank,
 )
 from boost_titan.parallelize.debug import record_collectives
-from boost_titan.parallelize.hf_refusals import refusal_table, refusals
 from boost_titan.parallelize.low_rank import svd_factors
 from tests.helpers import foreign_models as fm
 from tests.helpers import hf_models as hm

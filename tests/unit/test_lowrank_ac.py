@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchtitan.config.job_config import ActivationCheckpoint, Compile, Training
+from torchtitan.config.job_config import ActivationCheckpoint, Compile, Job, Training
 
-from boost_titan.activation_memory import main, measure_layer
+from boost_titan.activation_memory import main
+from boost_titan.bench.measure.activations import measure_layer
 from boost_titan.boost_llama import flavor_args
 from boost_titan.boost_llama.parallelize import parallelize_boost
 from boost_titan.config import Boost
@@ -155,6 +156,7 @@ def test_parallelize_boost_applies_lowrank_ac():
         activation_checkpoint=ActivationCheckpoint(mode="none"),
         compile=Compile(),
         training=Training(mixed_precision_param="float32"),
+        job=Job(),
     )
     dims = types.SimpleNamespace(
         tp_enabled=False, fsdp_enabled=False, dp_replicate_enabled=False, tp=1

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from boost_titan.bench.__main__ import main
-from boost_titan.bench.measure.trace import fake_tp_mesh
+from boost_titan.bench.measure.fake_group import fake_tp_mesh
 from boost_titan.boost_llama.layers import apply_rope, rope_table
 from boost_titan.boost_llama.shapes import ModelShape, param_count
 from boost_titan.config.errors import ConfigError

@@ -1,15 +1,15 @@
 """Peak memory of one training step as torch's `MemTracker` counts it, on the real model.
 
-One CPU process plays rank 0 of a TP group (a fake process group of world size tp, as
-`bench trace`) and, with `fake=True`, FakeTensorMode holds no real memory, so a 13B stage
-at TP4 and seq 4096 costs seconds. The model is built as the trainer builds it: fp32
-weights, the real TP plan (`apply_plan`), the AC mode, then TorchTitan's `apply_fsdp` with
-bf16 parameters and fp32 reductions on a 1-rank "fsdp" mesh dim, never resharding, with the
-product's accumulation switches before every backward (`boost_llama.data_parallel`,
-`runtime.accumulation`), and a fused AdamW. A pipeline stage is the model with its stage's
-blocks (TorchTitan's split, `memory.stage_layers`) and without the parts other stages
-hold; it runs 1F1B's order for its micro-batches (a stage s of pp keeps pp - s of them in
-flight).
+One CPU process plays rank 0 of a TP group (a fake process group of world size tp,
+`fake_group`, as in `bench trace`) and, with `fake=True`, FakeTensorMode holds no real
+memory, so a 13B stage at TP4 and seq 4096 costs seconds. The model is built as the trainer
+builds it: fp32 weights, the real TP plan (`apply_plan`), the AC mode, then TorchTitan's
+`apply_fsdp` with bf16 parameters and fp32 reductions on a 1-rank "fsdp" mesh dim, never
+resharding, with the product's accumulation switches before every backward
+(`boost_llama.data_parallel`, `runtime.accumulation`), and a fused AdamW. A pipeline stage
+is the model with its stage's blocks (TorchTitan's split, `memory.stage_layers`) and without
+the parts other stages hold; it runs 1F1B's order for its micro-batches (a stage s of pp
+keeps pp - s of them in flight).
 
 The tracked step is the second one (AdamW's state exists; fused AdamW updates in place, so
 its step allocates nothing more): forward, loss (sum cross-entropy, loss-parallel under
@@ -23,11 +23,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -35,10 +33,10 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor.parallel import loss_parallel
 
 from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
+from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.perf import memory, step_model
-from boost_titan.perf.layout import AC_MODES, TrainingLayout
+from boost_titan.perf.layout import TrainingLayout
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 
 _TOTAL = "Total"
@@ -68,30 +66,15 @@ class Tracked:
     seconds: float
 
 
-@contextlib.contextmanager
-def _fake_mesh(tp: int) -> Iterator:
-    """A (fsdp = 1, tp) CPU mesh over a fake process group; this process is rank 0."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise ConfigError("the memory tracker needs its own fake process group; run it alone")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
-    try:
-        yield init_device_mesh("cpu", (1, tp), mesh_dim_names=("fsdp", "tp"))
-    finally:
-        end_process_groups(finished=False)
-
-
 def _apply_ac(model: nn.Module, ac: str, tp: int) -> None:
     """The trainer's AC for the model's `ac` (selective: every 2nd block, `job.AC`)."""
     from torchtitan.config.job_config import ActivationCheckpoint
-    from torchtitan.distributed.activation_checkpoint import apply_ac
 
-    from boost_titan.activation_memory import apply_ac_mode
+    from boost_titan.boost_llama.parallelize import apply_ac_mode, apply_checkpointing
 
     if ac == "selective":
-        apply_ac(model, ActivationCheckpoint(mode="selective", selective_ac_option="2"))
+        every_2nd = ActivationCheckpoint(mode="selective", selective_ac_option="2")
+        apply_checkpointing(model, every_2nd, lowrank=False, tp_degree=tp)
     else:
         apply_ac_mode(model, ac, tp_degree=tp)
 
@@ -129,9 +112,12 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
     """MemTracker's peak of one training step of pipeline stage `stage` on TP rank 0."""
     from torchtitan.models.llama3.infra.parallelize import apply_fsdp
 
-    from boost_titan.bench.measure.trace import default_dtype, fused_rms_norm_saves
-    from boost_titan.boost_llama.strategies import build_plan
-    from boost_titan.parallelize import apply_plan
+    from boost_titan.bench.measure.fake_group import (
+        default_dtype,
+        fake_tp_mesh,
+        fused_rms_norm_saves,
+        shard,
+    )
 
     step_model.check(args, plan)
     if plan.dtype != "bf16" or not plan.master_weights or plan.float8:
@@ -140,17 +126,17 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
     last = stage == plan.pp - 1
     width = args.dim // plan.tp if plan.strategy == "btp" else args.dim
     tensors = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    with _fake_mesh(plan.tp) as mesh, tensors, fused_rms_norm_saves():
+    with fake_tp_mesh(plan.tp, fsdp_dim=True) as mesh, tensors, fused_rms_norm_saves():
         with default_dtype(torch.float32):
             model = _stage_model(args, plan, stage)
             if plan.tp > 1:
-                tp_plan = build_plan(
+                shard(
+                    model,
+                    mesh["tp"],
                     plan.strategy,
-                    model.args,
                     rmsnorm=plan.rmsnorm,
                     group_linears=plan.group_linears,
                 )
-                apply_plan(model, mesh["tp"], tp_plan, src_data_rank=None)
             _apply_ac(model, plan.ac, plan.tp)
             with _real_meshes(fake):
                 apply_fsdp(

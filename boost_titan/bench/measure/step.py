@@ -3,7 +3,7 @@
     python -m boost_titan.bench step --nproc N [--steps S] [--warmup W] [--json PATH|-] \\
         --job.config_file X.toml [--section.key value ...]
 
-The job is validated first (`boost_titan.check`: one `error:` line, before any worker
+The job is validated first (`config.preflight`, as `check`: one `error:` line, before any worker
 starts), then trained for W + S + 1 steps by `bench.measure.step_worker` under torchrun,
 into a temporary folder with checkpointing, validation and TensorBoard off. The S steps
 after the warm-up are timed (median, min, max); the last step is profiled. Reported:
@@ -64,7 +64,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _validate(ns: argparse.Namespace, trainer_args: list[str]) -> str:
     """The `check` summary of the job as measured, or ConfigError."""
-    from boost_titan.check import NothingToTrain, check
+    from boost_titan.config.preflight import NothingToTrain, check
 
     if ns.nproc < 1 or ns.steps < 1 or ns.warmup < 1:
         raise ConfigError("--nproc, --steps and --warmup must be >= 1")
@@ -181,24 +181,4 @@ def run(ns: argparse.Namespace, trainer_args: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m boost_titan.bench.measure.step ...`: `bench step` without the bench CLI
-    (scripts/compare_step.py runs it in an older checkout)."""
-    import sys
-
-    from boost_titan.config.cli import OneLineParser
-
-    parser = OneLineParser(prog="python -m boost_titan.bench.measure.step")
-    add_args(parser)
-    ns, trainer_args = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return run(ns, trainer_args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-__all__ = ["add_args", "format_report", "main", "measure", "run"]
+__all__ = ["add_args", "format_report", "measure", "run"]

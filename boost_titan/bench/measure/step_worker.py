@@ -2,12 +2,13 @@
 
     torchrun ... -m boost_titan.bench.measure.step_worker --job.config_file X.toml [...]
 
-Runs `boost_titan.train` with `ProbedTrainer`: every step is timed (the device synchronised
-at both ends) and so is each micro-batch's forward + loss + backward on the host (no
-synchronisation: on a GPU, the time the host takes to issue it); the steps after the first
-`BOOST_TITAN_STEP_WARMUP` and before the last are the timed ones; the last step runs under
-torch.profiler (`bench.measure.step_trace` reads the trace). Rank 0 writes the report to
-the JSON file `BOOST_TITAN_STEP_REPORT` (and the trace to `BOOST_TITAN_STEP_TRACE`, if set).
+Runs the training worker (`boost_titan.runtime.entry`) with `ProbedTrainer`: every step is
+timed (the device synchronised at both ends) and so is each micro-batch's forward + loss +
+backward on the host (no synchronisation: on a GPU, the time the host takes to issue it);
+the steps after the first `BOOST_TITAN_STEP_WARMUP` and before the last are the timed ones;
+the last step runs under torch.profiler (`bench.measure.step_trace` reads the trace). Rank 0
+writes the report to the JSON file `BOOST_TITAN_STEP_REPORT` (and the trace to
+`BOOST_TITAN_STEP_TRACE`, if set).
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ import tempfile
 import time
 
 # isort: off
-from boost_titan import train  # before torchtitan: the [boost] section, CPU set-up, TrainSpec
+from boost_titan.runtime import entry  # before torchtitan: [boost] section, CPU, TrainSpec
+
+try:
+    from boost_titan.parallelize.teardown import run_to_end
+except ImportError:  # an earlier commit (scripts/compare_step.py): no orderly end to call
+    run_to_end = None
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -143,15 +149,15 @@ class ProbedTrainer(BoostTrainer):
 
 
 def _run() -> None:
-    if "trainer_cls" in inspect.signature(train.run).parameters:
-        train.run(ProbedTrainer)
+    if "trainer_cls" in inspect.signature(entry.run).parameters:
+        entry.run(ProbedTrainer)
     else:  # a checkout from before `run` took the trainer (scripts/compare_step.py)
-        train.BoostTrainer = ProbedTrainer
-        train.run()
+        entry.BoostTrainer = ProbedTrainer
+        entry.run()
 
 
 if __name__ == "__main__":
-    if hasattr(train, "run_to_end"):
-        train.run_to_end(_run)  # the worker's orderly end, as `boost_titan.train`'s
+    if run_to_end is not None:
+        run_to_end(_run)  # the worker's orderly end, as `boost_titan.train`'s
     else:
         _run()

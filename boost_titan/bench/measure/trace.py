@@ -1,12 +1,13 @@
 """Measure what `perf.step_model` predicts by running the real model under the real TP plan.
 
-One CPU process plays rank 0 of a TP group: a fake process group of world size tp (its
-collectives return garbage of the right shape) and FakeTensorMode (no real memory) let a
-30B block at TP8 and seq 4096 run forward and backward in about a second. Per block:
+One CPU process plays rank 0 of a TP group (`fake_group`): a fake process group of world
+size tp (its collectives return garbage of the right shape) and FakeTensorMode (no real
+memory) let a 30B block at TP8 and seq 4096 run forward and backward in about a second. Per
+block:
 `record_collectives` (recorder + CommDebugMode) records every collective, `FlopCounterMode`
 counts FLOPs on the local tensors our styles compute on, and saved-tensor hooks add up
 the activations kept for backward, with F.rms_norm saving what CUDA's fused kernel saves
-(`fused_rms_norm_saves`). A one-block model with loss-parallel cross-entropy
+(`fake_group.fused_rms_norm_saves`). A one-block model with loss-parallel cross-entropy
 gives the model-level collectives (its calls minus the block's) and, with the block's
 parameters, params_per_rank.
 """
@@ -24,35 +25,36 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils.flop_counter import (
     FlopCounterMode,
     flop_registry,
     register_flop_formula,
 )
 
+from boost_titan.bench.measure.fake_group import (
+    DTYPES,
+    default_dtype,
+    fake_tp_mesh,
+    fused_rms_norm_saves,
+    layer_input_dim,
+    parallel_model,
+)
 from boost_titan.bench.measure.flops import CPU_SDPA_FLOPS
 from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
-from boost_titan.boost_llama.strategies import build_plan
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize import apply_plan
 from boost_titan.parallelize.debug import (
     CollectiveCall,
     CollectiveLog,
     record_collectives,
 )
-from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.perf import predict, step_model
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.records import LayerRecord, PerfRecord, layout_fields
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 FLOP_TOLERANCE = 0.01
 ACTIVATION_TOLERANCE = 0.05
 """Largest relative gap between the traced and the modelled activation bytes (issue 13:
@@ -67,94 +69,7 @@ def register_cpu_sdpa_flops() -> None:
             register_flop_formula(op)(formula)
 
 
-@contextmanager
-def fake_tp_mesh(tp: int) -> Iterator[DeviceMesh]:
-    """A 1-D CPU mesh over a fake process group of `tp` ranks; this process is rank 0."""
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
-    try:
-        yield init_device_mesh("cpu", (tp,))
-    finally:
-        end_process_groups(finished=False)
-
-
-@contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Build modules in `dtype` (`Module.to` does not work under FakeTensorMode)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def parallel_model(
-    args: BoostModelArgs,
-    strategy: str,
-    mesh: DeviceMesh,
-    rmsnorm: str = "online",
-    group_linears: bool = True,
-) -> BoostTransformer:
-    """`args`' model with the real TP plan of `strategy` applied (no broadcast of weights:
-    a fake process group has none to give)."""
-    model = BoostTransformer(args)
-    plan = build_plan(strategy, args, rmsnorm=rmsnorm, group_linears=group_linears)
-    return apply_plan(model, mesh, plan, src_data_rank=None)
-
-
-def layer_input_dim(args: BoostModelArgs, strategy: str, tp: int) -> int:
-    """The residual width a block sees on one rank: BTP keeps it sharded."""
-    return args.dim // tp if strategy == "btp" else args.dim
-
-
 # ---- measurement -------------------------------------------------------------------------
-class _FusedRMSNorm(torch.autograd.Function):
-    """`F.rms_norm` over the last dim with the saved tensors of CUDA's `_fused_rms_norm`
-    (its derivative keeps the input, the weight and the fp32 rstd [.., 1]). On CPU,
-    `rms_norm` decomposes into fp32 ops whose autograd keeps two fp32 copies of the input
-    (the upcast for the square, the normalised product for the weight): twice the bytes
-    of a bf16 input, which no GPU run holds."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        out = (xf * rstd).to(x.dtype)
-        out = out * weight if weight is not None else out
-        ctx.save_for_backward(x, weight, rstd)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight, rstd = ctx.saved_tensors
-        xhat, g = x.to(rstd.dtype) * rstd, grad.to(rstd.dtype)
-        gw = g * weight.to(rstd.dtype) if weight is not None else g
-        dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
-        dw = None
-        if weight is not None:
-            dw = (g * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
-        return dx.to(x.dtype), dw, None
-
-
-@contextmanager
-def fused_rms_norm_saves() -> Iterator[None]:
-    """Route `F.rms_norm` over one (last) dim of plain tensors through `_FusedRMSNorm`,
-    so that saved-tensor measurements on CPU count what a GPU run keeps."""
-    original = F.rms_norm
-
-    def rms_norm(x, normalized_shape, weight=None, eps=None):
-        plain = not isinstance(x, DTensor) and not isinstance(weight, DTensor)
-        if not plain or len(normalized_shape) != 1 or normalized_shape[0] != x.shape[-1]:
-            return original(x, normalized_shape, weight, eps)
-        return _FusedRMSNorm.apply(x, weight, torch.finfo(x.dtype).eps if eps is None else eps)
-
-    F.rms_norm = rms_norm
-    try:
-        yield
-    finally:
-        F.rms_norm = original
-
-
 @dataclass
 class LayerTrace:
     """One block, forward and backward, on one rank."""

@@ -8,7 +8,7 @@ token-weighted mean.
 `BoostValidator` is the TrainSpec's `build_validator_fn` (a TorchTitan
 `BaseValidator`), built by TorchTitan's Trainer when `[validation] enable` is set. Where
 TorchTitan's `Validator` would not fit our runs it differs:
-- the data are fixed `ValidationBatches` (`boost_titan.data.validation`): every validation
+- the data are fixed `ValidationBatches` (`boost_titan.data.held_out`): every validation
   scores the same windows (TorchTitan's dataset continues where the previous validation
   stopped, and with `steps = -1` has nothing left for the second), every DP rank runs the
   same number of batches (no hang), and the default corpus's held-out split replaces the
@@ -45,7 +45,7 @@ from torchtitan.components.validate import BaseValidator
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
-from boost_titan.data.validation import (
+from boost_titan.data.held_out import (
     Batch,
     ValidationBatches,
     build_validation_batches,

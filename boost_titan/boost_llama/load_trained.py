@@ -3,7 +3,7 @@
 
 `locate` tells the two kinds of folder apart and finds the model's args: an export's
 `config.json` (checked against its weights), or a DCP checkpoint's tensor shapes plus the
-flags shapes cannot tell (`boost_titan.export.infer_args`: `--arch`, `--lax-base`, ...).
+flags shapes cannot tell (`boost_llama.export_format.infer_args`: `--arch`, `--lax-base`, ...).
 `build` makes the model on the meta device, applies a TP plan when given a mesh,
 materialises it and reads the weights with DCP (the checkpoint's `FileSystemReader` or the
 export's `HuggingFaceStorageReader`), so each rank reads only its shards; a DCP folder's
@@ -16,16 +16,12 @@ pickles are read through the checkpoint allowlist (`boost_titan.parallelize.safe
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader, HuggingFaceStorageReader
 from torch.distributed.checkpoint.state_dict import (
@@ -36,20 +32,21 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from boost_titan.boost_llama import FLAVORS, BoostModelArgs, BoostTransformer
-from boost_titan.boost_llama.state_dict_adapter import (
+from boost_titan.boost_llama.export_format import (
     CONFIG,
     WEIGHTS,
-    args_of,
-    check_export,
+    infer_args,
+    model_metadata,
+    read_config,
 )
+from boost_titan.boost_llama.state_dict_adapter import check_export
 from boost_titan.boost_llama.strategies import build_plan, resolve_strategy
 from boost_titan.config import ARCHS, LAX_BASES, Boost
 from boost_titan.config.cli import fail
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.tokenizer import load_tokenizer
 from boost_titan.parallelize import apply_plan
-from boost_titan.parallelize.safe_load import guard_dcp
-from boost_titan.runtime.checkpoint_files import is_complete_checkpoint
+from boost_titan.runtime.checkpoint_files import is_complete_checkpoint, read_tensors
 
 DCP, EXPORT = "dcp", "export"
 
@@ -65,13 +62,7 @@ class Source:
 
 def _export_args(path: str, arch: str | None, lax_base: str | None) -> BoostModelArgs:
     """The args in an export's config.json, checked against its weights and the flags."""
-    option = f"--checkpoint {path}"
-    try:
-        config = json.loads(Path(path, CONFIG).read_text())
-    except (OSError, ValueError) as e:
-        reason = type(e).__name__
-        raise ConfigError(f"{option}: {CONFIG} is unreadable ({reason}); export again") from None
-    args = args_of(config if isinstance(config, dict) else {}, source=f"{option}: {CONFIG}")
+    args = read_config(path, f"--checkpoint {path}")
     for flag, given, stored in (
         ("--arch", arch, args.arch),
         ("--lax-base", lax_base, args.lax_base),
@@ -90,8 +81,6 @@ def locate(path: str, arch: str | None = None, lax_base: str | None = None, **fl
 
     Raises ConfigError (one line) when `path` is neither kind or does not fit the flags.
     """
-    from boost_titan.export import infer_args, model_metadata
-
     if not os.path.isdir(path):
         raise ConfigError(
             f"--checkpoint {path} is not a folder; point it at a step-N checkpoint folder or "
@@ -134,23 +123,16 @@ def load_weights(model: nn.Module, source: Source) -> None:
     """Read `source`'s weights into `model` (plain or sharded parameters) with DCP, whose
     reads of a DCP folder's pickles go through the checkpoint allowlist (`guard_dcp`; `locate`
     has vetted them already)."""
-    guard_dcp()
     if source.kind == DCP:
         reader = FileSystemReader(source.path)
     else:
         reader = HuggingFaceStorageReader(source.path)
     state = get_model_state_dict(model)
-    try:
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
-    except Exception as e:  # DCP wraps a short read or a damaged file in several types
-        failures = getattr(e, "failures", None)
-        cause = next(iter(failures.values()))[0] if failures else e
-        raise ConfigError(
-            f"--checkpoint {source.path}: cannot read its weights ({type(cause).__name__}); the "
-            "files are damaged, use another checkpoint"
-        ) from None
+    failure = (
+        f"--checkpoint {source.path}: cannot read its weights ({{}}); the files are damaged, "
+        "use another checkpoint"
+    )
+    read_tensors(state, reader, failure, no_dist=not dist.is_initialized())
     set_model_state_dict(model, state)
 
 

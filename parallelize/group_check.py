@@ -24,16 +24,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from .styles import PlanError
-
-if TYPE_CHECKING:
-    from .groups import GroupInstance
 
 Node = Any
 """An autograd graph node (`torch.autograd.graph.Node`)."""
@@ -97,11 +94,24 @@ def _is_leaf_node(node: Node) -> bool:
     return type(node).__name__ == "AccumulateGrad"
 
 
+class WatchedGroup(Protocol):
+    """What the check reads of one block's norm group (`groups.GroupInstance`)."""
+
+    spec: Any
+    """The group's `NormGroup` (its `consumers`, for messages)."""
+    norm_fqn: str
+    consumer_fqns: list[str]
+    block: nn.Module
+    firsts: list[nn.Linear]
+    deferred: bool
+    record: GroupRecord | None
+
+
 class BlockCheck:
     """Hooks on one block that check its norm groups on its first training forward."""
 
     def __init__(self, block: nn.Module) -> None:
-        self.groups: list[GroupInstance] = []
+        self.groups: list[WatchedGroup] = []
         self.inputs: set[Node] = set()
         self.handles = [
             block.register_forward_pre_hook(self._before, with_kwargs=True),
@@ -131,7 +141,7 @@ class BlockCheck:
                 handle.remove()
             _CHECKS.pop(block, None)
 
-    def _check(self, outputs: list[Node], groups: list[GroupInstance]) -> None:
+    def _check(self, outputs: list[Node], groups: list[WatchedGroup]) -> None:
         readers = walk(outputs, stop=self.inputs)
         for g in groups:
             self._check_readers(g, readers)
@@ -151,7 +161,7 @@ class BlockCheck:
                 for i in g.record.firsts:
                     self._check_self_contained(g, i, latents)
 
-    def _check_readers(self, g: GroupInstance, readers: dict[Node, list[Node]]) -> None:
+    def _check_readers(self, g: WatchedGroup, readers: dict[Node, list[Node]]) -> None:
         missing = [g.consumer_fqns[i] for i in range(len(g.firsts)) if i not in g.record.firsts]
         if missing:
             raise PlanError(
@@ -170,7 +180,7 @@ class BlockCheck:
             )
 
     def _check_self_contained(
-        self, g: GroupInstance, index: int, latents: dict[Node, tuple[GroupInstance, int]]
+        self, g: WatchedGroup, index: int, latents: dict[Node, tuple[WatchedGroup, int]]
     ) -> None:
         up_input = g.record.ups.get(index, (None, None))[0]
         if up_input is None:
@@ -187,7 +197,7 @@ class BlockCheck:
 _CHECKS: weakref.WeakKeyDictionary[nn.Module, BlockCheck] = weakref.WeakKeyDictionary()
 
 
-def watch(group: GroupInstance) -> None:
+def watch(group: WatchedGroup) -> None:
     """Check `group` on its block's first training forward."""
     check = _CHECKS.get(group.block)
     if check is None:

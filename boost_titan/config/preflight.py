@@ -1,0 +1,397 @@
+"""Validate a training job in one process, without process groups: the library behind
+`python -m boost_titan.check`, also run by `bench step` and priced by `bench model --config`.
+
+`check` takes the same arguments as `boost_titan.train`. The process count comes from `--nproc`,
+else the NGPU environment variable, else the smallest count the parallel degrees allow.
+Besides the configuration it opens what the job will read: a sample of every local
+dataset file, and the DCP metadata and files of the checkpoint it will load (the newest
+in the dump folder, else `checkpoint.initial_load_path`), whose pickles it unpickles
+through the checkpoint allowlist (one that asks for anything else is refused, and nothing
+of it runs) and whose weights must be the job's model's (names and shapes, from the
+metadata alone); it checks that no other job holds the dump folder, and prepares the
+default tokenizer once, before workers start.
+
+`check` returns the `config ok: ...` summary; it raises ConfigError for bad input and
+NothingToTrain (`nothing to train: ...`) when the dump folder's checkpoint is already at
+training.steps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+from boost_titan.config import check_cuda_graphs, check_run_limits, global_batch
+from boost_titan.config.cli import parse_job_config
+from boost_titan.config.errors import ConfigError
+from boost_titan.runtime.checkpoint_files import (
+    check_loadable,
+    is_complete_checkpoint,
+    latest_checkpoint,
+    read_metadata,
+)
+from boost_titan.runtime.dump_lock import DumpFolderLock
+from boost_titan.runtime.precision import Precision
+
+
+def pop_nproc(args: list[str]) -> tuple[int | None, list[str]]:
+    """Split `--nproc N` / `--nproc=N` off `args`; fall back to $NGPU."""
+    rest: list[str] = []
+    value: str | None = os.environ.get("NGPU") or None
+    i = 0
+    while i < len(args):
+        key, eq, inline = args[i].partition("=")
+        if key == "--nproc":
+            if not eq and i + 1 >= len(args):
+                raise ConfigError("--nproc needs a value; pass --nproc N (the number of processes)")
+            value = inline if eq else args[i + 1]
+            i += 1 if eq else 2
+            continue
+        rest.append(args[i])
+        i += 1
+    if value is None:
+        return None, rest
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(
+            f"process count {value!r} is not a positive integer; pass --nproc N with N >= 1"
+        )
+    return int(value), rest
+
+
+def parallel_degrees(job) -> dict[str, int]:
+    """The non-data-shard degrees of `[parallelism]`, each checked to be >= 1."""
+    p = job.parallelism
+    degrees = {
+        "dp_replicate": p.data_parallel_replicate_degree,
+        "cp": p.context_parallel_degree,
+        "tp": p.tensor_parallel_degree,
+        "pp": p.pipeline_parallel_degree,
+    }
+    for name, degree in degrees.items():
+        if degree < 1:
+            raise ConfigError(f"[parallelism] {name} degree {degree} must be >= 1")
+    return degrees
+
+
+def resolve_world(job, nproc: int | None) -> tuple[int, dict[str, int]]:
+    """World size and every degree (dp_shard -1 resolved); ConfigError on a mismatch."""
+    degrees = parallel_degrees(job)
+    others = 1
+    for degree in degrees.values():
+        others *= degree
+    dp_shard = job.parallelism.data_parallel_shard_degree
+    layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no model parallelism"
+    if dp_shard == -1:
+        world = others if nproc is None else nproc
+        if world % others:
+            raise ConfigError(
+                f"{world} process{'es' * (world > 1)} cannot hold {layout} ({others} per "
+                f"data-parallel replica); use a multiple of {others} processes (--nproc / "
+                f"NGPU){_fitting_degrees(degrees, world)}"
+            )
+        dp_shard = world // others
+    elif dp_shard < 1:
+        raise ConfigError(f"[parallelism] data_parallel_shard_degree {dp_shard} must be -1 or >= 1")
+    else:
+        world = others * dp_shard if nproc is None else nproc
+        if others * dp_shard != world:
+            raise ConfigError(
+                f"the parallel degrees need {others * dp_shard} processes "
+                f"(dp_shard {dp_shard} x {layout}) but {world} were requested; "
+                f"set --nproc/NGPU to {others * dp_shard} or change [parallelism]"
+            )
+    return world, {"dp_shard": dp_shard, **degrees}
+
+
+DEGREE_FLAGS = {
+    "dp_replicate": "data_parallel_replicate_degree",
+    "cp": "context_parallel_degree",
+    "tp": "tensor_parallel_degree",
+    "pp": "pipeline_parallel_degree",
+}
+
+
+def _fitting_degrees(degrees: dict[str, int], world: int) -> str:
+    """ ", or fit the layout to N: --parallelism.X d ..." for a `world` smaller than the
+    degrees' product (each degree cut to what the processes left allow), else ""."""
+    left, flags = world, []
+    for name in ("tp", "pp", "cp", "dp_replicate"):
+        fitted = math.gcd(degrees[name], left)
+        left //= fitted
+        if fitted != degrees[name]:
+            flags.append(f"--parallelism.{DEGREE_FLAGS[name]} {fitted}")
+    others = math.prod(degrees.values())
+    return f", or fit the layout to {world}: {' '.join(flags)}" if world < others else ""
+
+
+def check_batch(job, degrees: dict[str, int]) -> int:
+    """The global batch in sequences, checked to split into local batches over the
+    data-parallel ranks (`boost_titan.config.global_batch`)."""
+    t = job.training
+    dp = degrees["dp_shard"] * degrees["dp_replicate"]
+    for name, value, least, what in (
+        ("local_batch_size", t.local_batch_size, 1, "sequences per rank and step"),
+        ("seq_len", t.seq_len, 1, "tokens per sequence"),
+        ("steps", t.steps, 0, "steps to train"),
+    ):
+        if value < least:
+            raise ConfigError(
+                f"training.{name} {value} must be >= {least} ({what}); set --training.{name} "
+                f"to {least} or more"
+            )
+    batch = global_batch(t, job.boost, dp)
+    micro = job.parallelism.pipeline_parallel_microbatch_size
+    if degrees["pp"] > 1 and t.local_batch_size % micro:
+        raise ConfigError(
+            f"training.local_batch_size {t.local_batch_size} is not a multiple of "
+            f"parallelism.pipeline_parallel_microbatch_size {micro}"
+        )
+    return batch
+
+
+def check_output_folder(folder: str) -> None:
+    """Prove a file can be written in `folder` (created for the test and removed again if
+    it did not exist) and that no other job holds it (`DumpFolderLock`)."""
+    made = _missing_ancestors(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ConfigError(
+            f"output folder {folder} is not writable ({reason}); "
+            "set --job.dump_folder to a writable path"
+        ) from None
+    finally:
+        for path in made:  # deepest first; a folder someone filled meanwhile stays
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
+    if not made:
+        DumpFolderLock(folder).probe()
+
+
+def _missing_ancestors(folder: str) -> list[str]:
+    """`folder` and its ancestors that do not exist yet, deepest first."""
+    missing, path = [], os.path.abspath(folder)
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def check_model(job, world: int) -> int | None:
+    """Prepare default assets, then let the TrainSpec validate model x parallelism; return
+    the vocabulary size of a boost_llama model."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    import boost_titan.boost_llama.spec
+    import boost_titan.data
+
+    try:
+        get_train_spec(job.model.name)
+    except ValueError:
+        raise ConfigError(f"unknown model.name {job.model.name!r}; use boost_llama") from None
+    boost_titan.data.prepare_default_assets()
+    boost_titan.boost_llama.spec.validate_job(job, world)
+    if job.model.name != boost_titan.boost_llama.spec.SPEC_NAME:
+        return None
+    return boost_titan.boost_llama.spec.model_args_for(job).vocab_size
+
+
+def check_data(job) -> None:
+    """A local dataset must exist, hold non-empty files of a supported kind, and each file's
+    start must decode as the loader reads it."""
+    from boost_titan.data.corpus import local_files, resolve_dataset
+    from boost_titan.data.probe import probe_files
+
+    _, path = resolve_dataset(job.training.dataset, job.training.dataset_path)
+    if path:
+        probe_files(local_files(path))
+
+
+def resume_checkpoint(job) -> str | None:
+    """The step-N folder the job resumes from, as TorchTitan picks it: with checkpointing on
+    and the dump folder's checkpoint folder present, `checkpoint.load_step` or the newest
+    complete one. None: the job starts from scratch or `checkpoint.initial_load_path`."""
+    c = job.checkpoint
+    folder = os.path.join(job.job.dump_folder, c.folder)
+    if not c.enable or not os.path.exists(folder):
+        return None
+    if c.load_step == -1:
+        return latest_checkpoint(folder)
+    path = os.path.join(folder, f"step-{c.load_step}")
+    if not is_complete_checkpoint(path):
+        raise ConfigError(
+            f"checkpoint.load_step {c.load_step}: {path} is not a complete checkpoint; choose "
+            f"a step saved in {folder}, or -1 for the newest"
+        )
+    return path
+
+
+def check_resume(job) -> int | None:
+    """The step the job resumes from (None: it does not), after checking that its
+    checkpoint can be read."""
+    path = resume_checkpoint(job)
+    folder = os.path.join(job.job.dump_folder, job.checkpoint.folder)
+    initial = job.checkpoint.initial_load_path
+    if path is None and initial and job.checkpoint.enable and os.path.exists(folder):
+        raise ConfigError(
+            f"checkpoint.initial_load_path {initial} would be ignored: {folder} exists without a "
+            "complete checkpoint, and TorchTitan then starts from scratch; delete that folder "
+            "to start from the initial checkpoint"
+        )
+    if path is None:
+        return None
+    check_loadable(path, resuming=True)
+    return int(os.path.basename(path).removeprefix("step-"))
+
+
+def check_initial_checkpoint(checkpoint) -> None:
+    """`checkpoint.initial_load_path` must be a complete DCP checkpoint folder, or with
+    `initial_load_in_hf` a folder written by `python -m boost_titan.export`."""
+    path = checkpoint.initial_load_path
+    if path and not checkpoint.enable:
+        raise ConfigError(
+            f"checkpoint.initial_load_path {path} is ignored while checkpoint.enable is false "
+            "(training would start from scratch); add --checkpoint.enable"
+        )
+    if checkpoint.initial_load_in_hf:
+        from boost_titan.boost_llama.state_dict_adapter import check_export_files
+
+        if not path:
+            raise ConfigError(
+                "checkpoint.initial_load_in_hf needs checkpoint.initial_load_path; point it at "
+                "a folder written by python -m boost_titan.export"
+            )
+        if not checkpoint.initial_load_model_only:
+            raise ConfigError(
+                "checkpoint.initial_load_in_hf loads model weights only; drop "
+                "--checkpoint.no_initial_load_model_only"
+            )
+        check_export_files(path)
+        return
+    if not path:
+        return
+    if not os.path.isdir(path):
+        raise ConfigError(
+            f"checkpoint.initial_load_path {path} is not a folder; point it at a step-N "
+            "checkpoint folder"
+        )
+    if not is_complete_checkpoint(path):
+        if os.path.isfile(os.path.join(path, "model.safetensors")):
+            raise ConfigError(
+                f"checkpoint.initial_load_path {path} is an export (model.safetensors), not a "
+                "DCP checkpoint; add --checkpoint.initial_load_in_hf"
+            )
+        raise ConfigError(
+            f"checkpoint.initial_load_path {path} has no DCP .metadata (incomplete or not a "
+            "checkpoint); use a complete step-N folder"
+        )
+
+
+SAVED_WITH = "the model.flavor, [boost] arch and rank, and tokenizer it was saved with"
+
+
+def check_holds_model(job, metadata, where: str, fix: str) -> None:
+    """A DCP checkpoint (its `metadata`: keys and shapes, nothing else is read) holds the
+    job's model: every weight, with the same shape, and no other weight (TorchTitan would
+    stop with a traceback on a missing one and silently drop an extra one)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
+
+    from boost_titan.boost_llama.export_format import first_shape_mismatch, model_shapes
+    from boost_titan.boost_llama.spec import model_args_for
+
+    training_state = {DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE}
+    stored = {
+        key: tuple(meta.size)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.split(".")[0] not in training_state and isinstance(meta, TensorStorageMetadata)
+    }
+    args = model_args_for(job)
+    expected = model_shapes(args)
+    key = first_shape_mismatch(expected, stored)
+    if key is not None:
+        raise ConfigError(
+            f"{where} has {key} {stored.get(key, 'missing')} but the job's model "
+            f"({job.model.flavor}, arch {job.boost.arch}, rank {args.effective_rank}, vocab "
+            f"{args.vocab_size}) expects {expected.get(key, 'no such weight')}; {fix}"
+        )
+
+
+def check_checkpoint_model(job) -> None:
+    """The DCP checkpoint the job loads holds the job's model (`check_holds_model`): the
+    one it resumes from (already checked readable), else `checkpoint.initial_load_path`,
+    which must also open (its metadata unpickles and every file it names is whole)."""
+    resume = resume_checkpoint(job)
+    if resume is not None:
+        where = f"the checkpoint to resume from, {resume},"
+        fix = f"set --job.dump_folder to a new folder for this model, or train with {SAVED_WITH}"
+        check_holds_model(job, read_metadata(resume, where), where, fix)
+        return
+    checkpoint = job.checkpoint
+    path = checkpoint.initial_load_path
+    if path and checkpoint.enable and not checkpoint.initial_load_in_hf:
+        where = f"checkpoint.initial_load_path {path}"
+        check_holds_model(
+            job, check_loadable(path, resuming=False), where, f"train with {SAVED_WITH}"
+        )
+
+
+def check_initial_export(job) -> None:
+    """An export given with `initial_load_in_hf` must hold exactly the job's model."""
+    if not job.checkpoint.initial_load_in_hf:
+        return
+    from boost_titan.boost_llama.spec import model_args_for
+    from boost_titan.boost_llama.state_dict_adapter import check_export
+
+    check_export(job.checkpoint.initial_load_path, model_args_for(job))
+
+
+class NothingToTrain(Exception):
+    """The job's checkpoint is already at training.steps; the message says so."""
+
+
+def check(args: list[str]) -> str:
+    """Validate a job given train's arguments; return the `config ok` summary. Raises
+    ConfigError for bad input and NothingToTrain for a finished job."""
+    nproc, args = pop_nproc(args)
+    job = parse_job_config(args)
+    world, degrees = resolve_world(job, nproc)
+    batch = check_batch(job, degrees)
+    check_run_limits(job.boost)
+    check_cuda_graphs(job.boost, degrees["pp"])
+    check_output_folder(job.job.dump_folder)
+    check_data(job)
+    check_initial_checkpoint(job.checkpoint)
+    resumed = check_resume(job)
+    vocab = check_model(job, world)
+    if vocab is not None:
+        check_checkpoint_model(job)
+    check_initial_export(job)
+    if resumed is not None and resumed >= job.training.steps:
+        raise NothingToTrain(
+            f"nothing to train: already at step {resumed} ({resume_checkpoint(job)}) and "
+            f"training.steps is {job.training.steps}; raise --training.steps to continue, or "
+            "set --job.dump_folder to a new folder to start over"
+        )
+    from boost_titan.boost_llama.strategies import resolve_strategy
+
+    strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
+    layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no parallelism"
+    start = f", resumes from step {resumed}" if resumed is not None else ""
+    fsdp = degrees["dp_shard"] > 1 or degrees["cp"] > 1
+    precision = Precision.of(job.training).describe(fsdp=fsdp)
+    return (
+        f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
+        f"{job.boost.tp_strategy} -> {strategy}) "
+        f"on {world} process{'es' if world > 1 else ''} ({layout}), "
+        f"{precision}, {f'vocab {vocab}, ' if vocab else ''}"
+        f"global batch {batch} x seq_len {job.training.seq_len}, "
+        f"{job.training.steps} steps{start}, "
+        f"outputs in {job.job.dump_folder}"
+    )

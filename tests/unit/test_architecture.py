@@ -1,0 +1,226 @@
+"""The import rules of docs/architecture.md, read from the source with `ast`: every import
+statement counts, the function-local ones included, so no rule can be dodged by importing
+late. Each rule is also run on a small planted tree that breaks it, so none can pass vacuously.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+SOURCE_ROOTS = {
+    "boost_titan": ROOT / "boost_titan",
+    "boost_titan.parallelize": ROOT / "parallelize",
+    "boost_titan.kernels": ROOT / "kernels",
+}
+"""Package name -> folder, as pyproject.toml's package-dir ships them."""
+
+Graph = dict[str, set[str]]
+"""Module -> the modules (internal or not) its import statements name."""
+
+
+def module_files(roots: dict[str, Path]) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under the roots (`__init__` = the package)."""
+    files = {}
+    for package, folder in roots.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            files[".".join([package, *parts])] = path
+    return files
+
+
+def import_graph(roots: dict[str, Path]) -> tuple[Graph, dict[str, Path]]:
+    """Every module's imports, resolved to the longest internal module they name (`from a
+    import b` names `a.b` where that is a module); names outside the roots stay as written."""
+    files = module_files(roots)
+    graph: Graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([node.module] if node.module else [])])
+                targets.update(
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
+                    for alias in node.names
+                )
+        graph[name] = {_owner(target, files) for target in targets} - {name}
+    return graph, files
+
+
+def _owner(target: str, files: dict[str, Path]) -> str:
+    """The internal module that defines `target` (a module or a name in one), else target."""
+    probe = target
+    while probe and probe not in files:
+        probe = probe.rpartition(".")[0]
+    return probe or target
+
+
+def cycles(graph: Graph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start] & graph.keys())))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child] & graph.keys()))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def entry_points(files: dict[str, Path]) -> set[str]:
+    """Command-line modules: a `__main__.py`, or a module with an `if __name__ ==
+    "__main__"` block."""
+    return {
+        name
+        for name, path in files.items()
+        if path.name == "__main__.py" or '__name__ == "__main__"' in path.read_text()
+    }
+
+
+def entry_point_imports(graph: Graph, files: dict[str, Path]) -> list[str]:
+    """`importer -> entry point` for every import of a command-line module."""
+    entries = entry_points(files)
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets & entries)
+
+
+def forbidden_imports(graph: Graph, room: str, banned: tuple[str, ...]) -> list[str]:
+    """`importer -> target` for imports from modules in `room` of anything under `banned`."""
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        if a == room or a.startswith(room + ".")
+        for b in targets
+        if any(b == ban or b.startswith(ban + ".") for ban in banned)
+    )
+
+
+RULES = {
+    # room: what it must not import (docs/architecture.md, "What each room may import")
+    "boost_titan.parallelize": ("boost_titan", "torchtitan"),
+    "boost_titan.kernels": ("boost_titan", "torchtitan"),
+    "boost_titan.perf": ("boost_titan.bench",),
+    "boost_titan.boost_llama.model": ("boost_titan", "torchtitan", "torch.distributed"),
+    "boost_titan.boost_llama.layers": ("boost_titan", "torchtitan", "torch.distributed"),
+}
+ALLOWED = {
+    "boost_titan.parallelize": ("boost_titan.parallelize", "boost_titan.kernels"),
+    "boost_titan.kernels": ("boost_titan.kernels",),
+    "boost_titan.boost_llama.model": (
+        "boost_titan.boost_llama.args",
+        "boost_titan.boost_llama.layers",
+    ),
+    "boost_titan.boost_llama.layers": (),
+}
+
+
+def rule_breaks(graph: Graph) -> list[str]:
+    """Every import that breaks a room's rule (RULES minus its ALLOWED)."""
+    breaks = []
+    for room, banned in RULES.items():
+        allowed = ALLOWED.get(room, ())
+        breaks += [
+            line
+            for line in forbidden_imports(graph, room, banned)
+            if not any(line.split(" -> ")[1].startswith(ok) for ok in allowed)
+        ]
+    return breaks
+
+
+@pytest.fixture(scope="module")
+def product() -> tuple[Graph, dict[str, Path]]:
+    return import_graph(SOURCE_ROOTS)
+
+
+def test_no_import_cycles(product):
+    graph, _ = product
+    assert cycles(graph) == []
+
+
+def test_no_module_imports_a_command(product):
+    graph, files = product
+    assert entry_point_imports(graph, files) == []
+
+
+def test_each_room_imports_what_it_may(product):
+    graph, files = product
+    assert {room for room in RULES if room in files} == set(RULES), "a room of RULES moved"
+    assert rule_breaks(graph) == []
+
+
+# ---- each rule, broken on purpose in a planted tree -------------------------------------------
+def _plant(tmp_path: Path, sources: dict[str, str]) -> tuple[Graph, dict[str, Path]]:
+    for relative, text in sources.items():
+        path = tmp_path / "boost_titan" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return import_graph({"boost_titan": tmp_path / "boost_titan"})
+
+
+def test_a_cycle_through_a_function_local_import_is_found(tmp_path):
+    graph, _ = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "perf/__init__.py": "",
+            "perf/memory.py": "from boost_titan.perf.step import Layout\n",
+            "perf/step.py": "def f():\n    from . import memory\n    return memory\n",
+        },
+    )
+    assert cycles(graph) == [["boost_titan.perf.memory", "boost_titan.perf.step"]]
+
+
+def test_an_import_of_a_command_is_found(tmp_path):
+    graph, files = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "check.py": 'def main():\n    pass\nif __name__ == "__main__":\n    main()\n',
+            "bench/__init__.py": "",
+            "bench/__main__.py": "",
+            "bench/step.py": "def f():\n    from boost_titan.check import main\n",
+            "perf/__init__.py": "from boost_titan.bench import step\n",
+        },
+    )
+    assert entry_point_imports(graph, files) == ["boost_titan.bench.step -> boost_titan.check"]
+    assert rule_breaks(graph) == ["boost_titan.perf -> boost_titan.bench.step"]
