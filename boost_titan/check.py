@@ -3,7 +3,7 @@
     python -m boost_titan.check [--nproc N] --job.config_file X.toml [--section.key value ...]
 
 Takes the same arguments as `boost_titan.train`; the checks are
-`boost_titan.config.preflight.check`'s.
+`boost_titan.runtime.preflight.check`'s.
 
 Exit status: 0 and `config ok: ...`; 2 and one `error: ...` line; FINISHED (4) and
 `nothing to train: ...` when the dump folder's checkpoint is already at training.steps
@@ -16,7 +16,7 @@ import sys
 
 from boost_titan.config.cli import fail
 from boost_titan.config.errors import ConfigError
-from boost_titan.config.preflight import NothingToTrain, check
+from boost_titan.runtime.preflight import NothingToTrain, check
 
 FINISHED = 4
 """Exit status for a job that has nothing left to train."""

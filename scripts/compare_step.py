@@ -54,7 +54,7 @@ def _worktree(commit: str, where: Path) -> Path:
     )
     for name in COPIED:
         shutil.copy(ROOT / name, tree / name)
-    for older, now in (("train.py", "runtime/entry.py"), ("check.py", "config/preflight.py")):
+    for older, now in (("train.py", "runtime/entry.py"), ("check.py", "runtime/preflight.py")):
         if not (tree / "boost_titan" / now).exists():  # before the library left the command
             shutil.copy(tree / "boost_titan" / older, tree / "boost_titan" / now)
     for package in ("parallelize", "kernels"):

@@ -5,7 +5,7 @@
 Read without torch or torchtitan: the TOML's values, else TorchTitan 0.2.2's defaults
 (`TITAN_DEFAULTS`, from `torchtitan/config/job_config.py`; tests/unit/test_step_model.py checks
 them against TorchTitan's dataclasses) and our `[boost]` section's (`boost_titan.config`).
-The layout comes from `boost_titan.config.preflight.resolve_world` (the process count, `--nproc`,
+The layout comes from `boost_titan.config.world.resolve_world` (the process count, `--nproc`,
 else the fewest the degrees allow), the precision from `runtime.precision.Precision`
 (what the trainer applies), float8 from `model.converters` and `[quantize.linear.float8]`.
 Anything the model does not price is a one-line ConfigError naming the key; a data-parallel
@@ -164,7 +164,7 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
     its degrees allow); ConfigError (one line) for what the model cannot price."""
     from boost_titan.boost_llama.shapes import flavor_shape
     from boost_titan.boost_llama.strategies import resolve_strategy
-    from boost_titan.config.preflight import check_batch, resolve_world
+    from boost_titan.config.world import check_batch, resolve_world
 
     job = _read(path)
     if job.model.name != BOOST_MODEL:

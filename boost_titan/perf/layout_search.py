@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from boost_titan.boost_llama.shapes import FLAVORS, ModelShape
-from boost_titan.config import OVERLAP_CHUNKS
+from boost_titan.config import AC_MODES, OVERLAP_CHUNKS
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import memory, step_model
 from boost_titan.perf.gpus import GPUS, GpuProfile, gpu_profile
 from boost_titan.perf.job import job_plan
-from boost_titan.perf.layout import AC_MODES, TrainingLayout
+from boost_titan.perf.layout import TrainingLayout
 
 GPU_MEMORY_GIB = {"a100": 80.0, "a100-hgx4": 80.0, "h100": 80.0}
 """HBM per GPU of each `gpus.GPUS` profile (A100-80GB-SXM, H100-SXM)."""

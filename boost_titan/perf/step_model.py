@@ -37,11 +37,11 @@ from boost_titan.boost_llama.shapes import (
 )
 from boost_titan.boost_llama.strategies import STRATEGIES as REGISTRY
 from boost_titan.boost_llama.strategies import sizes as strategy_sizes
-from boost_titan.config import RMSNORM_MODES
+from boost_titan.config import AC_MODES, RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import costs, float8_costs, host
 from boost_titan.perf.gpus import FLOAT8, GpuProfile
-from boost_titan.perf.layout import AC_MODES, BF16_WEIGHTS, DTYPE_BYTES, STRATEGIES, TrainingLayout
+from boost_titan.perf.layout import BF16_WEIGHTS, DTYPE_BYTES, STRATEGIES, TrainingLayout
 from boost_titan.perf.streams import block_streams, embedding_streams, head_streams
 from boost_titan.perf.work import Collective, Gemm, Stream, Widths
 

@@ -23,7 +23,6 @@ from boost_titan.boost_llama import BoostTransformer
 from boost_titan.boost_llama.export_format import export
 from boost_titan.boost_llama.load_trained import build, locate
 from boost_titan.config.errors import ConfigError
-from boost_titan.config.preflight import check
 from boost_titan.data import corpus
 from boost_titan.data import tokenizer as tk
 from boost_titan.data.held_out import (
@@ -34,6 +33,7 @@ from boost_titan.data.held_out import (
     validation_data,
 )
 from boost_titan.runtime.held_out_loss import BoostValidator, evaluate
+from boost_titan.runtime.preflight import check
 from boost_titan.runtime.run_log import RunLog, read_log
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import debug_args, save_checkpoint

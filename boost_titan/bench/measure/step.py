@@ -64,7 +64,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _validate(ns: argparse.Namespace, trainer_args: list[str]) -> str:
     """The `check` summary of the job as measured, or ConfigError."""
-    from boost_titan.config.preflight import NothingToTrain, check
+    from boost_titan.runtime.preflight import NothingToTrain, check
 
     if ns.nproc < 1 or ns.steps < 1 or ns.warmup < 1:
         raise ConfigError("--nproc, --steps and --warmup must be >= 1")
