@@ -12,7 +12,7 @@ and steps give the same number as the run's `validate` line. Under torchrun the 
 sharded with the training TP plan over `--tp` ranks (default: all of them), the rest
 split the batches as data-parallel ranks. Rank 0 shows a progress bar on stderr and prints
 the result as one JSON line on stdout (also written to `--json`). Bad input: one `error:`
-line, exit 2.
+line, exit 2. The evaluation is `boost_llama.eval_trained`'s.
 """
 
 from __future__ import annotations
@@ -20,33 +20,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
-import warnings
 from typing import Any
 
 import datasets
-import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torchtitan.components.loss import IGNORE_INDEX, cross_entropy_loss
-from torchtitan.distributed.utils import get_train_context
-from tqdm import tqdm
 
-from boost_titan.boost_llama.load_trained import (
-    add_model_options,
-    build,
-    fail_worker,
-    load_tokenizer_for,
-    locate_from,
-)
+from boost_titan.boost_llama.eval_trained import evaluate_trained
+from boost_titan.boost_llama.load_trained import add_model_options, fail_worker
 from boost_titan.boost_llama.strategies import strategy_names
 from boost_titan.config.cli import OneLineParser
 from boost_titan.config.errors import ConfigError
-from boost_titan.data.held_out import build_validation_batches, data_at
 from boost_titan.parallelize.teardown import run_to_end
-from boost_titan.runtime.held_out_loss import HeldOutLoss, evaluate
-
-CPU_MESH_WARNING = r"DTensor .* may not have complete support on cpu device mesh"
 
 
 def parser() -> OneLineParser:
@@ -103,84 +86,12 @@ def parser() -> OneLineParser:
     return p
 
 
-def _check_sizes(ns, world: int) -> int:
-    """The TP degree; ConfigError for sizes that cannot work."""
-    for name in ("seq_len", "batch_size"):
-        if getattr(ns, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} {getattr(ns, name)} must be >= 1")
-    if ns.steps == 0 or ns.steps < -1:
-        raise ConfigError(f"--steps {ns.steps} must be >= 1, or -1 for every sequence")
-    tp = ns.tp or world
-    if tp < 1 or world % tp:
-        raise ConfigError(f"--tp {tp} does not divide the {world} processes; pick a divisor")
-    return tp
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
-
-
-def run(ns) -> dict[str, Any]:
-    """Evaluate as `ns` says; returns the result (the same on every rank)."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    tp = _check_sizes(ns, world)
-    source = locate_from(ns)
-    if ns.seq_len > source.args.max_seq_len:
-        raise ConfigError(
-            f"--seq-len {ns.seq_len} exceeds the model's maximum "
-            f"{source.args.max_seq_len}; lower it"
-        )
-    tokenizer = load_tokenizer_for(ns.tokenizer, source.args)
-    data = data_at(ns.dataset_path, "--dataset-path")
-    device = _device()
-    rank, dp_rank, tp_mesh = 0, 0, None
-    if world > 1:
-        warnings.filterwarnings("ignore", message=CPU_MESH_WARNING, category=UserWarning)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        rank = dist.get_rank()
-        mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
-        dp_rank, tp_mesh = mesh["dp"].get_local_rank(), mesh["tp"]
-    batches = build_validation_batches(
-        data, tokenizer, ns.seq_len, ns.batch_size, ns.steps, dp_rank=dp_rank, dp_degree=world // tp
-    )
-    model = build(source, device, tp_mesh, ns.tp_strategy)
-    context = get_train_context(tp > 1)  # loss parallel, as training's TP runs
-
-    def batch_loss(input_dict, labels):
-        with context():
-            loss = cross_entropy_loss(model(input_dict["input"]), labels)
-        return loss, (labels != IGNORE_INDEX).sum()
-
-    start = time.perf_counter()
-    progress = tqdm(batches, desc="eval", unit="batch", disable=rank != 0, file=sys.stderr)
-    owner = tp_mesh is None or tp_mesh.get_local_rank() == 0
-    result: HeldOutLoss = evaluate(progress, batch_loss, owner, device)
-    return {
-        "checkpoint": source.path,
-        "kind": source.kind,
-        "data": data.describe(),
-        "loss": result.loss,
-        "perplexity": result.perplexity,
-        "tokens": result.tokens,
-        "seq_len": ns.seq_len,
-        "batch_size": ns.batch_size,
-        "steps": ns.steps,
-        "tp": tp,
-        "world_size": world,
-        "seconds": round(time.perf_counter() - start, 3),
-    }
-
-
 def main(argv: list[str] | None = None) -> None:
     """CLI entry: one `error:` line and exit 2 on bad input; one JSON line on success."""
     ns = parser().parse_args(sys.argv[1:] if argv is None else argv)
     datasets.disable_progress_bars()  # "Generating train split": our bar is the one to watch
     try:
-        result = run(ns)
+        result = evaluate_trained(ns)
         if int(os.environ.get("RANK", 0)) == 0:
             write_result(result, ns.json)
     except ConfigError as e:

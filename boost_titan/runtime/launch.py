@@ -3,10 +3,11 @@
 `torchrun_command(nproc, module, args)` runs `python -m <module> <args>` on `nproc` local
 processes through `torch.distributed.run` with a c10d rendezvous on a free port (so that
 launches never collide), printing rank 0's output only. `train_command` is that command for
-`boost_titan.train` on a TOML and a dump folder, and `train` runs it (`loss_compare`, the
-parity tests). `worker_env()` is the environment those workers get: one intra-op thread per
-process unless the caller set OMP_NUM_THREADS, and the warnings that every CPU run prints
-silenced. `pipeline_args` are the trainer's options for two pipeline stages.
+`boost_titan.train` on a TOML and a dump folder, and `train` runs it (`loss_compare`'s
+`bench.measure.loss_curves`, the parity tests). `worker_env()` is the environment those
+workers get: one intra-op thread per process unless the caller set OMP_NUM_THREADS, and the
+warnings that every CPU run prints silenced. `pipeline_args` are the trainer's options for
+two pipeline stages.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Training runs under different parallelisms, from one seed checkpoint, log the same loss,
-the same exact gradient norm and the same held-out validation loss (launched and read with
-`boost_titan.loss_compare`'s functions).
+the same exact gradient norm and the same held-out validation loss (launched and read as
+`boost_titan.loss_compare` does: `runtime.launch.train`, `runtime.run_log.read_log`).
 
 Training reads this repository's `parallelize/` sources in the global order
 (`[boost] data_order = "global"`): every sample is another window of real text, and each
@@ -27,7 +27,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from boost_titan.boost_llama.eval_trained import evaluate_trained
 from boost_titan.boost_llama.export_format import load_model_state
+from boost_titan.eval import parser
 from boost_titan.runtime.launch import pipeline_args, torchrun_command, train
 from boost_titan.runtime.run_log import read_log
 from tests.helpers import ROOT
@@ -396,8 +398,6 @@ def _eval_torchrun(nproc: int, *args: str) -> dict:
 def test_eval_reports_the_validation_loss(runs, resharded_validation):
     """`boost_titan.eval` on that checkpoint and validation data, on one process and under
     torchrun with BTP TP=2, reports what the validators logged (to 1e-5)."""
-    from boost_titan.eval import parser, run
-
     args = [
         "--checkpoint",
         str(_trained(runs)),
@@ -412,7 +412,10 @@ def test_eval_reports_the_validation_loss(runs, resharded_validation):
         "--steps",
         str(VALIDATION_STEPS),
     ]
-    results = {"eval": run(parser().parse_args(args)), "eval-tp2": _eval_torchrun(2, *args)}
+    results = {
+        "eval": evaluate_trained(parser().parse_args(args)),
+        "eval-tp2": _eval_torchrun(2, *args),
+    }
     assert results["eval-tp2"]["tp"] == 2
     for name, result in results.items():
         assert result["tokens"] == runs.validation_tokens

@@ -20,8 +20,10 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 from boost_titan import eval as eval_command
 from boost_titan import generate as generate_command
 from boost_titan.boost_llama import BoostTransformer
+from boost_titan.boost_llama.eval_trained import evaluate_trained
 from boost_titan.boost_llama.export_format import export
 from boost_titan.boost_llama.load_trained import build, locate
+from boost_titan.boost_llama.sampling import generate
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import corpus
 from boost_titan.data import tokenizer as tk
@@ -244,7 +246,7 @@ def checkpoints(tmp_path_factory) -> SimpleNamespace:
 def test_eval_reads_dcp_and_export_alike(checkpoints, tmp_path):
     common = ["--dataset-path", str(checkpoints.data), "--seq-len", "64", "--steps", "3"]
     out = tmp_path / "result.json"
-    from_dcp = eval_command.run(
+    from_dcp = evaluate_trained(
         eval_command.parser().parse_args(
             ["--checkpoint", str(checkpoints.dcp), "--arch", "cola", *common]
         )
@@ -270,7 +272,7 @@ def prompt() -> list[int]:
 
 def test_generate_is_deterministic_for_a_seed(model, prompt):
     def sample(seed: int, **options) -> list[int]:
-        return generate_command.generate(model, prompt, max_new_tokens=12, seed=seed, **options)
+        return generate(model, prompt, max_new_tokens=12, seed=seed, **options)
 
     sampled = [sample(s, temperature=1.5) for s in (0, 0, 1)]
     assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
@@ -286,7 +288,7 @@ def test_greedy_generation_takes_the_argmax_each_step(model, prompt):
     with torch.no_grad():
         for _ in range(6):
             tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
-    assert generate_command.generate(model, prompt, max_new_tokens=6) == tokens[len(prompt) :]
+    assert generate(model, prompt, max_new_tokens=6) == tokens[len(prompt) :]
 
 
 def test_generate_command_prints_prompt_and_continuation(checkpoints, model, prompt, capsys):
@@ -309,7 +311,7 @@ def test_generate_command_prints_prompt_and_continuation(checkpoints, model, pro
         ]
     )
     tokenizer = tk.load_tokenizer("default")
-    expected = generate_command.generate(
+    expected = generate(
         model, prompt, max_new_tokens=5, temperature=1.5, top_k=50, seed=2, stop_id=tokenizer.eos_id
     )
     assert capsys.readouterr().out == "def " + tokenizer.decode(expected) + "\n"

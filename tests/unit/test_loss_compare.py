@@ -1,12 +1,14 @@
-"""`python -m boost_titan.loss_compare`: lining runs up, the checks, the report (the runs
-themselves are exercised by test_training_parity.py, which launches with its functions)."""
+"""`python -m boost_titan.loss_compare` and its measurement (`bench.measure.loss_curves`):
+lining runs up, the checks, the report (the runs themselves are exercised by
+test_training_parity.py, which launches as it does)."""
 
 from __future__ import annotations
 
 import pytest
 
+from boost_titan.bench.measure.loss_curves import compare, smooth
 from boost_titan.config.errors import ConfigError
-from boost_titan.loss_compare import compare, main, plot, smooth, table
+from boost_titan.loss_compare import main, plot, table
 
 
 def _rows(losses: list[float], norms: list[float] | None = None) -> list[dict]:
