@@ -28,9 +28,8 @@ from tqdm import tqdm
 from boost_titan.boost_llama.load_trained import build, load_tokenizer_for, locate_from
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.held_out import build_validation_batches, data_at
+from boost_titan.runtime.device import CPU_MESH_WARNING
 from boost_titan.runtime.held_out_loss import HeldOutLoss, evaluate
-
-CPU_MESH_WARNING = r"DTensor .* may not have complete support on cpu device mesh"
 
 
 def _check_sizes(ns: argparse.Namespace, world: int) -> int:

@@ -153,3 +153,7 @@ def test_cli_json_and_compare(capsys):
     assert all(r["model_mismatches"] == [] for r in records)
     assert main(["trace", "--flavor", "1B", "--tp", "2", "--seq-len", "128", "--ac", "full"]) == 2
     assert "--ac none" in capsys.readouterr().err
+    assert main(["trace", "--flavor", "debug", "--tp", "2"]) == 2  # default seq 4096 > 2048
+    assert capsys.readouterr().err.strip() == (
+        "error: --seq-len 4096 exceeds the debug flavor's maximum 2048; pass --seq-len 2048 or less"
+    )

@@ -181,6 +181,11 @@ def trace(flavor: str, args: BoostModelArgs, plan: TrainingLayout) -> TraceRecor
     step_model.check(args, plan)
     if plan.pp != 1 or plan.ac != "none":
         raise ConfigError("trace measures one TP group without recomputation: use --pp 1 --ac none")
+    if plan.seq_len > args.max_seq_len:
+        raise ConfigError(
+            f"--seq-len {plan.seq_len} exceeds the {flavor} flavor's maximum "
+            f"{args.max_seq_len}; pass --seq-len {args.max_seq_len} or less"
+        )
     start = time.perf_counter()
     one_block = BoostModelArgs(**{**asdict(args), "n_layers": 1})
     width = layer_input_dim(args, plan.strategy, plan.tp)
