@@ -224,6 +224,19 @@ def test_each_room_imports_what_it_may(product):
     assert rule_breaks(graph) == []
 
 
+def test_every_package_ships():
+    """pyproject.toml lists every package folder (an editable install finds an unlisted one,
+    a built wheel leaves it out), and nothing else."""
+    import tomli
+
+    listed = set(
+        tomli.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    _, files = import_graph(SOURCE_ROOTS)
+    folders = {name for name, path in files.items() if path.name == "__init__.py"}
+    assert folders == listed
+
+
 # ---- each rule, broken on purpose in a planted tree -------------------------------------------
 def _plant(tmp_path: Path, sources: dict[str, str]) -> tuple[Graph, dict[str, Path]]:
     for relative, text in sources.items():
