@@ -25,7 +25,7 @@ import argparse
 import os
 import sys
 
-from boost_titan.boost_llama.export_format import CONFIG, WEIGHTS, export
+from boost_titan.boost_llama.export_format import CONFIG, WEIGHTS, export, model_flags
 from boost_titan.boost_llama.shapes import FLAVORS
 from boost_titan.config import ARCHS, LAX_BASES
 from boost_titan.config.cli import OneLineParser, fail
@@ -98,19 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     """CLI entry: one `error:` line and exit 2 on bad input; a summary line on success."""
     ns = parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        if ns.n_heads is not None and ns.n_heads < 1:
-            raise ConfigError(f"--n-heads {ns.n_heads} must be >= 1")
-        args = export(
-            ns.checkpoint,
-            ns.out,
-            arch=ns.arch,
-            lax_base=ns.lax_base,
-            flavor=ns.flavor,
-            n_heads=ns.n_heads,
-            norm_eps=ns.norm_eps,
-            rope_theta=ns.rope_theta,
-            max_seq_len=ns.max_seq_len,
-        )
+        args = export(ns.checkpoint, ns.out, **model_flags(ns))
     except ConfigError as e:
         fail(str(e))
     size = os.path.getsize(os.path.join(ns.out, WEIGHTS))

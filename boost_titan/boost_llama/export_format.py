@@ -177,6 +177,17 @@ def model_metadata(checkpoint: str) -> dict[str, TensorStorageMetadata]:
     }
 
 
+MODEL_FLAGS = ("arch", "lax_base", "flavor", "n_heads", "norm_eps", "rope_theta", "max_seq_len")
+"""`infer_args`'s keywords: what a DCP folder's shapes cannot tell, given as command flags."""
+
+
+def model_flags(ns: Any) -> dict[str, Any]:
+    """The MODEL_FLAGS of parsed command options (`--arch` ... `--max-seq-len`), checked."""
+    if ns.n_heads is not None and ns.n_heads < 1:
+        raise ConfigError(f"--n-heads {ns.n_heads} must be >= 1")
+    return {name: getattr(ns, name) for name in MODEL_FLAGS}
+
+
 def infer_args(
     shapes: dict[str, tuple[int, ...]],
     arch: str | None = None,

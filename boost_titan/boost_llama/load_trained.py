@@ -36,6 +36,7 @@ from boost_titan.boost_llama.export_format import (
     CONFIG,
     WEIGHTS,
     infer_args,
+    model_flags,
     model_metadata,
     read_config,
 )
@@ -188,18 +189,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def locate_from(ns: argparse.Namespace) -> Source:
     """`locate` with the options of `add_model_options`."""
-    if ns.n_heads is not None and ns.n_heads < 1:
-        raise ConfigError(f"--n-heads {ns.n_heads} must be >= 1")
-    return locate(
-        ns.checkpoint,
-        arch=ns.arch,
-        lax_base=ns.lax_base,
-        flavor=ns.flavor,
-        n_heads=ns.n_heads,
-        norm_eps=ns.norm_eps,
-        rope_theta=ns.rope_theta,
-        max_seq_len=ns.max_seq_len,
-    )
+    return locate(ns.checkpoint, **model_flags(ns))
 
 
 def fail_worker(message: str) -> NoReturn:

@@ -187,6 +187,7 @@ BAD_EXPORTS = {
         ["no boost_llama weights"],
     ),
     "arch not given": (_given, None, [], ["fit --arch svd or cola", "pass the [boost] arch"]),
+    "no attention heads": (_given, None, [*COLA, "--n-heads", "0"], ["--n-heads 0 must be >= 1"]),
     "arch contradicts shapes": (
         _given,
         None,
