@@ -232,7 +232,7 @@ def test_every_package_ships():
     listed = set(
         tomli.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
-    _, files = import_graph(SOURCE_ROOTS)
+    files = module_files(SOURCE_ROOTS)
     folders = {name for name, path in files.items() if path.name == "__init__.py"}
     assert folders == listed
 
