@@ -5,7 +5,8 @@
         -- --job.config_file train_configs/debug.toml --training.seq_len 32 ...
 
 The commit is checked out in a temporary git worktree (removed at the end) with the
-measurement modules of this checkout copied in (`bench.measure.step*`, `runtime.launch`),
+measurement modules of this checkout copied in (`bench.measure.step*`, `runtime.launch`,
+`runtime.compute_copies` for its range's name),
 so both sides are measured alike; `boost_titan.parallelize` / `.kernels` are linked in as
 `pyproject.toml` maps them. `--vary KEY=A,B` measures every side with each value of a
 trainer option. Every repeat runs each (value, side) once, old side first, so drifting load
@@ -32,6 +33,7 @@ COPIED = (
     "boost_titan/bench/measure/step_trace.py",
     "boost_titan/bench/measure/step_worker.py",
     "boost_titan/runtime/launch.py",
+    "boost_titan/runtime/compute_copies.py",  # step_trace reads its range's name
 )
 
 RUN_STEP = (

@@ -7,7 +7,7 @@ TorchTitan keeps `models/llama3/`.
   parallelism;
 - `strategies`: the one registry of TP strategies, the model's `ModelLayout` and its plans;
 - `parallelize`: the TrainSpec's parallelize function (TP -> AC -> compile -> FSDP2 / DDP);
-- `data_parallel`: its last step, FSDP2 / HSDP / DDP and the 1-rank FSDP2 of mixed precision;
+- `data_parallel`: its last step, FSDP2 / HSDP / DDP and the mixed precision of unsharded layouts;
 - `state_dict_adapter`: the export format and TorchTitan's adapter for it;
 - `spec`: the TrainSpec, registered on import, and the job checks.
 

@@ -2,27 +2,29 @@
 
 - dp_shard or cp > 1: FSDP2 (HSDP with dp_replicate > 1), as TorchTitan does, one unit per
   block.
-- Otherwise, for bf16 compute from fp32 weights (`Precision.casts_for_compute`): FSDP2 on a
-  mesh whose shard dim has 1 rank, so its `MixedPrecisionPolicy` gives every layout what FSDP
-  runs get (bf16 parameters in compute, fp32 master weights, gradients accumulated and reduced
-  in fp32), as TorchTitan's main branch does (pytorch/torchtitan#2900, issue #2886).
-  TorchTitan 0.2.2 builds that "fsdp" dim with the fake backend; FSDP2 runs no collective over
-  a 1-rank dim (torch 2.13 `FSDPParamGroup.unshard` casts the weights into the unsharded
-  copy, `foreach_reduce` copies the gradients). Nothing is sharded there, so nothing is
-  resharded after forward: the bf16 copy made by a step's first forward serves every
-  micro-batch of the step, and gradients are reduced once after the last one
-  (`runtime.accumulation`: one cast per weight per step). The units stay TorchTitan's, one
-  per block: a block's casts and gradient additions then run between the GEMMs of its
-  neighbours, which hides them wherever the GPU is the busier (one unit for the whole
-  model would save FSDP2's per-block hooks on the host, but cast every weight in one
-  burst before any GEMM, where nothing hides it: about 13% of a CoLA 1B step at
-  micro-batch 4 on an H100, by `perf.host`).
-  TP-only, PP-only (each stage), TP x PP and one device use the 1-D "fsdp" mesh;
-  dp_replicate > 1 uses HSDP over (dp_replicate, fsdp = 1), as FSDP2's
-  maintainers suggest for replicated mixed precision (pytorch/torchtitan#1469): its fp32
-  gradient all-reduce over dp_replicate moves DDP's bytes, while DDP under `torch.autocast`
-  would compute differently from every other layout (and autocast does not fit BTP's
-  backward functions).
+- Otherwise, for bf16 compute from fp32 weights (`Precision.casts_for_compute`), where no
+  weight is sharded and nothing needs FSDP2's machinery (no PP, no dp_replicate, no CPU
+  offload, no CUDA graphs on CUDA): `runtime.compute_copies`, each
+  fp32 weight cast once per step with autograd recording the cast, gradients accumulated
+  into the fp32 masters by autograd; no per-micro-batch hooks (FSDP2 on a 1-rank mesh cost
+  the bf16 step 1.46x the fp32 one at TP 1 on CPU; `docs/performance.md`). It computes the
+  same bits as FSDP2's `MixedPrecisionPolicy` (`tests/unit/test_accumulation.py`).
+- The rest of those layouts (PP stages, dp_replicate > 1, CPU offload, CUDA graphs on
+  CUDA) get FSDP2 on a mesh whose shard dim has 1 rank, so its `MixedPrecisionPolicy`
+  gives them what FSDP runs get (bf16 parameters in compute, fp32 master weights,
+  gradients accumulated and reduced in `mixed_precision_reduce`), as TorchTitan's main
+  branch does (pytorch/torchtitan#2900, issue #2886). TorchTitan 0.2.2 builds that "fsdp"
+  dim with the fake backend; FSDP2 runs no collective over a 1-rank dim (torch 2.13
+  `FSDPParamGroup.unshard` casts the weights into the unsharded copy, `foreach_reduce`
+  copies the gradients). Nothing is sharded there, so nothing is resharded after forward:
+  the bf16 copy made by a step's first forward serves every micro-batch of the step, and
+  gradients are reduced once after the last one (`runtime.accumulation`). The units stay
+  TorchTitan's, one per block: a block's casts and gradient additions then run between
+  the GEMMs of its neighbours. dp_replicate > 1 uses HSDP over (dp_replicate, fsdp = 1),
+  as FSDP2's maintainers suggest for replicated mixed precision (pytorch/torchtitan#1469):
+  its fp32 gradient all-reduce over dp_replicate moves DDP's bytes, while DDP under
+  `torch.autocast` would compute differently from every other layout (and autocast does
+  not fit BTP's backward functions).
 - Otherwise (fp32, or bf16 weights via `training.dtype`): DDP with dp_replicate > 1.
 """
 
@@ -35,7 +37,8 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.models.llama3.infra.parallelize import apply_ddp, apply_fsdp
 from torchtitan.tools.logging import logger
 
-from boost_titan.runtime.device import force_sum_reductions
+from boost_titan.runtime.compute_copies import apply_compute_copies
+from boost_titan.runtime.device import force_sum_reductions, on_cpu
 from boost_titan.runtime.precision import Precision
 
 
@@ -50,16 +53,38 @@ def _one_rank_shard_mesh(parallel_dims: ParallelDims, names: list[str]) -> Devic
     return parallel_dims._meshes["fsdp"]
 
 
+def _casts_without_fsdp(parallel_dims: ParallelDims, job_config) -> bool:
+    """bf16 compute where `runtime.compute_copies` replaces FSDP2 (module docstring)."""
+    training = job_config.training
+    return (
+        Precision.of(training).casts_for_compute
+        and not training.enable_cpu_offload
+        and not (job_config.boost.cuda_graphs and not on_cpu())  # graphs replay FSDP2's casts
+        and not (parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled)
+        and not parallel_dims.pp_enabled
+    )
+
+
 def apply_data_parallel(
     model: nn.Module, parallel_dims: ParallelDims, job_config, compile_model: bool
 ) -> None:
-    """FSDP2 / HSDP, the 1-rank FSDP2 of mixed precision, or DDP (module docstring)."""
+    """FSDP2 / HSDP, compute copies or the 1-rank FSDP2 of mixed precision, or DDP (module
+    docstring)."""
     training = job_config.training
     replicate = parallel_dims.dp_replicate_enabled
     names = ["dp_replicate", "fsdp"] if replicate else ["fsdp"]
     if not parallel_dims.fsdp_enabled and not Precision.of(training).casts_for_compute:
         if replicate:
             apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
+        return
+    if _casts_without_fsdp(parallel_dims, job_config):
+        apply_compute_copies(
+            model, TORCH_DTYPE_MAP[training.mixed_precision_param], model.layers.values()
+        )
+        logger.info(
+            "Mixed precision without FSDP2 (nothing sharded): each fp32 weight cast once per "
+            "step, gradients accumulated in fp32"
+        )
         return
     sharded = parallel_dims.fsdp_enabled
     apply_fsdp(
@@ -85,5 +110,5 @@ def apply_data_parallel(
     else:
         logger.info(
             "Applied FSDP2 on a 1-rank mesh for mixed precision (no collective; weights cast "
-            "once per step)"
+            "once per step outside CUDA graphs)"
         )

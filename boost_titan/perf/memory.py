@@ -1,16 +1,18 @@
 """Peak memory per GPU of a training layout: the one formula `bench model` and the planner use.
 
 Per rank of pipeline stage s (TorchTitan's split, `stage_layers`), for the product's
-precision (`runtime.precision`: FSDP2's mixed-precision policy on every layout, on a 1-rank
-"fsdp" mesh where no data is sharded), with N the stage's parameters on the rank and d the
+precision (`runtime.precision`: bf16 compute copies of fp32 master weights on every layout,
+made by FSDP2's mixed-precision policy or, where nothing is sharded, `runtime.compute_copies`),
+with N the stage's parameters on the rank and d the
 FSDP shard degree:
 
 - state, always resident: the weights (bf16 training: the fp32 master copy, 4 N / d) and
   AdamW's two moments (8 N / d); fp32 training the same, bf16 without master weights half.
-- compute copy: bf16 training casts each FSDP unit's weights to bf16 (2 bytes per
-  parameter, unsharded). Where nothing is sharded (d = 1) the whole stage's copy stays
-  from the step's first forward until each unit's backward in the last micro-batch frees
-  it (`runtime.accumulation`), as under PP (TorchTitan's policy); with FSDP (d > 1) a
+- compute copy: bf16 training casts each weight to bf16 (2 bytes per parameter,
+  unsharded). Where nothing is sharded (d = 1) the whole stage's copy stays from the
+  step's first forward until each unit's backward in the last micro-batch frees it
+  (`runtime.compute_copies` without PP, FSDP2 with `runtime.accumulation` under PP, as
+  TorchTitan's policy for PP); with FSDP (d > 1) a
   block's copy lives during its forward and again during its backward, the final norm +
   lm_head's from forward to backward (TorchTitan does not reshard them).
 - activations: `step_model.activation_bytes` per block (exact against `bench trace`) x the

@@ -6,8 +6,9 @@ backward: under gradient accumulation each weight was cast twice per micro-batch
 per step at 4 micro-batches; 3,184 cast kernels of a 13,733-kernel step of CoLA 1B on an
 H100). `Accumulation` sets FSDP2's switches before every micro-batch instead:
 
-- Layouts that shard no weights (FSDP2 on a 1-rank mesh: one device, TP, HSDP with a
-  1-rank shard dim; `boost_llama.data_parallel`) keep the bf16 copy from the first
+- Layouts that shard no weights but run FSDP2 on a 1-rank mesh (HSDP with a 1-rank shard
+  dim, CPU offload, CUDA graphs on CUDA; one device and TP otherwise use
+  `runtime.compute_copies`; `boost_llama.data_parallel`) keep the bf16 copy from the first
   micro-batch's forward to the last one's backward (`reshard_after_forward = False` there,
   `set_reshard_after_backward` here) and accumulate the weight gradients unsharded in fp32
   (FSDP2 upcasts each micro-batch's bf16 gradient into its fp32 accumulator), reducing them

@@ -3,9 +3,11 @@
 TorchTitan 0.2.2 casts for bf16 compute only where FSDP runs (dp_shard or cp > 1); it keeps
 TP-only, PP-only and TP x PP layouts in fp32 and wraps one device and DDP in
 `torch.autocast`, which BTP's hand-written backward functions do not fit. Here every layout
-gets FSDP2's `MixedPrecisionPolicy` (`boost_llama.data_parallel`): bf16 parameters in compute,
-fp32 master weights and optimizer state, gradients accumulated and reduced in fp32; where no
-data is sharded, FSDP2 runs on a 1-rank mesh (no collective: a cast-copy instead of the
+computes as FSDP2's `MixedPrecisionPolicy` does (`boost_llama.data_parallel`): bf16
+parameters in compute, fp32 master weights and optimizer state, gradients accumulated and
+reduced in fp32. Where no weight is sharded and no PP or dp_replicate runs, the compute
+copies do it with autograd alone (`runtime.compute_copies`, the same bits); PP stages and
+dp_replicate run FSDP2 on a 1-rank mesh (no collective: a cast-copy instead of the
 all-gather, a copy instead of the reduce-scatter). No autocast wraps a forward
 (`no_autocast` replaces TorchTitan's `maybe_enable_amp`).
 """
@@ -35,8 +37,8 @@ class Precision:
 
     @property
     def casts_for_compute(self) -> bool:
-        """fp32 weights computed in a narrower dtype: FSDP2's policy does the cast, on a
-        1-rank mesh where no data is sharded."""
+        """fp32 weights computed in a narrower dtype: the compute copies or FSDP2's policy
+        cast them (`boost_llama.data_parallel`)."""
         return self.weights == "float32" and self.compute != "float32"
 
     def describe(self, fsdp: bool) -> str:
@@ -61,7 +63,7 @@ class Precision:
 
 def no_autocast(*_args, **_kwargs) -> contextlib.AbstractContextManager[None]:
     """Stands in for TorchTitan's `maybe_enable_amp`: no autocast and no log line (the
-    trainer logs `Precision.describe`); FSDP2's policy does every cast."""
+    trainer logs `Precision.describe`); the compute copies or FSDP2's policy do every cast."""
     return contextlib.nullcontext()
 
 

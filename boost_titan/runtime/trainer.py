@@ -39,9 +39,10 @@
   compute, fp32 master weights and gradient reductions" or "Precision: fp32"). TorchTitan's
   `maybe_enable_amp` (autocast on one device and under DDP; fp32 and a warning for TP or PP
   without FSDP) is replaced by `no_autocast` before `Trainer.__init__` calls it: FSDP2's
-  mixed-precision policy does every cast, on every layout (`boost_llama.data_parallel`),
-  once per weight per step where nothing is sharded (`runtime.accumulation`, set before
-  every micro-batch).
+  mixed-precision policy or, where nothing is sharded, `runtime.compute_copies` does every
+  cast (`boost_llama.data_parallel`), once per weight per step where nothing is sharded
+  (the copies held from a step's first micro-batch to its last backward; FSDP2's switches
+  set before every micro-batch, `runtime.accumulation`).
 - On CPU the NCCL-only settings stay quiet: the flight recorder is off (it would only leave
   an empty `comm_traces/`), and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is dropped
   (TorchTitan warns that it overrides it).
@@ -77,6 +78,7 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
+from boost_titan.runtime.compute_copies import compute_copies_of
 from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
@@ -164,6 +166,7 @@ class BoostTrainer(Trainer):
             shards_weights=dims.fsdp_enabled,
             reshard_policy=job_config.parallelism.fsdp_reshard_after_forward,
         )
+        self.copies = None if dims.pp_enabled else compute_copies_of(self.model_parts[0])
         self.microbatch = 0
         self.graphed = self.graphed_microbatch() if boost.cuda_graphs else None
         self.dp_degree = dims.dp_replicate * dims.dp_shard
@@ -226,6 +229,11 @@ class BoostTrainer(Trainer):
             self.accumulation.before_microbatch(
                 self.fsdp_modules, self.microbatch, self.gradient_accumulation_steps
             )
+            if self.copies is not None:
+                if self.microbatch == 0:
+                    self.copies.begin_step()
+                if self.microbatch == self.gradient_accumulation_steps - 1:
+                    self.copies.release_after_backward()
             self.microbatch += 1
             # a device tensor (TorchTitan passes a float under DP): CUDA graphs copy it in
             tokens = torch.as_tensor(global_valid_tokens, dtype=torch.float32, device=self.device)
@@ -251,6 +259,8 @@ class BoostTrainer(Trainer):
             if self.pp_has_last_stage:
                 # The parent divides the microbatch losses by the token count once more.
                 loss = loss * global_valid_tokens
+        if self.copies is not None and self.microbatch == self.gradient_accumulation_steps:
+            self.copies.end_step()  # the masters' gradients are complete
         detached = loss.detach()
         # Under loss parallel the loss is a replicated DTensor.
         detached = detached.full_tensor() if isinstance(detached, DTensor) else detached
@@ -293,6 +303,8 @@ class BoostTrainer(Trainer):
         # an eager forward since the last step (validation) may have left weights unsharded
         for module in self.fsdp_modules:
             module.reshard()
+        if self.copies is not None:  # a step that raised mid-way left the copies in place
+            self.copies.end_step()
         self.step_losses = []
         self.grad_norm = None
         tokens_before = self.ntokens_seen

@@ -82,6 +82,7 @@ def _step(layout: str, rank: int, world_size: int) -> dict:
     from boost_titan.boost_llama.model import BoostTransformer
     from boost_titan.boost_llama.spec import build_spec, model_args_for
     from boost_titan.config.cli import parse_job_config
+    from boost_titan.runtime.compute_copies import compute_copies_of
     from boost_titan.runtime.device import use_cpu_if_no_accelerator
     from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
 
@@ -128,6 +129,7 @@ def _step(layout: str, rank: int, world_size: int) -> dict:
     local = {n: (g.to_local() if isinstance(g, DTensor) else g) for n, g in grads.items()}
     return {
         "fsdp_modules": sum(isinstance(m, FSDPModule) for m in model.modules()),
+        "compute_copies": compute_copies_of(model) is not None,
         "gemms": log.gemms,
         "block_gemms": log.block_gemms,
         "collectives": log.collectives,
@@ -155,8 +157,9 @@ def _assert_master_state_fp32(step: dict) -> None:
 def test_tp2_bf16_gemms_see_bf16_with_fp32_master_state(steps):
     """TP2 with mixed_precision_param bfloat16: every GEMM of the step (the blocks' BTP
     projections, attention, lm_head; forward and backward) gets bf16 inputs and weights;
-    master weights, gradients and AdamW state are fp32, through FSDP2 on a 1-rank mesh
-    that issues no collective: TP2's collectives are fp32's, kind for kind."""
+    master weights, gradients and AdamW state are fp32, through the compute copies
+    (`runtime.compute_copies`, no FSDP2), which issue no collective: TP2's collectives are
+    fp32's, kind for kind."""
     for rank in steps:
         bf16, fp32 = rank["tp2-bf16"], rank["tp2-fp32"]
         dtypes = {d for _, ds in bf16["gemms"] for d in ds}
@@ -165,17 +168,18 @@ def test_tp2_bf16_gemms_see_bf16_with_fp32_master_state(steps):
             f"forward), dtypes {dtypes}; {bf16['fsdp_modules']} FSDP modules"
         )
         assert bf16["block_gemms"] and dtypes == {torch.bfloat16}
-        assert bf16["fsdp_modules"] > 0
+        assert bf16["compute_copies"] and bf16["fsdp_modules"] == 0
         _assert_master_state_fp32(bf16)
         assert all(size > 1 for _, size, _ in bf16["collectives"]), bf16["collectives"]
         assert [c[:2] for c in bf16["collectives"]] == [c[:2] for c in fp32["collectives"]]
 
 
 def test_tp2_fp32_is_unwrapped_fp32(steps):
-    """mixed_precision_param float32: no FSDP2 wrapping, every GEMM and all state fp32."""
+    """mixed_precision_param float32: no FSDP2 wrapping or compute copies, every GEMM and
+    all state fp32."""
     for rank in steps:
         fp32 = rank["tp2-fp32"]
-        assert fp32["fsdp_modules"] == 0
+        assert fp32["fsdp_modules"] == 0 and not fp32["compute_copies"]
         assert {d for _, ds in fp32["gemms"] for d in ds} == {torch.float32}
         # fp64: the exact gradient norm's scalars (`runtime.grad_norm`)
         assert {d for _, _, d in fp32["collectives"]} - {torch.float64} == {torch.float32}
@@ -187,6 +191,7 @@ def test_dp_replicate_bf16_reduces_in_fp32(steps):
     bf16, all-reduces every gradient over the 2 replicas in fp32 (and nothing else), and
     both ranks end with the same fp32 gradients from different data."""
     first, second = (rank["dp_replicate2-bf16"] for rank in steps)
+    assert first["fsdp_modules"] > 0 and not first["compute_copies"]
     assert {d for _, ds in first["gemms"] for d in ds} == {torch.bfloat16}
     _assert_master_state_fp32(first)
     reduces = {(size, dtype) for _, size, dtype in first["collectives"]}

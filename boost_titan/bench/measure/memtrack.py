@@ -3,10 +3,12 @@
 One CPU process plays rank 0 of a TP group (a fake process group of world size tp,
 `fake_group`, as in `bench trace`) and, with `fake=True`, FakeTensorMode holds no real
 memory, so a 13B stage at TP4 and seq 4096 costs seconds. The model is built as the trainer
-builds it: fp32 weights, the real TP plan (`apply_plan`), the AC mode, then TorchTitan's
-`apply_fsdp` with bf16 parameters and fp32 reductions on a 1-rank "fsdp" mesh dim, never
-resharding, with the product's accumulation switches before every backward
-(`boost_llama.data_parallel`, `runtime.accumulation`), and a fused AdamW. A pipeline stage
+builds it: fp32 weights, the real TP plan (`apply_plan`), the AC mode, then its mixed
+precision (`boost_llama.data_parallel`): without PP the compute copies
+(`runtime.compute_copies`, held for the step), under PP TorchTitan's `apply_fsdp` with bf16
+parameters and fp32 reductions on a 1-rank "fsdp" mesh dim, never resharding, with the
+product's accumulation switches before every backward (`runtime.accumulation`); and a
+fused AdamW. A pipeline stage
 is the model with its stage's blocks (TorchTitan's split, `memory.stage_layers`) and without
 the parts other stages hold; it runs 1F1B's order for its micro-batches (a stage s of pp
 keeps pp - s of them in flight).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +41,7 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.perf import memory, step_model
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
+from boost_titan.runtime.compute_copies import apply_compute_copies
 
 _TOTAL = "Total"
 
@@ -50,6 +54,14 @@ class PeakTracker(MemTracker):
             if self._peak_mem.get(dev, 0) < snap[_TOTAL]:
                 self._peak_mem[dev] = snap[_TOTAL]
                 self._peak_mem_snap[dev] = dict(snap)
+
+    def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True):
+        # the compute copies are non-leaf tensors, which take no post-accumulate-grad hook;
+        # their gradients are still allocations the peak counts
+        leaf = all(p.is_leaf for p in module.parameters())
+        with warnings.catch_warnings():  # MemTracker reads every parameter's .grad
+            warnings.filterwarnings("ignore", "The .grad attribute of a Tensor that is not a leaf")
+            return super()._track_module_params_and_buffers(module, install_grad_hooks and leaf)
 
     def peak(self) -> tuple[int, dict[str, int]]:
         """(peak bytes, its split by MemTracker's categories) on the one device."""
@@ -138,16 +150,20 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
                     group_linears=plan.group_linears,
                 )
             _apply_ac(model, plan.ac, plan.tp)
-            with _real_meshes(fake):
-                apply_fsdp(
-                    model,
-                    mesh["fsdp"],
-                    param_dtype=torch.bfloat16,
-                    reduce_dtype=torch.float32,
-                    pp_enabled=plan.pp > 1,
-                    cpu_offload=False,
-                    reshard_after_forward_policy="never",  # nothing sharded: kept
-                )
+            copies = None
+            if plan.pp == 1:
+                copies = apply_compute_copies(model, torch.bfloat16, model.layers.values())
+            else:
+                with _real_meshes(fake):
+                    apply_fsdp(
+                        model,
+                        mesh["fsdp"],
+                        param_dtype=torch.bfloat16,
+                        reduce_dtype=torch.float32,
+                        pp_enabled=True,
+                        cpu_offload=False,
+                        reshard_after_forward_policy="never",  # nothing sharded: kept
+                    )
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         shape = (plan.micro_batch, plan.seq_len)
         tokens = torch.randint(0, args.vocab_size, shape)
@@ -158,9 +174,13 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
 
         def step(before_forward=lambda: None) -> None:
             outputs = {}
+            if copies is not None:
+                copies.begin_step()
             for kind, i in _schedule(plan.pp, stage, plan.microbatches):
                 policy.before_microbatch(units, i if kind == "b" else 0, plan.microbatches)
                 if kind == "f":
+                    if copies is not None and i == plan.microbatches - 1:
+                        copies.release_after_backward()
                     before_forward()
                     out = model(inputs)
                     if last:
@@ -173,6 +193,8 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
                     out = outputs.pop(i)
                     with loss_parallel():
                         out.backward(None if last else torch.randn_like(out))
+            if copies is not None:
+                copies.end_step()
 
         step()
         optimizer.step()

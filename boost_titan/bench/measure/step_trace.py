@@ -11,10 +11,11 @@ Chrome-trace JSON (`export_chrome_trace`). Counted, from the trace's complete ev
   `TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1`, which `bench step` sets).
 - kernels (CUDA): GPU kernels of the step; busy = the union of their intervals over the
   step's wall time.
-- parameter casts: ATen casts into the compute dtype that FSDP2 runs while it unshards
-  weights (inside its pre-forward, pre-backward and all-gather ranges; the casts of a
-  module's inputs are activations, not weights): a `to` per weight on a 1-rank mesh,
-  one `_foreach_copy_` of every weight of a unit when it all-gathers (FSDP2 takes that path
+- parameter casts: ATen casts into the compute dtype inside the compute copies' range
+  (`runtime.compute_copies.CAST_RANGE`: a `to` per weight) or while FSDP2 unshards weights
+  (inside its pre-forward, pre-backward and all-gather ranges; the casts of a module's
+  inputs are activations, not weights): a `to` per weight on a 1-rank mesh, one
+  `_foreach_copy_` of every weight of a unit when it all-gathers (FSDP2 takes that path
   only to cast; its copy into the all-gather buffer, `fsdp::all_gather_copy_in`, is not
   one).
 """
@@ -24,6 +25,8 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
+
+from boost_titan.runtime.compute_copies import CAST_RANGE
 
 STEP = "boost::step"
 MICROBATCH = "boost::microbatch"
@@ -40,8 +43,15 @@ LAUNCH_CALLS = frozenset(
     }
 )
 """Host calls that each put work on the GPU."""
-UNSHARD_SCOPES = ("FSDP::pre_forward", "FSDP::pre_backward", "FSDP::all_gather", "FSDP::unshard")
-"""FSDP2's record_function ranges in which it casts weights to the compute dtype."""
+CAST_SCOPES = (
+    CAST_RANGE,
+    "FSDP::pre_forward",
+    "FSDP::pre_backward",
+    "FSDP::all_gather",
+    "FSDP::unshard",
+)
+"""The record_function ranges in which the compute copies or FSDP2 cast weights to the
+compute dtype."""
 INPUT_CASTS = "FSDP::cast_forward_inputs"
 """FSDP2's range for casting a module's inputs (activations, not weights)."""
 COPY_IN = "fsdp::all_gather_copy_in"
@@ -127,9 +137,9 @@ def _count_within(items: list[Event], windows: list[Event]) -> int:
 
 
 def _casts(found: list[Event], tops: list[Event], dtype: str) -> int:
-    """Weight casts to `dtype` inside FSDP2's unshard ranges (module docstring)."""
+    """Weight casts to `dtype` inside the cast ranges (module docstring)."""
     code = str(COMPUTE_DTYPES.get(dtype, -1))
-    scopes = [e for e in found if e.name.startswith(UNSHARD_SCOPES)]
+    scopes = [e for e in found if e.name.startswith(CAST_SCOPES)]
     skipped = [e for e in found if e.name in (INPUT_CASTS, COPY_IN)]
     count = 0
     for op in tops:

@@ -1,0 +1,152 @@
+"""bf16 compute from fp32 master weights without FSDP2, on layouts that shard no weight.
+
+Where nothing is sharded (one device, TP, no PP, no dp_replicate), FSDP2 on a 1-rank mesh
+gave mixed precision at the price of its per-unit machinery on every micro-batch (hooks,
+the reduce-buffer copy of every gradient): the bf16 step took 1.46x the fp32 one on the
+debug model at TP 1 on CPU. `ComputeCopies` does the same arithmetic with autograd alone:
+
+- A training step's first forward casts each fp32 master weight once, with autograd
+  recording the cast (`master.to(bf16)`); the copies take the masters' places in their
+  modules until the step's last backward (activation checkpointing recomputes with them).
+  One cast per weight per step, in one `record_function` range (`CAST_RANGE`).
+- Every micro-batch's backward runs through the same cast nodes (they save no tensor, so
+  they can be run again): each bf16 weight gradient is cast to fp32 and accumulated into
+  the master's `.grad` by autograd, g1 + g2 + ... in fp32, in FSDP2's order. In the last
+  micro-batch's backward each unit gives its copies back once their gradients exist
+  (`release_after_backward`), so a block's copy is freed after its backward, as FSDP2
+  frees it.
+- Floating-point inputs of each unit (TorchTitan's FSDP2 units: the blocks) are cast to
+  bf16 before its forward, as FSDP2's `cast_forward_inputs` does, so both paths compute
+  the same bits (`tests/unit/test_accumulation.py`).
+- Outside a step (validation, evaluation) a forward of the root casts the weights for that
+  call only (under `torch.no_grad()` when gradients are off) and puts the masters back.
+
+At rest the modules hold their fp32 masters: the optimizer, clipping, checkpoints and
+`state_dict` see only them. Memory: a block's bf16 copy (2 bytes a weight) lives from a
+step's first forward to the block's backward in the last micro-batch, as FSDP2's unsharded
+copies did (`perf.memory`, checked against torch's MemTracker by `bench memory`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from functools import partial
+
+import torch
+from torch import nn
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils._pytree import tree_map
+
+CAST_RANGE = "boost::cast_weights"
+"""The profiler range around a step's weight casts (counted by `bench step`)."""
+
+_OF_MODEL: weakref.WeakKeyDictionary[nn.Module, ComputeCopies] = weakref.WeakKeyDictionary()
+
+
+class ComputeCopies:
+    """The compute-dtype copies of a model's fp32 weights (module docstring)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype, units: Iterable[nn.Module]):
+        units = list(units)
+        self.dtype = dtype
+        self.slots = [
+            (module, name)
+            for module in model.modules()
+            for name, param in module._parameters.items()
+            if param is not None
+        ]
+        """Where each weight sits; the masters are read at each cast (`to_empty` after this
+        replaces the meta-device parameters)."""
+        self.masters: list[nn.Parameter] = []
+        self.master_at: dict[tuple[nn.Module, str], nn.Parameter] = {}
+        self.units = [
+            [(m, n) for m in unit.modules() for n, p in m._parameters.items() if p is not None]
+            for unit in units
+        ]
+        """Each unit's weight slots, given back to their masters one unit at a time at the
+        end of a step (`release_after_backward`)."""
+        self.active = False
+        self.held = False
+        model.register_forward_pre_hook(self._before_root)
+        model.register_forward_hook(self._after_root)
+        for unit in units:
+            unit.register_forward_pre_hook(self._cast_inputs, with_kwargs=True)
+        _OF_MODEL[model] = self
+
+    def begin_step(self) -> None:
+        """Cast every weight (autograd records it) and hold the copies until `end_step`."""
+        if not self.held:
+            self._swap_in()
+            self.held = True
+
+    def release_after_backward(self) -> None:
+        """Before a step's last forward: each unit puts its masters back as soon as the
+        next backward has computed the gradients of all its copies, so that each block's
+        copy is freed after its backward, as FSDP2 frees it (activation checkpointing has
+        recomputed by then)."""
+        if not self.held:
+            return
+        for slots in self.units:
+            copies = [m._parameters[n] for m, n in slots]
+            if copies and all(c.requires_grad for c in copies):
+                register_multi_grad_hook(copies, partial(self._give_back, slots), mode="all")
+
+    def _give_back(self, slots: list[tuple[nn.Module, str]], _grads) -> None:
+        for module, name in slots:
+            module._parameters[name] = self.master_at[(module, name)]
+
+    def end_step(self) -> None:
+        """Put the masters back after a step's last backward; their `.grad` is complete."""
+        if self.held:
+            self._swap_out()
+            self.held = False
+
+    def _swap_in(self) -> None:
+        self.masters = [module._parameters[name] for module, name in self.slots]
+        self.master_at = dict(zip(self.slots, self.masters, strict=True))
+        copies: dict[int, torch.Tensor] = {}  # a weight shared by two modules: one copy
+        with torch.profiler.record_function(CAST_RANGE):
+            for (module, name), master in zip(self.slots, self.masters, strict=True):
+                copy = copies.get(id(master))
+                if copy is None:
+                    copy = copies[id(master)] = master.to(self.dtype)
+                module._parameters[name] = copy  # a non-leaf: its grad reaches the master
+        self.active = True
+
+    def _swap_out(self) -> None:
+        for (module, name), master in zip(self.slots, self.masters, strict=True):
+            module._parameters[name] = master
+        self.masters, self.master_at = [], {}
+        self.active = False
+
+    def _before_root(self, module: nn.Module, args: tuple) -> None:
+        if not self.active:
+            self._swap_in()
+
+    def _after_root(self, module: nn.Module, args: tuple, output):
+        if not self.held:
+            self._swap_out()
+        return output
+
+    def _cast_inputs(self, module: nn.Module, args: tuple, kwargs: dict):
+        def cast(x):
+            floating = isinstance(x, torch.Tensor) and torch.is_floating_point(x)
+            return x.to(self.dtype) if floating else x
+
+        return tree_map(cast, args), tree_map(cast, kwargs)
+
+
+def apply_compute_copies(
+    model: nn.Module, dtype: torch.dtype, units: Iterable[nn.Module]
+) -> ComputeCopies:
+    """Give `model` bf16 (`dtype`) compute from its fp32 weights (module docstring)."""
+    return ComputeCopies(model, dtype, units)
+
+
+def compute_copies_of(model: nn.Module) -> ComputeCopies | None:
+    """The `ComputeCopies` applied to `model`, if any."""
+    return _OF_MODEL.get(model)
+
+
+__all__ = ["CAST_RANGE", "ComputeCopies", "apply_compute_copies", "compute_copies_of"]
