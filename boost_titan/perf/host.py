@@ -13,7 +13,8 @@ takes the longer of its host time and its GPU time; phases follow one another:
   operation one fused kernel, SiLUs one per tensor), each collective (one per chunk);
 - the model's ends (embedding; final norm, lm_head, cross-entropy, loss-parallel
   collectives);
-- the weights' handling (FSDP2's casts, copies and gradient additions, `weight_launches`)
+- the weights' handling (casts, FSDP2's copies, gradient casts and additions,
+  `weight_launches`)
   inside the phase of the unit they belong to, and per step the gradient norm, clipping
   and AdamW (`optimizer_launches`).
 
@@ -87,11 +88,21 @@ def weight_launches(
     - "legacy" (18fc3d3): the same units; each weight cast and copied before its block's
       forward and again before its backward, each micro-batch reduced into the sharded
       gradient (an add from the second on) with the unit's two reduction copies;
+    - "copies" (`runtime.compute_copies`, one device and TP): each weight cast once per
+      step in its block's first forward; in every micro-batch's backward each bf16
+      gradient cast to fp32, and added into the master's gradient from the second on;
     - "graphs": FSDP2 reshards and reduces after every micro-batch inside the graph: no
       host launches (the GPU side is `step_model.weight_casts`)."""
     m = microbatches
     if plan_kind == "graphs":
         return WeightLaunches(0.0, 0.0, 0.0)
+    if plan_kind == "copies":
+        backward = 1 + (m - 1) / m  # a cast per micro-batch, an add from the second on
+        return WeightLaunches(
+            block_forward=block_tensors / m,
+            block_backward=backward * block_tensors,
+            ends=end_tensors / m + backward * end_tensors,
+        )
     if plan_kind == "legacy":
         adds = (m - 1) / m
         return WeightLaunches(

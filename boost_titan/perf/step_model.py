@@ -738,19 +738,26 @@ def block_launches(
 
 
 def weight_casts(args: ModelShape, plan: TrainingLayout) -> Stream:
-    """FSDP2's casts of the weights to the compute dtype and copies into the unsharded
-    weights, per step on the busiest rank (bf16 training with fp32 master weights only):
-    once per step, twice per micro-batch with `legacy_launches`, once per micro-batch under
-    CUDA graphs (`host.weight_launches`)."""
+    """The casts of the weights to the compute dtype per step on the busiest rank (bf16
+    training with fp32 master weights only): the compute copies' once per step (read fp32,
+    write bf16) plus each micro-batch's gradient casts back to fp32 (read bf16, write
+    fp32); FSDP2's (and its copies into the unsharded weights) once per step, twice per
+    micro-batch with `legacy_launches`, once per micro-batch under CUDA graphs
+    (`host.weight_launches`)."""
     if plan.state != "bf16":
         return Stream("weight_casts", 0, 0)
-    passes = {"product": 1, "legacy": 2 * plan.microbatches, "graphs": plan.microbatches}
-    count = passes[_launch_kind(plan)]
-    tensors = _rank_tensors(args, plan)
+    params, tensors = params_per_rank(args, plan), _rank_tensors(args, plan)
+    kind = _launch_kind(plan)
+    if kind == "copies":
+        cast = FP32_BYTES + plan.dtype_bytes
+        return Stream(
+            "weight_casts",
+            (1 + plan.microbatches) * cast * params,
+            (1 + plan.microbatches) * tensors,
+        )
+    count = {"product": 1, "legacy": 2 * plan.microbatches, "graphs": plan.microbatches}[kind]
     read_cast_copy = FP32_BYTES + 2 * plan.dtype_bytes + 2 * plan.dtype_bytes
-    return Stream(
-        "weight_casts", count * read_cast_copy * params_per_rank(args, plan), 2 * count * tensors
-    )
+    return Stream("weight_casts", count * read_cast_copy * params, 2 * count * tensors)
 
 
 def _ends_launches(args: ModelShape, plan: TrainingLayout, stage: int) -> int:
@@ -779,10 +786,13 @@ def _rank_tensors(args: ModelShape, plan: TrainingLayout) -> int:
 
 
 def _launch_kind(plan: TrainingLayout) -> str:
-    """`host.weight_launches`' pattern for `plan`."""
+    """`host.weight_launches`' pattern for `plan`: without PP the compute copies
+    (`boost_llama.data_parallel`; the model prices layouts without data parallelism)."""
     if plan.cuda_graphs:
         return "graphs"
-    return "legacy" if plan.legacy_launches else "product"
+    if plan.legacy_launches:
+        return "legacy"
+    return "copies" if plan.pp == 1 else "product"
 
 
 def _stage_host(

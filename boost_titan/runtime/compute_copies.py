@@ -6,9 +6,12 @@ the reduce-buffer copy of every gradient): the bf16 step took 1.46x the fp32 one
 debug model at TP 1 on CPU. `ComputeCopies` does the same arithmetic with autograd alone:
 
 - A training step's first forward casts each fp32 master weight once, with autograd
-  recording the cast (`master.to(bf16)`); the copies take the masters' places in their
-  modules until the step's last backward (activation checkpointing recomputes with them).
-  One cast per weight per step, in one `record_function` range (`CAST_RANGE`).
+  recording the cast (`master.to(bf16)`): a unit's (block's) weights when the unit first
+  runs, so the casts interleave with the neighbours' GPU work as FSDP2's per-block units
+  do, the rest when the root's forward starts. The copies take the masters' places in
+  their modules until the step's last backward (activation checkpointing recomputes with
+  them). One cast per weight per step, each unit's in one `record_function` range
+  (`CAST_RANGE`).
 - Every micro-batch's backward runs through the same cast nodes (they save no tensor, so
   they can be run again): each bf16 weight gradient is cast to fp32 and accumulated into
   the master's `.grad` by autograd, g1 + g2 + ... in fp32, in FSDP2's order. In the last
@@ -44,97 +47,119 @@ CAST_RANGE = "boost::cast_weights"
 _OF_MODEL: weakref.WeakKeyDictionary[nn.Module, ComputeCopies] = weakref.WeakKeyDictionary()
 
 
+Slot = tuple[nn.Module, str]
+"""Where a weight sits: its module and its name there."""
+
+
 class ComputeCopies:
     """The compute-dtype copies of a model's fp32 weights (module docstring)."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype, units: Iterable[nn.Module]):
-        units = list(units)
         self.dtype = dtype
-        self.slots = [
-            (module, name)
-            for module in model.modules()
-            for name, param in module._parameters.items()
-            if param is not None
-        ]
-        """Where each weight sits; the masters are read at each cast (`to_empty` after this
+        self.units = list(units)
+        self.unit_slots = {id(unit): _slots(unit) for unit in self.units}
+        """Each unit's weights: cast in its first forward of a step, given back after its
+        backward in the step's last micro-batch (`release_after_backward`)."""
+        in_units = {slot for slots in self.unit_slots.values() for slot in slots}
+        self.root_slots = [slot for slot in _slots(model) if slot not in in_units]
+        """The weights outside every unit (embedding, final norm, lm_head): cast when the
+        root's forward starts."""
+        self.master_at: dict[Slot, nn.Parameter] = {}
+        """Each swapped slot's master (masters are read at each cast: `to_empty` after this
         replaces the meta-device parameters)."""
-        self.masters: list[nn.Parameter] = []
-        self.master_at: dict[tuple[nn.Module, str], nn.Parameter] = {}
-        self.units = [
-            [(m, n) for m in unit.modules() for n, p in m._parameters.items() if p is not None]
-            for unit in units
-        ]
-        """Each unit's weight slots, given back to their masters one unit at a time at the
-        end of a step (`release_after_backward`)."""
+        self.copy_of: dict[int, torch.Tensor] = {}
+        """This step's copy of each master (by id): a weight shared by two slots, one copy."""
+        self.cast_units: set[int] = set()
         self.active = False
+        """The root's forward has begun casting (in a step: until `end_step`)."""
         self.held = False
+        """A training step holds the copies across its micro-batches."""
+        self.releasing = False
+        """The step's last micro-batch: units give their copies back after backward."""
         model.register_forward_pre_hook(self._before_root)
         model.register_forward_hook(self._after_root)
-        for unit in units:
-            unit.register_forward_pre_hook(self._cast_inputs, with_kwargs=True)
+        for unit in self.units:
+            unit.register_forward_pre_hook(self._before_unit, with_kwargs=True)
         _OF_MODEL[model] = self
 
     def begin_step(self) -> None:
-        """Cast every weight (autograd records it) and hold the copies until `end_step`."""
-        if not self.held:
-            self._swap_in()
-            self.held = True
+        """Hold the copies from this step's first forward (each unit's weights cast, with
+        autograd recording the cast, when the unit first runs) until `end_step`."""
+        self.held = True
 
     def release_after_backward(self) -> None:
         """Before a step's last forward: each unit puts its masters back as soon as the
         next backward has computed the gradients of all its copies, so that each block's
         copy is freed after its backward, as FSDP2 frees it (activation checkpointing has
-        recomputed by then)."""
-        if not self.held:
-            return
-        for slots in self.units:
-            copies = [m._parameters[n] for m, n in slots]
-            if copies and all(c.requires_grad for c in copies):
-                register_multi_grad_hook(copies, partial(self._give_back, slots), mode="all")
-
-    def _give_back(self, slots: list[tuple[nn.Module, str]], _grads) -> None:
-        for module, name in slots:
-            module._parameters[name] = self.master_at[(module, name)]
+        recomputed by then). Units not cast yet register when they are."""
+        self.releasing = True
+        for unit in self.units:
+            if id(unit) in self.cast_units:
+                self._register_give_back(unit)
 
     def end_step(self) -> None:
         """Put the masters back after a step's last backward; their `.grad` is complete."""
-        if self.held:
-            self._swap_out()
-            self.held = False
+        self._swap_out()
+        self.held = False
 
-    def _swap_in(self) -> None:
-        self.masters = [module._parameters[name] for module, name in self.slots]
-        self.master_at = dict(zip(self.slots, self.masters, strict=True))
-        copies: dict[int, torch.Tensor] = {}  # a weight shared by two modules: one copy
+    def _register_give_back(self, unit: nn.Module) -> None:
+        slots = self.unit_slots[id(unit)]
+        copies = [module._parameters[name] for module, name in slots]
+        if copies and all(c.requires_grad for c in copies):
+            register_multi_grad_hook(copies, partial(self._give_back, slots), mode="all")
+
+    def _give_back(self, slots: list[Slot], _grads) -> None:
+        for module, name in slots:
+            master = self.master_at[(module, name)]
+            module._parameters[name] = master
+            self.copy_of.pop(id(master), None)  # the last reference: the copy is freed
+
+    def _swap_in(self, slots: list[Slot]) -> None:
         with torch.profiler.record_function(CAST_RANGE):
-            for (module, name), master in zip(self.slots, self.masters, strict=True):
-                copy = copies.get(id(master))
+            for module, name in slots:
+                master = module._parameters[name]
+                self.master_at[(module, name)] = master
+                copy = self.copy_of.get(id(master))
                 if copy is None:
-                    copy = copies[id(master)] = master.to(self.dtype)
+                    copy = self.copy_of[id(master)] = master.to(self.dtype)
                 module._parameters[name] = copy  # a non-leaf: its grad reaches the master
-        self.active = True
 
     def _swap_out(self) -> None:
-        for (module, name), master in zip(self.slots, self.masters, strict=True):
+        for (module, name), master in self.master_at.items():
             module._parameters[name] = master
-        self.masters, self.master_at = [], {}
-        self.active = False
+        self.master_at, self.copy_of, self.cast_units = {}, {}, set()
+        self.active = self.releasing = False
 
     def _before_root(self, module: nn.Module, args: tuple) -> None:
         if not self.active:
-            self._swap_in()
+            self._swap_in(self.root_slots)
+            self.active = True
 
     def _after_root(self, module: nn.Module, args: tuple, output):
         if not self.held:
             self._swap_out()
         return output
 
-    def _cast_inputs(self, module: nn.Module, args: tuple, kwargs: dict):
+    def _before_unit(self, unit: nn.Module, args: tuple, kwargs: dict):
+        """Cast the unit's weights in its first forward of the step, and its floating
+        inputs (as FSDP2's `cast_forward_inputs`) in every forward."""
+        if self.active and id(unit) not in self.cast_units:
+            self._swap_in(self.unit_slots[id(unit)])
+            self.cast_units.add(id(unit))
+            if self.releasing:
+                self._register_give_back(unit)
+
         def cast(x):
             floating = isinstance(x, torch.Tensor) and torch.is_floating_point(x)
             return x.to(self.dtype) if floating else x
 
         return tree_map(cast, args), tree_map(cast, kwargs)
+
+
+def _slots(module: nn.Module) -> list[Slot]:
+    return [
+        (m, name) for m in module.modules() for name, p in m._parameters.items() if p is not None
+    ]
 
 
 def apply_compute_copies(

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import tempfile
+import weakref
 
 import pytest
 import torch
@@ -136,9 +137,11 @@ def _train(path: str, profiled_step: int) -> tuple[list[dict], dict, list[torch.
                     batch = tokens[step, i : i + 1]
                     logits = model(batch[:, :-1]).float()
                     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[0, 1:])
+                    block_copies = [weakref.ref(p) for p in model.layers["0"].parameters()]
                     (loss / MICROBATCHES).backward()
-            if copies is not None:
-                given_back.append(_blocks_hold_masters(model))
+            if copies is not None:  # block 0's copies freed by the last backward
+                freed = all(ref() is None for ref in block_copies)
+                given_back.append(_blocks_hold_masters(model) and freed)
                 copies.end_step()
         grads.append({n: _local(p.grad).clone() for n, p in model.named_parameters()})
         optimizer.step()
@@ -152,7 +155,7 @@ def _train(path: str, profiled_step: int) -> tuple[list[dict], dict, list[torch.
                 prof.export_chrome_trace(path_)
                 with open(path_) as f:
                     trace = json.load(f)
-    if copies is not None:  # each block's copy was freed after its last backward
+    if copies is not None:  # each block's copy was given back and freed after its backward
         assert given_back == [True, True]
     return grads, trace, held_out
 

@@ -606,10 +606,10 @@ def test_step_parts_add_up_and_the_pipeline_bubble():
     per_mb = sum(v for k, v in stages[0].items() if k != "comm_hidden")
     assert step["bubble"] == 0.0
     params = step_model.params_per_rank(args, one)
-    casts = step_model.weight_casts(
-        args, one
-    )  # FSDP2's once per step: read fp32, write + copy bf16
-    assert casts.bytes == (4 + 2 * 2 + 2 * 2) * params
+    # the compute copies: each weight cast once per step (read fp32, write bf16) and each
+    # micro-batch's gradients cast back (read bf16, write fp32)
+    casts = step_model.weight_casts(args, one)
+    assert casts.bytes == (1 + 4) * (4 + 2) * params
     accumulate = costs.stream_time([Stream("acc", 3 * 3 * params * 2), casts], TOY)
     optimizer = params * (28 + 3 * 2) / 0.5e12 + 4e-6
     assert step["optimizer"] == pytest.approx(optimizer)
@@ -625,7 +625,9 @@ def test_step_parts_add_up_and_the_pipeline_bubble():
     ]
     step = step_model.step_time(args, two, TOY)
     assert step["bubble"] == pytest.approx(min(stages))
-    casts = costs.stream_time([step_model.weight_casts(args, two)], TOY)
+    casts = step_model.weight_casts(args, two)  # under PP FSDP2's: read fp32, write + copy bf16
+    assert casts.bytes == (4 + 2 * 2 + 2 * 2) * step_model.params_per_rank(args, two)
+    casts = costs.stream_time([casts], TOY)
     assert step["step"] - step["optimizer"] - casts == pytest.approx(sum(stages))
     # the first stage: half the blocks' exposed communication plus receiving the grads of its
     # output (btp sends its d/tp shard), over the network
@@ -1080,3 +1082,25 @@ def test_cli_bad_precision_options_are_one_line(capsys):
         assert main(["model", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_weight_launches_of_each_path():
+    """Per micro-batch, by phase: the compute copies cast each weight once per step (in its
+    block's first forward) and, in every backward, cast each gradient back and add it from
+    the second micro-batch on; FSDP2's kept path (PP) casts and copies once per step and
+    adds each gradient; 18fc3d3 cast and copied twice per micro-batch."""
+    from boost_titan.perf import host
+
+    copies = host.weight_launches(18, 3, 24, 4, "copies")
+    assert (copies.block_forward, copies.block_backward) == (18 / 4, 18 * 1.75)
+    assert copies.ends == 3 / 4 + 3 * 1.75
+    fsdp = host.weight_launches(18, 3, 24, 4, "product")
+    assert (fsdp.block_forward, fsdp.block_backward) == (2 * 18 / 4, 18 + 2 / 4)
+    legacy = host.weight_launches(18, 3, 24, 4, "legacy")
+    assert legacy.block_forward == 2 * 18
+    one = host.weight_launches(18, 3, 24, 1, "copies")  # no accumulation: a cast each
+    assert (one.block_forward, one.block_backward) == (18, 18)
+    plan = TrainingLayout(strategy="btp", tp=2)
+    assert step_model._launch_kind(plan) == "copies"
+    assert step_model._launch_kind(dataclasses.replace(plan, pp=2)) == "product"
+    assert step_model._launch_kind(dataclasses.replace(plan, cuda_graphs=True)) == "graphs"
