@@ -452,9 +452,9 @@ rounded, then the all-reduced sum again, so e_X's deviation is at most sqrt(3) x
 and |e_X - e_TP1| deviates by at most sqrt(3 + 1) s = 2 s (less where both share an error,
 as the bf16 copy of the same weights). D, the largest of three |e_TP1|, is 1.33 s on
 average, so 4 D is 5.3 s, 2.6 deviations: a correct layout exceeds it with probability
-< 1%. Measured on CPU: D = 1.8e-3 (loss) and 1.2e-3
-(grad norm); the layouts' largest differences from bf16 TP1 are 5.1e-4 (0.3 D) and 1.6e-3
-(1.3 D), against 0.6e-3 to 2.3e-3 from fp32. A wrong factor or a dropped term in a layout's
+< 1%. Measured on CPU: D = 1.2e-3 (loss) and 1.3e-3 (grad norm); the layouts' largest
+differences from bf16 TP1 are 5.5e-4 (0.5 D) and 1.3e-3 (1.0 D), against largest loss
+differences of 1.2e-3 to 1.6e-3 from fp32. A wrong factor or a dropped term in a layout's
 gradients moves its grad norm by far more than u."""
 
 
