@@ -87,6 +87,15 @@ class ComputeCopies:
         autograd recording the cast, when the unit first runs) until `end_step`."""
         self.held = True
 
+    def before_microbatch(self, index: int, count: int) -> None:
+        """The step protocol before micro-batch `index` of `count`: the first begins the
+        step, the last releases each block's copy after its backward (`end_step` follows
+        the last backward)."""
+        if index == 0:
+            self.begin_step()
+        if index == count - 1:
+            self.release_after_backward()
+
     def release_after_backward(self) -> None:
         """Before a step's last forward: each unit puts its masters back as soon as the
         next backward has computed the gradients of all its copies, so that each block's

@@ -230,10 +230,7 @@ class BoostTrainer(Trainer):
                 self.fsdp_modules, self.microbatch, self.gradient_accumulation_steps
             )
             if self.copies is not None:
-                if self.microbatch == 0:
-                    self.copies.begin_step()
-                if self.microbatch == self.gradient_accumulation_steps - 1:
-                    self.copies.release_after_backward()
+                self.copies.before_microbatch(self.microbatch, self.gradient_accumulation_steps)
             self.microbatch += 1
             # a device tensor (TorchTitan passes a float under DP): CUDA graphs copy it in
             tokens = torch.as_tensor(global_valid_tokens, dtype=torch.float32, device=self.device)

@@ -126,13 +126,11 @@ def _train(path: str, profiled_step: int) -> tuple[list[dict], dict, list[torch.
         optimizer.zero_grad()
         prof = profile(activities=[ProfilerActivity.CPU], record_shapes=step == profiled_step)
         with prof if step == profiled_step else contextlib.nullcontext(), record_function(STEP):
-            if copies is not None:
-                copies.begin_step()
             for i in range(MICROBATCHES):
                 if policy is not None:
                     policy.before_microbatch(units, i, MICROBATCHES)
-                if copies is not None and i == MICROBATCHES - 1:
-                    copies.release_after_backward()
+                if copies is not None:
+                    copies.before_microbatch(i, MICROBATCHES)
                 with record_function(MICROBATCH):
                     batch = tokens[step, i : i + 1]
                     logits = model(batch[:, :-1]).float()

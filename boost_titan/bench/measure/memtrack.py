@@ -174,13 +174,11 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
 
         def step(before_forward=lambda: None) -> None:
             outputs = {}
-            if copies is not None:
-                copies.begin_step()
             for kind, i in _schedule(plan.pp, stage, plan.microbatches):
                 policy.before_microbatch(units, i if kind == "b" else 0, plan.microbatches)
                 if kind == "f":
-                    if copies is not None and i == plan.microbatches - 1:
-                        copies.release_after_backward()
+                    if copies is not None:
+                        copies.before_microbatch(i, plan.microbatches)
                     before_forward()
                     out = model(inputs)
                     if last:
