@@ -92,6 +92,11 @@ class Boost:
     Python sources) or its 4096-token tokenizer; refused otherwise
     (`boost_llama.spec.refuse_toy_corpus`)."""
 
+    allow_custom_import: bool = False
+    """Let the job import the module named by `[experimental] custom_import` or
+    `--job.custom_config_module` (code from outside boost-titan, run by `check` or every
+    worker); refused otherwise (`config.cli.check_module_imports`)."""
+
 
 @dataclass
 class JobConfig:

@@ -98,9 +98,11 @@ def parse_job_config(args: list[str]):
     """
     args = with_boost_section(args)
     path = config_file(args)
+    toml = load_toml(path) if path is not None else {}
     if path is not None:
-        check_toml(load_toml(path), path)
+        check_toml(toml, path)
     check_flag_values(args)
+    check_module_imports(args, toml)
 
     from torchtitan.config import ConfigManager
 
@@ -207,6 +209,68 @@ def check_flag_values(args: list[str]) -> None:
                 f"{key} is a flag and takes no value ({following!r} given); write --{name} to "
                 f"turn it on, --{_negated(name)} to turn it off"
             )
+
+
+# ---- options that import a module by name --------------------------------------------
+IMPORTING_OPTIONS = (
+    "experimental.custom_import",
+    "job.custom_config_module",
+    "experimental.custom_args_module",
+)
+"""Options whose value TorchTitan imports as a Python module: custom_import in every worker
+(`torchtitan.train`), custom_config_module while parsing (in `check` too), custom_args_module
+its deprecated name."""
+ALLOW_IMPORT = "boost.allow_custom_import"
+
+
+def _spellings(name: str, prefix: str = "") -> set[str]:
+    """`--section.<prefix>key` as tyro accepts it (underscores or dashes in the key)."""
+    section, key = name.split(".")
+    return {f"--{section}.{prefix}{key}", f"--{section}.{prefix}{key}".replace("_", "-")}
+
+
+def _toml_value(toml: dict[str, Any], name: str) -> Any:
+    section, key = name.split(".")
+    table = toml.get(section)
+    return table.get(key) if isinstance(table, dict) else None
+
+
+def flag_value(args: list[str], toml: dict[str, Any], name: str) -> bool:
+    """A boolean option (`section.key`) as TorchTitan takes it: the last `--section.key` /
+    `--section.no_key` on the command line, else the TOML's, else False."""
+    value = _toml_value(toml, name) is True
+    on, off = _spellings(name), _spellings(name, "no_")
+    for arg in args:
+        flag = arg.partition("=")[0]
+        value = True if flag in on else False if flag in off else value
+    return value
+
+
+def named_values(args: list[str], toml: dict[str, Any], name: str) -> list[str]:
+    """Every value a text option (`section.key`) is given: in the TOML and on the command
+    line (`--section.key value` or `--section.key=value`)."""
+    values = [_toml_value(toml, name)]
+    flags = _spellings(name)
+    for i, arg in enumerate(args):
+        flag, eq, given = arg.partition("=")
+        if flag in flags:
+            values.append(given if eq else (args[i + 1] if i + 1 < len(args) else None))
+    return [v for v in values if isinstance(v, str) and v]
+
+
+def check_module_imports(args: list[str], toml: dict[str, Any]) -> None:
+    """ConfigError naming the module an option of IMPORTING_OPTIONS would import (code from
+    outside the product, run by `check` or every worker), unless `--boost.allow_custom_import`."""
+    if flag_value(args, toml, ALLOW_IMPORT):
+        return
+    for name in IMPORTING_OPTIONS:
+        for module in named_values(args, toml, name):
+            if module != BOOST_CONFIG_MODULE:
+                raise ConfigError(
+                    f"{name} = {module!r} makes the job import the Python module {module} "
+                    f"(code from outside boost-titan, run by every worker); add --{ALLOW_IMPORT} "
+                    "if you trust it, or drop the option"
+                )
 
 
 # ---- TOML check against the (merged) JobConfig dataclasses ----------------------------

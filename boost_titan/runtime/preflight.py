@@ -24,6 +24,7 @@ import tempfile
 from boost_titan.config import check_cuda_graphs, check_run_limits
 from boost_titan.config.cli import parse_job_config
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.config.world import check_batch, pop_nproc, resolve_world
 from boost_titan.runtime.checkpoint_files import (
     check_loadable,
@@ -250,6 +251,7 @@ def check(args: list[str]) -> str:
     batch = check_batch(job, degrees)
     check_run_limits(job.boost)
     check_cuda_graphs(job.boost, degrees["pp"])
+    check_titan_settings(job)
     check_output_folder(job.job.dump_folder)
     check_data(job)
     check_initial_checkpoint(job.checkpoint)

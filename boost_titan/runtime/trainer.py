@@ -75,6 +75,7 @@ from boost_titan.config import (
     global_batch,
 )
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
@@ -135,6 +136,7 @@ class BoostTrainer(Trainer):
         boost = job_config.boost
         check_run_limits(boost)
         check_cuda_graphs(boost, job_config.parallelism.pipeline_parallel_degree)
+        check_titan_settings(job_config)
         self.stop = StopRequest(boost.time_budget_minutes)
         self.stop.install()  # before the long set-up: a SIGTERM now stops after step 1
         self.stop_reason: str | None = None
