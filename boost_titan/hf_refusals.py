@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from boost_titan.config.cli import require_package
+from boost_titan.examples import HF_EXTRA
 from boost_titan.parallelize import (
     ModelLayout,
     PlanError,
@@ -196,4 +198,5 @@ def refusal_table() -> str:
 
 
 if __name__ == "__main__":
+    require_package("transformers", HF_EXTRA)
     print(refusal_table())

@@ -14,10 +14,12 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import importlib
 import io
 import logging
 import os
 import sys
+import time
 import types
 import typing
 from typing import Any, Literal, NoReturn, Union
@@ -56,6 +58,22 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print `error: <message>` as one line on stderr and exit with `code`."""
     print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def require_package(package: str, install: str) -> None:
+    """End a command that needs `package` with one `error:` line naming `install` (exit 2)
+    when it is not installed. In a torchrun job only rank 0 prints it; the other ranks wait
+    (up to 10 s) for torchrun to end them once rank 0 has failed, so that their earlier exit
+    does not get rank 0 killed before it prints."""
+    try:
+        importlib.import_module(package)
+    except ModuleNotFoundError as e:
+        if e.name != package:  # the package is there; something it imports is not
+            raise
+        if os.environ.get("RANK", "0") != "0":
+            time.sleep(10)
+            raise SystemExit(2) from None
+        fail(f"this command needs the {package} package, which is not installed: {install}")
 
 
 def reader_gone() -> NoReturn:

@@ -11,6 +11,9 @@ import torch.distributed as dist
 
 from boost_titan.config.cli import fail
 
+HF_EXTRA = 'pip install -e ".[hf]"'
+"""What installs transformers (the `hf` extra of pyproject.toml) for `hf_llama`."""
+
 
 def start_process_group() -> tuple[str, int, int]:
     """Join torchrun's process group (NCCL on CUDA, else gloo) unless already in one;

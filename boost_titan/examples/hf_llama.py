@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from boost_titan.examples import start_process_group
+from boost_titan.config.cli import require_package
+from boost_titan.examples import HF_EXTRA, start_process_group
 from boost_titan.parallelize import (
     apply_plan,
     btp_plan,
@@ -55,6 +56,7 @@ def tiny_llama():
 def main(steps: int = STEPS, folder: str | None = None) -> dict:
     """Convert, shard, train `steps` steps, save to `folder` (default: a new temporary
     folder) and reload on rank 0; returns the losses and the reloaded logits' error."""
+    require_package("transformers", HF_EXTRA)
     device, rank, world = start_process_group()
     torch.manual_seed(0)  # the same weights on every rank
     model = tiny_llama().to(device)
