@@ -12,10 +12,11 @@ failed worker's (from the box). Otherwise the
 held lines are printed as they came and the exit status is torchrun's.
 
 A stop with a checkpoint (SIGTERM, SIGUSR1 or the time budget: `runtime.stopping`) ends on
-the workers' `stopped by ...` line and status `STOPPED` (75); torchrun's own report of the
-signal (a `SignalException` traceback) is dropped. SIGTERM, SIGHUP and SIGUSR1 are passed
-on to torchrun (launch it with `--signals-to-handle` naming SIGUSR1, or SIGUSR1 kills it);
-SIGINT (Ctrl-C) reaches torchrun from the terminal itself, so the relay ignores it and
+the workers' `stopped by ...` line and status `STOPPED` (75); one asked for during the last
+step ends on their `... during the last step, N; training is complete ...` line and status
+0; torchrun's own report of the signal (a `SignalException` traceback) is dropped.
+SIGTERM, SIGHUP and SIGUSR1 are passed on to torchrun (launch it with `--signals-to-handle`
+naming SIGUSR1, or SIGUSR1 kills it); SIGINT (Ctrl-C) reaches torchrun from the terminal itself, so the relay ignores it and
 keeps relaying until torchrun has shut down.
 """
 
@@ -29,7 +30,7 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from boost_titan.config.cli import fail
-from boost_titan.runtime.stopping import STOP_LINE, STOPPED
+from boost_titan.runtime.stopping import FINISHED_LINE, STOP_LINE, STOPPED
 
 WORKER_LINE = re.compile(r"^\[[a-z_]+\d+\]:")
 """torchrun's `--tee` prefix of worker output (`--role rank`: `[rank0]:`)."""
@@ -56,18 +57,20 @@ def root_cause_exit(closing: list[str]) -> int | None:
     return 1
 
 
-def stop_line(line: str) -> str | None:
-    """The `stopped by ...` line a worker printed, without torchrun's rank prefix."""
+def stop_line(line: str) -> tuple[str, int] | None:
+    """The stop line a worker printed (`stopped by ...`, or the last step's), without
+    torchrun's rank prefix, and the status the job then ends with."""
     match = WORKER_LINE.match(line)
-    if match and STOP_LINE.match(line[match.end() :]):
-        return line[match.end() :].rstrip("\n")
-    return None
+    text = line[match.end() :].rstrip("\n") if match else ""
+    if STOP_LINE.match(text):
+        return text, STOPPED
+    return (text, 0) if FINISHED_LINE.match(text) else None
 
 
 def relay(lines: Iterable[str], out: TextIO) -> int | None:
     """Copy `lines` to `out` as described in the module docstring; return the failed
-    worker's exit status when its error replaced torchrun's report, STOPPED after a stop
-    line, else None."""
+    worker's exit status when its error replaced torchrun's report, that of a stop line
+    (`stop_line`) after one, else None."""
     held: list[str] = []
     errors: list[str] = []
     stopped = None
@@ -85,9 +88,9 @@ def relay(lines: Iterable[str], out: TextIO) -> int | None:
     if stopped is not None and not errors:
         if not any("SignalException" in line for line in held):
             out.writelines(held)
-        out.write(stopped + "\n")
+        out.write(stopped[0] + "\n")
         out.flush()
-        return STOPPED
+        return stopped[1]
     status = root_cause_exit(held)
     if not errors or status is None:
         out.writelines(held)

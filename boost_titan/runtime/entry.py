@@ -41,6 +41,7 @@ from boost_titan.parallelize.teardown import end_process_groups  # noqa: E402
 from boost_titan.runtime.dump_lock import DumpFolderLock  # noqa: E402
 from boost_titan.runtime.nonfinite import TrainingDiverged  # noqa: E402
 from boost_titan.runtime.restarts import shared_store_warning  # noqa: E402
+from boost_titan.runtime.stopping import STOPPED, StoppedEarly, record_stop  # noqa: E402
 from boost_titan.runtime.trainer import BoostTrainer  # noqa: E402
 
 
@@ -51,9 +52,9 @@ def _drop_error_file() -> None:
         os.remove(path)
 
 
-def run(trainer_cls: type[BoostTrainer] = BoostTrainer) -> None:
+def run(trainer_cls: type[BoostTrainer] = BoostTrainer) -> int:
     """Parse (one-line errors), then train with `trainer_cls`; SystemExit 2 on a user
-    error, 3 on a diverged loss."""
+    error, 3 on a diverged loss; returns STOPPED after a stop before the last step, else 0."""
     rank0 = os.environ.get("RANK", "0") == "0"
     warning = shared_store_warning()
     if warning and rank0:
@@ -72,9 +73,13 @@ def run(trainer_cls: type[BoostTrainer] = BoostTrainer) -> None:
     except TrainingDiverged as e:
         _drop_error_file()
         fail(str(e), code=3)
+    except StoppedEarly as e:  # its line is printed; torchrun's error file keeps it
+        record_stop(str(e))
+        return STOPPED
     finally:
         # BoostTrainer.close() ends the groups; this covers a trainer that never got built
         # (then `run_to_end` ends the process: `boost_titan.parallelize.teardown`).
         end_process_groups(finished=False)
         if lock is not None:
             lock.release()
+    return 0

@@ -4,14 +4,24 @@ Schedulers send SIGTERM before a kill (SLURM and Kubernetes: a grace period late
 and `sbatch --signal=USR1@<seconds>` sends SIGUSR1 ahead of the time limit. `StopRequest`
 turns either signal, and the end of `[boost] time_budget_minutes`, into a flag; the trainer
 all-reduces the flags with each step's loss (no extra collective), so every rank finishes the
-same step, saves one checkpoint of it and ends with `stopped_line` (exit 0 from the workers,
-so torchrun does not restart them; `run_train.sh` then exits with `STOPPED`). Later signals
-only set the flag again: they never interrupt the save. Torch-free: the launcher relay reads
-`STOP_LINE` and `STOPPED`.
+same step, saves one checkpoint of it and ends with `stopped_line` and exit status `STOPPED`
+from every worker, however they were launched. A stop asked for during the last step ends
+with `finished_line` and exit 0 (the run is complete). Later signals only set the flag
+again: they never interrupt the save.
+
+torchrun restarts a group whose worker exits non-zero while `--max-restarts` allows it.
+`python -m boost_titan.torchrun` (what `run_train.sh` and the SLURM script launch) never
+restarts a stopped group and exits `STOPPED` itself. Under a stock torchrun each stopped
+worker leaves its stop line in torchrun's error file (the root cause of torchrun's report),
+and a restarted worker that finds it there (`stopped_before`) ends at once with `STOPPED`
+instead of training on: the restarts run out in seconds, and torchrun exits 1.
+Torch-free: the launchers read `STOP_LINE`, `FINISHED_LINE` and `STOPPED`.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import time
@@ -24,6 +34,8 @@ STOPPED = 75
 "rerun to continue"."""
 STOP_LINE = re.compile(r"^stopped by .+ at step \d+; ")
 """The stop line `stopped_line` writes (the relay prints it last)."""
+FINISHED_LINE = re.compile(r"^.+ during the last step, \d+; training is complete")
+"""The line `finished_line` writes (the relay prints it last and exits 0)."""
 REASONS = ("SIGTERM", "SIGUSR1", "time budget")
 """The causes of a stop, in the order the flags are all-reduced (and reported)."""
 
@@ -73,3 +85,61 @@ def stopped_line(reason: str, step: int, saved: str | None) -> str:
             "a rerun starts over"
         )
     return f"stopped by {reason} at step {step}; checkpoint saved ({saved}); rerun to continue"
+
+
+def finished_line(reason: str, step: int, saved: str | None) -> str:
+    """`SIGTERM during the last step, 10; training is complete, checkpoint saved (...)`."""
+    kept = f"checkpoint saved ({saved})" if saved else "no checkpoint (checkpoint.enable is off)"
+    return f"{reason} during the last step, {step}; training is complete, {kept}"
+
+
+class StoppedEarly(Exception):
+    """Training stopped before `training.steps`; the message is the stop line. The
+    worker's entry turns it into exit status STOPPED (`record_stop`)."""
+
+
+def record_stop(line: str) -> None:
+    """Leave `line` in this worker's torchrun error file (TORCHELASTIC_ERROR_FILE, if any):
+    torchrun's report shows it as the root cause, and `stopped_before` finds it."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    message = {"message": line, "extraInfo": {"py_callstack": line, "timestamp": "0"}}
+    with open(path, "w") as f:
+        json.dump({"message": message}, f)
+
+
+def stopped_before() -> str | None:
+    """The stop line of this worker's previous torchrun attempt, when torchrun restarted a
+    group that had stopped; None otherwise. torchrun keeps each attempt's error files in
+    `<log_dir>/<run_id>/attempt_<n>/<local_rank>/error.json`."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    rank_dir = os.path.dirname(path)
+    attempt_dir = os.path.dirname(rank_dir)
+    if attempt < 1 or os.path.basename(attempt_dir) != f"attempt_{attempt}":
+        return None
+    previous = os.path.join(
+        os.path.dirname(attempt_dir),
+        f"attempt_{attempt - 1}",
+        os.path.basename(rank_dir),
+        os.path.basename(path),
+    )
+    try:
+        with open(previous) as f:
+            line = json.load(f)["message"]["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return line if isinstance(line, str) and STOP_LINE.match(line) else None
+
+
+def end_if_stopped_before() -> None:
+    """End this worker with STOPPED, before it trains, when torchrun restarted a group that
+    had stopped (`stopped_before`); the next attempt finds the same line."""
+    line = stopped_before()
+    if line is None:
+        return
+    record_stop(line)
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"torchrun restarted a stopped run; not training: {line}", flush=True)
+    raise SystemExit(STOPPED)

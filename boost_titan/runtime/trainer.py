@@ -96,7 +96,7 @@ from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
 from boost_titan.runtime.resume import prepare_to_load
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
-from boost_titan.runtime.stopping import StopRequest, stopped_line
+from boost_titan.runtime.stopping import StoppedEarly, StopRequest, finished_line, stopped_line
 
 TITAN_CLIP = titan_dist_utils.clip_grad_norm_
 """TorchTitan's own clipping, kept before the trainer points `train_step` at its own."""
@@ -396,8 +396,18 @@ class BoostTrainer(Trainer):
             logger.info(f"Summary: {self.run_log.summary(self.step)}")
             logger.info(f"Outputs: {self.output_locations()}")
         # on every node's first process: each node's relay (SLURM: one per node) ends on it
-        if self.stopped is not None and os.environ.get("LOCAL_RANK", "0") == "0":
-            print(stopped_line(self.stop_reason, *self.stopped), file=sys.stderr, flush=True)
+        first_local = os.environ.get("LOCAL_RANK", "0") == "0"
+        if self.stopped is not None:
+            line = stopped_line(self.stop_reason, *self.stopped)
+            if first_local:
+                print(line, file=sys.stderr, flush=True)
+            raise StoppedEarly(line)  # exit status STOPPED (`runtime.entry`)
+        reason = self.stop_reason or self.stop.signal
+        if reason is not None and first_local:  # asked for during the last step or its save
+            saved = (
+                latest_checkpoint(self.checkpointer.folder) if self.checkpointer.enable else None
+            )
+            print(finished_line(reason, self.step, saved), file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """The orderly end of every rank; TorchTitan's `main` calls it after training and
