@@ -16,8 +16,8 @@ the workers' `stopped by ...` line and status `STOPPED` (75); one asked for duri
 step ends on their `... during the last step, N; training is complete ...` line and status
 0; torchrun's own report of the signal (a `SignalException` traceback) is dropped.
 SIGTERM, SIGHUP and SIGUSR1 are passed on to torchrun (launch it with `--signals-to-handle`
-naming SIGUSR1, or SIGUSR1 kills it); SIGINT (Ctrl-C) reaches torchrun from the terminal itself, so the relay ignores it and
-keeps relaying until torchrun has shut down.
+naming SIGUSR1, or SIGUSR1 kills it); SIGINT (Ctrl-C) reaches torchrun from the terminal
+itself, so the relay ignores it and keeps relaying until torchrun has shut down.
 """
 
 from __future__ import annotations
