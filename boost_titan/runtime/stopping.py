@@ -104,7 +104,10 @@ def record_stop(line: str) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    message = {"message": line, "extraInfo": {"py_callstack": line, "timestamp": "0"}}
+    message = {
+        "message": line,
+        "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))},
+    }
     with open(path, "w") as f:
         json.dump({"message": message}, f)
 

@@ -13,10 +13,13 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from boost_titan import torchrun
 from boost_titan.config.errors import ConfigError
@@ -29,6 +32,10 @@ from boost_titan.runtime.stopping import (
     STOP_SIGNALS,
     STOPPED,
     StopRequest,
+    end_if_stopped_before,
+    finished_line,
+    record_stop,
+    stopped_before,
     stopped_line,
 )
 from boost_titan.torchrun_relay import relay
@@ -132,6 +139,92 @@ def test_relay_ends_a_stopped_run_on_its_line_with_status_75():
     assert (
         relay(io.StringIO(STOPPED_RUN.replace("stopped by", "stopping by")), io.StringIO()) is None
     )
+
+
+def test_relay_ends_a_run_signalled_in_its_last_step_on_its_line_with_status_0():
+    line = finished_line("SIGTERM", 10, "/x/step-10")
+    assert line == (
+        "SIGTERM during the last step, 10; training is complete, checkpoint saved (/x/step-10)"
+    )
+    run = STOPPED_RUN.replace(
+        "stopped by SIGTERM at step 25; checkpoint saved (/x/step-25); rerun to continue", line
+    )
+    out = io.StringIO()
+    assert relay(io.StringIO(run), out) == 0
+    assert out.getvalue().splitlines()[-1] == line and "Traceback" not in out.getvalue()
+
+
+def test_torchrun_exit_status_of_stopped_workers():
+    assert torchrun.exit_status([STOPPED, STOPPED]) == STOPPED
+    assert torchrun.exit_status([STOPPED, 0]) == STOPPED  # a rank that ended before the stop
+    assert torchrun.exit_status([0, 0]) == 0  # a signal during the last step
+    for failed in ([STOPPED, 1], [STOPPED, -15], [2], [], [STOPPED, None]):
+        assert torchrun.exit_status(failed) is None, failed
+
+
+def _failure(tmp_path: Path, rank: int, exitcode: int) -> ProcessFailure:
+    return ProcessFailure(rank, 100 + rank, exitcode, str(tmp_path / f"none{rank}.json"))
+
+
+def test_torchrun_ends_a_stopped_group_with_75_and_no_restart(monkeypatch, tmp_path):
+    """A group whose workers exited STOPPED leaves the agent no restart, and
+    `python -m boost_titan.torchrun` exits STOPPED instead of raising ChildFailedError;
+    any other failure is torchrun's own."""
+    agent = SimpleNamespace(_remaining_restarts=3)
+    stopped = RunResult(WorkerState.FAILED, failures={0: _failure(tmp_path, 0, STOPPED)})
+    monkeypatch.setattr(torchrun, "_monitor_workers", lambda self, group: stopped)
+    assert torchrun._monitor_stopped_as_final(agent, None) is stopped
+    assert agent._remaining_restarts == 0
+    crashed = RunResult(WorkerState.FAILED, failures={0: _failure(tmp_path, 0, -9)})
+    agent._remaining_restarts = 3
+    monkeypatch.setattr(torchrun, "_monitor_workers", lambda self, group: crashed)
+    torchrun._monitor_stopped_as_final(agent, None)
+    assert agent._remaining_restarts == 3  # a crash is restarted
+
+    def failing(*codes):
+        failures = {r: _failure(tmp_path, r, code) for r, code in enumerate(codes)}
+        error = ChildFailedError("boost_titan.train", failures)
+
+        def launch():
+            raise error
+
+        return launch
+
+    for codes, status in (((STOPPED, STOPPED), STOPPED), ((STOPPED, 1), None)):
+        monkeypatch.setattr(torchrun, "torchrun_main", failing(*codes))
+        if status is None:
+            with pytest.raises(ChildFailedError):
+                torchrun.main()
+            continue
+        with pytest.raises(SystemExit) as ended:
+            torchrun.main()
+        assert ended.value.code == status
+
+
+def test_torchrun_restart_of_a_stopped_group_ends_at_once(monkeypatch, tmp_path, capsys):
+    """Under a stock torchrun the stop line goes to the worker's error file; a restarted
+    worker (attempt 1) finds it in attempt 0's and ends with STOPPED before training, writing
+    it again for attempt 2; a restart after a crash trains."""
+    line = stopped_line("SIGTERM", 4, "/x/step-4")
+    run_dir = tmp_path / "torchelastic" / "none_abc"
+    for attempt in range(3):
+        (run_dir / f"attempt_{attempt}" / "1").mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(run_dir / "attempt_0/1/error.json"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    record_stop(line)
+    assert stopped_before() is None  # the first attempt has nothing before it
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(run_dir / "attempt_1/1/error.json"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(SystemExit) as ended:
+        end_if_stopped_before()
+    assert ended.value.code == STOPPED
+    assert capsys.readouterr().out == f"torchrun restarted a stopped run; not training: {line}\n"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(run_dir / "attempt_2/1/error.json"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert stopped_before() == line  # attempt 1 passed it on
+    (run_dir / "attempt_1/1/error.json").write_text('{"message": {"message": "OOM"}}')
+    assert stopped_before() is None  # attempt 1 crashed: train
 
 
 def test_torchrun_agent_takes_the_first_signal_only():
