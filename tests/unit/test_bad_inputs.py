@@ -66,6 +66,46 @@ CASES = {
         ],
         ["no thresholds", "drop auto_filter_small_kn"],
     ),
+    # TorchTitan settings its workers assert on (`config.titan_settings`)
+    "profile_freq below warmup + active": (
+        ["--profiling.enable_profiling", "--profiling.profile_freq", "2"],
+        ["profile_freq 2", "profiler_warmup 3 + profiler_active 1", "to 4 or more"],
+    ),
+    "no profiler active steps": (
+        ["--profiling.enable_profiling", "--profiling.profiler_active", "0"],
+        ["profiler_active 0 must be >= 1"],
+    ),
+    "memory snapshot every 0 steps": (
+        ["--profiling.enable_memory_snapshot", "--profiling.profile_freq", "0"],
+        ["profile_freq 0 must be >= 1", "enable_memory_snapshot"],
+    ),
+    "wandb without its package": (
+        ["--metrics.enable_wandb"],
+        ["needs the wandb package", "pip install wandb", "drop --metrics.enable_wandb"],
+    ),
+    "log every 0 steps": (["--metrics.log_freq", "0"], ["metrics.log_freq 0 must be >= 1"]),
+    "checkpoint every 0 steps": (
+        ["--checkpoint.enable", "--checkpoint.interval", "0"],
+        ["checkpoint.interval 0 must be >= 1"],
+    ),
+    "keep one checkpoint": (
+        ["--checkpoint.enable", "--checkpoint.keep_latest_k", "1"],
+        ["keep_latest_k 1", "keep 2 or more"],
+    ),
+    "gc every 0 steps": (["--training.gc_freq", "0"], ["training.gc_freq 0 must be >= 1"]),
+    # options that import a module by name (`config.cli.check_module_imports`)
+    "custom import": (
+        ["--experimental.custom_import", "some.module"],
+        ["experimental.custom_import = 'some.module'", "module some.module", "--boost.allow"],
+    ),
+    "custom config module": (
+        ["--job.custom_config_module", "some.module"],
+        ["job.custom_config_module = 'some.module'", "--boost.allow_custom_import"],
+    ),
+    "custom args module": (
+        ["--experimental.custom_args_module", "some.module"],
+        ["experimental.custom_args_module = 'some.module'", "--boost.allow_custom_import"],
+    ),
 }
 
 

@@ -23,7 +23,13 @@ from boost_titan.runtime.dump_lock import LOCK_FILE
 from boost_titan.torchrun_relay import relay
 from tests.helpers import DEBUG_TOML, ROOT
 from tests.helpers.checkpoints import save_model_checkpoint
-from tests.helpers.commands import assert_one_error, clean_env, hold_lock, run_module
+from tests.helpers.commands import (
+    assert_one_error,
+    check_each,
+    clean_env,
+    hold_lock,
+    run_module,
+)
 from tests.helpers.corpus import write_tiktoken
 
 
@@ -301,6 +307,49 @@ def test_example_without_torchrun_names_the_command():
     result = run_module("boost_titan.examples.own_model")
     fix = "run it as torchrun --nproc_per_node=2 -m boost_titan.examples.own_model"
     assert_one_error(result, "no torchrun job to join", fix)
+
+
+def test_hf_commands_without_transformers_name_the_extra(tmp_path):
+    """Simulated absence (the venv has transformers): one line naming the extra, exit 2."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['transformers'] = None\n")
+    env = clean_env() | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    for module in ("boost_titan.examples.hf_llama", "boost_titan.hf_refusals"):
+        result = subprocess.run(
+            [sys.executable, "-m", module],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert_one_error(result, "needs the transformers package", 'pip install -e ".[hf]"')
+        assert result.returncode == 2
+
+
+def test_config_naming_a_module_is_refused_before_it_runs(tmp_path, monkeypatch):
+    """`check` and the worker refuse a module to import, naming it, and never import it;
+    `--boost.allow_custom_import` lets it through (`check` itself does not import
+    custom_import: the workers do)."""
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("BOOST_TITAN_TEST_PAYLOAD", str(marker))
+    toml = tmp_path / "job.toml"
+    payload = "tests.helpers.payload"
+    toml.write_text(f'{DEBUG_TOML.read_text()}\n[experimental]\ncustom_import = "{payload}"\n')
+    dump = ["--job.dump_folder", str(tmp_path / "dump")]
+    refused, config_module, allowed = check_each(
+        [
+            ["--job.config_file", str(toml), *dump],
+            ["--job.config_file", str(DEBUG_TOML), *dump, "--job.custom_config_module", payload],
+            ["--job.config_file", str(toml), *dump, "--boost.allow_custom_import"],
+        ],
+        tmp_path,
+    )
+    assert_one_error(refused, f"experimental.custom_import = '{payload}'", f"module {payload}")
+    assert_one_error(config_module, f"job.custom_config_module = '{payload}'")
+    assert allowed.returncode == 0 and allowed.stdout.startswith("config ok"), allowed.stdout
+    worker = run_module("boost_titan.train", "--job.config_file", str(toml), *dump)
+    assert_one_error(worker, f"experimental.custom_import = '{payload}'")
+    assert worker.returncode == 2 and not marker.exists()
 
 
 # ---- command lines start fast ------------------------------------------------------------------
