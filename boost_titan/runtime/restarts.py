@@ -20,7 +20,10 @@ fault injector to test them.
   (`BOOST_TITAN_FAULT_POINT=save`). `BOOST_TITAN_FAULT_POINT=nan` makes that rank's loss of
   each listed step NaN instead (it counts on a rank that holds a share of the global loss: under
   TP the first rank of its group), `inf` one of its gradients infinite
-  (`boost_titan.runtime.nonfinite` must then keep the step from the optimizer).
+  (`boost_titan.runtime.nonfinite` must then keep the step from the optimizer);
+  `sigterm` sends SIGTERM to torchrun's process group (the launcher's: torchrun passes it on
+  to the workers) during the step, before its stop flags are all-reduced, as a scheduler
+  does (a signal during the last step: `runtime.stopping`).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-FAULT_POINTS = ("step", "save", "nan", "inf")
+FAULT_POINTS = ("step", "save", "nan", "inf", "sigterm")
 """Values of BOOST_TITAN_FAULT_POINT (see the module docstring)."""
 
 
@@ -108,9 +111,12 @@ class Fault:
         return loss * float("nan") if self.point == "nan" and step in self.steps else loss
 
     def poison_grads(self, step: int, grads: list[torch.Tensor]) -> None:
-        """At the `inf` fault's step, make one gradient entry of this rank infinite."""
+        """At the `inf` fault's step, make one gradient entry of this rank infinite; at the
+        `sigterm` fault's, signal the job (both before the step's stop flags are summed)."""
         if self.point == "inf" and step in self.steps and grads:
             grads[0].view(-1)[0] = float("inf")
+        if self.point == "sigterm" and step in self.steps:
+            os.killpg(os.getpgid(os.getppid()), signal.SIGTERM)  # the parent is torchrun
 
     def _hook_checkpoint_write(self) -> None:
         # DCP: every rank writes its shards (write_data), then the coordinator gathers the

@@ -4,9 +4,9 @@
 through rank 0's `losses.jsonl` (full float precision, unlike the log line).
 
 Stops and resumes, one chain of six launches in one dump folder
-(`test_stops_chain_into_the_uninterrupted_run`): SIGUSR1, SIGTERM twice, the time budget,
-a NaN loss, a full disk, then the end; together they log exactly the `reference` run's
-losses.
+(`test_stops_chain_into_the_uninterrupted_run`): SIGUSR1, SIGTERM twice, the time budget
+(under torchrun's restarts), a NaN loss, a full disk, then the end with a SIGTERM during
+the last step; together they log exactly the `reference` run's losses.
 
 Crash recovery: `MAX_RESTARTS=1 ./run_train.sh` with one rank SIGKILLing itself in the
 first attempt (`BOOST_TITAN_FAULT_*`, see `boost_titan.runtime.restarts`); torchrun restarts both
@@ -34,7 +34,7 @@ from boost_titan.runtime.checkpoint_files import (
 )
 from boost_titan.runtime.launch import train_command
 from boost_titan.runtime.run_log import read_log
-from boost_titan.runtime.stopping import STOPPED, stopped_line
+from boost_titan.runtime.stopping import STOPPED, finished_line, stopped_line
 from tests.helpers import ROOT
 
 STEPS = 10
@@ -60,20 +60,27 @@ COMMON = (
 )
 
 
-def _command(dump: Path, steps: int) -> list[str]:
+def _command(dump: Path, steps: int, launcher_args: tuple[str, ...] = ()) -> list[str]:
     args = ["--training.steps", str(steps), *COMMON]
-    return train_command(2, ROOT / "train_configs/debug.toml", dump, args)
+    config = ROOT / "train_configs/debug.toml"
+    return train_command(2, config, dump, args, launcher_args=launcher_args)
 
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def _train(
-    dump: Path, steps: int, *extra: str, env=None, status: int = 0, max_file_bytes: int = 0
+    dump: Path,
+    steps: int,
+    *extra: str,
+    env=None,
+    status: int = 0,
+    max_file_bytes: int = 0,
+    launcher_args: tuple[str, ...] = (),
 ) -> str:
-    """Bare torchrun to `steps`, which must exit with `status`; `max_file_bytes`: the
-    launch's file-size limit (`ulimit -f`), none if 0."""
-    command = _command(dump, steps) + list(extra)
+    """Bare torchrun (`launcher_args`: its own) to `steps`, which must exit with `status`;
+    `max_file_bytes`: the launch's file-size limit (`ulimit -f`), none if 0."""
+    command = _command(dump, steps, launcher_args) + list(extra)
     limit = (resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
     result = subprocess.run(
         command,
@@ -123,22 +130,24 @@ def _run_train_env(**extra: str) -> dict[str, str]:
     return env | {"NGPU": "2"} | extra
 
 
-def _signalled(dump: Path, sig: signal.Signals, after: int, times: int, *extra: str) -> str:
+def _signalled(
+    dump: Path, sig: signal.Signals, after: int, times: int, *extra: str, env=None, status=STOPPED
+) -> str:
     """`./run_train.sh` to STEPS in its own process group, which gets `sig` `times` times
     (0.3 s apart) as a scheduler sends it, once `losses.jsonl` shows step `after`; exits
-    STOPPED."""
+    `status`. (`times` 0: the run signals itself, `env`'s BOOST_TITAN_FAULT_POINT=sigterm.)"""
     command = ["./run_train.sh", "--job.dump_folder", str(dump), "--training.steps", str(STEPS)]
     job = subprocess.Popen(
         [*command, *COMMON, *extra],
         cwd=ROOT,
-        env=_run_train_env(),
+        env=env or _run_train_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
     log, deadline = dump / "losses.jsonl", time.monotonic() + 600
-    while job.poll() is None and time.monotonic() < deadline:
+    while times and job.poll() is None and time.monotonic() < deadline:
         rows = log.read_text().splitlines() if log.exists() else []
         if rows and json.loads(rows[-1])["step"] >= after:
             break
@@ -147,7 +156,7 @@ def _signalled(dump: Path, sig: signal.Signals, after: int, times: int, *extra: 
         os.killpg(job.pid, sig)
         time.sleep(0.3)
     output = job.communicate(timeout=600)[0]
-    assert job.returncode == STOPPED, output[-4000:]
+    assert job.returncode == status, output[-4000:]
     return output
 
 
@@ -170,8 +179,10 @@ def test_stops_chain_into_the_uninterrupted_run(reference, tmp_path):
        second signal breaks neither the save nor torchrun's shutdown);
     2. a half-written newer `step-9` (shards without DCP's .metadata) is planted; the
        rerun, with async checkpoints, resumes from the stop's step and gets SIGTERM twice;
-    3. bare torchrun with a time budget that is spent before the first step: one step,
-       a checkpoint, exit 0 (torchrun's own status: the workers end normally);
+    3. bare (stock) torchrun with `--max-restarts 1` and a time budget that is spent
+       before the first step: one step, a checkpoint, the workers exit STOPPED; torchrun
+       restarts them, they end at once (the stop line in torchrun's error file) and torchrun
+       exits 1, its report naming the stop;
     4. bare torchrun with a NaN loss on rank 0 in its first two steps and
        `--boost.skip_nonfinite_steps 1`: the first is skipped (logged, a `losses.jsonl`
        row), at the second the workers exit 3 with one line naming the step, the value and
@@ -180,7 +191,9 @@ def test_stops_chain_into_the_uninterrupted_run(reference, tmp_path):
        async checkpoints: its first step's save fails in the background, which surfaces at
        the second step's save; one line names the first step's folder, and 3's checkpoint
        stays newest and readable;
-    6. the rest, to STEPS (step 5's two steps are run again)."""
+    6. the rest, to STEPS (step 5's two steps are run again), through `run_train.sh`,
+       whose process group gets SIGTERM during the last step (rank 1 sends it: fault point
+       `sigterm`): the last checkpoint, one line saying training is complete, exit 0."""
     folder = tmp_path / "checkpoint"
     k = random.randint(1, 3)
     output = _signalled(tmp_path, signal.SIGUSR1, k, 2)
@@ -193,9 +206,17 @@ def test_stops_chain_into_the_uninterrupted_run(reference, tmp_path):
     assert f"Loading the checkpoint from {folder / f'step-{first}'}." in output
     second = _stopped_at(output, "SIGTERM", tmp_path)
     assert second < 9 and not is_complete_checkpoint(str(partial))
-    output = _train(tmp_path, STEPS, "--boost.time_budget_minutes", "0.001")
+    restart = ("--max-restarts", "1")
+    output = _train(
+        tmp_path, STEPS, "--boost.time_budget_minutes", "0.001", status=1, launcher_args=restart
+    )
     budget = f"stopped by time budget (0.001 min) at step {second + 1}; checkpoint saved"
-    assert budget in output and f"Summary: ran 1 steps ({second + 1}-{second + 1})" in output
+    assert budget in output and output.count("Summary: ran ") == 1, output[-4000:]
+    assert f"Summary: ran 1 steps ({second + 1}-{second + 1})" in output
+    # stock torchrun restarted the stopped group once; it ended at once with STOPPED, and
+    # torchrun's report names the stop as the root cause
+    assert f"torchrun restarted a stopped run; not training: {budget}" in output
+    assert re.search(rf"exitcode\s*: {STOPPED} .*\n.*\n\s*traceback : {re.escape(budget)}", output)
     # second or second + 1 is no multiple of the interval: one stop had to save by itself
     assert latest_checkpoint(str(folder)).endswith(f"step-{second + 1}")
     fault = {"BOOST_TITAN_FAULT_STEP": f"{second + 2},{second + 3}", "BOOST_TITAN_FAULT_RANK": "0"}
@@ -233,8 +254,13 @@ def test_stops_chain_into_the_uninterrupted_run(reference, tmp_path):
     ]
     assert latest_checkpoint(str(folder)) == kept and not is_complete_checkpoint(str(step))
     check_readable(kept, "the kept checkpoint")
-    output = _train(tmp_path, STEPS)
+    fault = {"BOOST_TITAN_FAULT_STEP": str(STEPS), "BOOST_TITAN_FAULT_RANK": "1"}
+    last_step = _run_train_env(**fault, BOOST_TITAN_FAULT_POINT="sigterm")
+    output = _signalled(tmp_path, signal.SIGTERM, STEPS, 0, env=last_step, status=0)
     assert f"Summary: ran {STEPS - second - 1} steps ({second + 2}-{STEPS})" in output
+    saved = folder / f"step-{STEPS}"
+    assert output.splitlines()[-1] == finished_line("SIGTERM", STEPS, str(saved))
+    assert "Traceback" not in output and is_complete_checkpoint(str(saved)), output[-4000:]
     before_disk_full, after = _attempts(_logged(tmp_path))  # steps second + 2, 3 twice
     assert before_disk_full == reference[: second + 3] and after == reference[second + 1 :]
 
