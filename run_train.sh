@@ -9,11 +9,12 @@
 # config on a multiple of its base count puts the extra GPUs into data parallelism.
 # LOG_RANK: ranks whose output is shown (default 0). Extra arguments override the TOML.
 # MAX_RESTARTS: torchrun restarts after a worker failure (default 0); each restart resumes
-# from the newest complete checkpoint in the dump folder.
+# from the newest complete checkpoint in the dump folder. A stopped job (below) is never
+# restarted (boost_titan.torchrun).
 # SIGTERM or SIGUSR1 (to this script or its process group): every rank finishes its step,
 # one checkpoint of it is saved, and the script exits 75 after the line "stopped by SIGTERM
 # at step N; checkpoint saved (...); rerun to continue" ([boost] time_budget_minutes stops
-# the same way). SHUTDOWN_TIMEOUT: seconds torchrun then waits for the workers before it
+# the same way; a signal during the last step ends with "... training is complete ..." and 0). SHUTDOWN_TIMEOUT: seconds torchrun then waits for the workers before it
 # SIGKILLs them (default 600).
 #
 # A job that fails the check prints one `error:` line (exit 2) and starts no worker; one
