@@ -9,7 +9,8 @@
   loss or gradient norm never reaches the optimizer (`runtime.nonfinite`): the run stops
   with `TrainingDiverged` naming the rank, or skips the step (`[boost] skip_nonfinite_steps`).
   A SIGTERM/SIGUSR1 on any rank, or the end of `[boost] time_budget_minutes`, ends training
-  on every rank after the same step, with a checkpoint of it.
+  on every rank after the same step, with a checkpoint of it, and `StoppedEarly` (exit
+  status 75); during the last step, with a line saying the run is complete.
 - A checkpoint save that fails on any rank (disk full, a file-size limit, an unwritable
   folder) ends the run with one line (`ConfigError`); DCP writes no `.metadata` then, so
   the newest complete checkpoint stays the one a rerun loads.

@@ -207,8 +207,15 @@ def test_stops_chain_into_the_uninterrupted_run(reference, tmp_path):
     second = _stopped_at(output, "SIGTERM", tmp_path)
     assert second < 9 and not is_complete_checkpoint(str(partial))
     restart = ("--max-restarts", "1")
+    fresh_store = ENV | {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # what restarts need
     output = _train(
-        tmp_path, STEPS, "--boost.time_budget_minutes", "0.001", status=1, launcher_args=restart
+        tmp_path,
+        STEPS,
+        "--boost.time_budget_minutes",
+        "0.001",
+        env=fresh_store,
+        status=1,
+        launcher_args=restart,
     )
     budget = f"stopped by time budget (0.001 min) at step {second + 1}; checkpoint saved"
     assert budget in output and output.count("Summary: ran ") == 1, output[-4000:]
