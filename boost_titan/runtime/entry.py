@@ -4,8 +4,9 @@ Importing it prepares the process before torchtitan is imported: it adds the `[b
 config section to the arguments, runs on CPU/gloo when there is no accelerator and registers
 the `boost_llama` TrainSpec; `run` runs TorchTitan's `main` with `BoostTrainer`. User errors
 (`ConfigError`) and a diverged loss end the worker with one `error:` line and exit code 2
-or 3, a stop with a checkpoint (`runtime.stopping`) with its line and 75. Every worker ends through `boost_titan.parallelize.teardown.run_to_end` (groups
-destroyed, no interpreter finalization: a finished run cannot end in a SIGABRT).
+or 3, a stop with a checkpoint (`runtime.stopping`) with its line and 75. Every worker
+ends through `boost_titan.parallelize.teardown.run_to_end` (groups destroyed, no
+interpreter finalization: a finished run cannot end in a SIGABRT).
 `./run_train.sh` validates the job with `boost_titan.check` before launching. Rank 0 holds
 the dump folder's lock for the whole run (`boost_titan.runtime.dump_lock`: one job per
 folder) and warns when torchrun restarts are enabled over its shared TCPStore
