@@ -95,7 +95,8 @@ class Boost:
     allow_custom_import: bool = False
     """Let the job import the module named by `[experimental] custom_import` or
     `--job.custom_config_module` (code from outside boost-titan, run by `check` or every
-    worker); refused otherwise (`config.cli.check_module_imports`)."""
+    worker); refused otherwise (`config.cli.check_module_imports`). Counts on the command
+    line only: a TOML cannot allow its own imports."""
 
 
 @dataclass

@@ -253,10 +253,10 @@ def _toml_value(toml: dict[str, Any], name: str) -> Any:
     return table.get(key) if isinstance(table, dict) else None
 
 
-def flag_value(args: list[str], toml: dict[str, Any], name: str) -> bool:
-    """A boolean option (`section.key`) as TorchTitan takes it: the last `--section.key` /
-    `--section.no_key` on the command line, else the TOML's, else False."""
-    value = _toml_value(toml, name) is True
+def flag_on_command_line(args: list[str], name: str) -> bool:
+    """Whether the last `--section.key` / `--section.no_key` of a boolean option in `args`
+    turns it on."""
+    value = False
     on, off = _spellings(name), _spellings(name, "no_")
     for arg in args:
         flag = arg.partition("=")[0]
@@ -278,8 +278,9 @@ def named_values(args: list[str], toml: dict[str, Any], name: str) -> list[str]:
 
 def check_module_imports(args: list[str], toml: dict[str, Any]) -> None:
     """ConfigError naming the module an option of IMPORTING_OPTIONS would import (code from
-    outside the product, run by `check` or every worker), unless `--boost.allow_custom_import`."""
-    if flag_value(args, toml, ALLOW_IMPORT):
+    outside the product, run by `check` or every worker), unless `--boost.allow_custom_import`
+    is on the command line (a TOML cannot allow its own imports)."""
+    if flag_on_command_line(args, ALLOW_IMPORT):
         return
     for name in IMPORTING_OPTIONS:
         for module in named_values(args, toml, name):
