@@ -2,7 +2,8 @@
 
     python -m boost_titan.plan --auto --flavor 7B --gpus 8 --gpu h100 --global-batch 32
 
-A layout is TP x PP x DP (DP = FSDP2 over the rest, `data_parallel_shard_degree = -1`), a
+A layout is TP x PP x DP or TP x CP x DP (DP = FSDP2 over the rest,
+`data_parallel_shard_degree = -1`; CP only where each rank keeps `MIN_CP_TOKENS`), a
 strategy, an AC mode, a micro-batch and the micro-batches per step (gradient accumulation,
 or 1F1B's micro-batches under PP), BTP's overlap chunks and the precision (the product's
 bf16 with fp32 master weights; on float8 GPUs also torchao's tensorwise float8). Each is
@@ -34,6 +35,11 @@ MICRO_BATCHES = (1, 2, 4, 8)
 """Micro-batch sizes (sequences) tried."""
 FLOAT8_RECIPE = "tensorwise"
 """The float8 recipe tried on GPUs with float8 tensor cores."""
+MIN_CP_TOKENS = 4096
+"""Tokens of each sequence a context-parallel rank keeps at least: the model's attention
+rate is a constant fraction of peak, measured on long sequences, and its ring on chunks
+shorter than this is latency the model does not calibrate; so at the paper's 4096 tokens
+the planner considers no CP."""
 SHOWN_REJECTED = 5
 REFINED = 20
 """The fastest base layouts (overlap chunks 1, no float8) also priced with every
@@ -140,10 +146,12 @@ def _structural(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> str:
     return memory.split_error(args.n_layers, plan.pp) or ""
 
 
-def _cp_pp(gpus: int) -> list[tuple[int, int]]:
+def _cp_pp(gpus: int, seq_len: int) -> list[tuple[int, int]]:
     """(cp, pp) degrees for `gpus` GPUs per TP group: every PP degree without CP, every CP
-    degree without PP (the planner does not compose the two)."""
-    return [(1, pp) for pp in _divisors(gpus)] + [(cp, 1) for cp in _divisors(gpus)[1:]]
+    degree that leaves each rank `MIN_CP_TOKENS` of a sequence, without PP (the planner
+    does not compose the two)."""
+    cps = [cp for cp in _divisors(gpus)[1:] if seq_len // cp >= MIN_CP_TOKENS]
+    return [(1, pp) for pp in _divisors(gpus)] + [(cp, 1) for cp in cps]
 
 
 def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
@@ -154,7 +162,7 @@ def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
         for tp in _divisors(request.gpus):
             if tp == 1 and strategy == "vanilla":
                 continue
-            for cp, pp in _cp_pp(request.gpus // tp):
+            for cp, pp in _cp_pp(request.gpus // tp, request.seq_len):
                 dp = request.gpus // (tp * cp * pp)
                 base = TrainingLayout(  # the written config compiles (float8's casts fuse)
                     strategy=strategy,
