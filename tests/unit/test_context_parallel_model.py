@@ -36,7 +36,7 @@ def _args(strategy: str, **shape):
 def test_activations_per_rank_divide_by_cp(strategy, ac):
     """Every per-token storage a block saves, and what the memory model keeps per block under
     each AC mode, fall by exactly cp; weight-sized items (grouped GEMMs' concatenated
-    weights) do not."""
+    weights) do not; the weights and AdamW state are sharded over the cp ranks (FSDP2)."""
     args = _args(strategy)
     one = TrainingLayout(strategy, tp=4, seq_len=32768, micro_batch=2, microbatches=2, ac=ac)
     for cp in (2, 4):
@@ -49,6 +49,9 @@ def test_activations_per_rank_divide_by_cp(strategy, ac):
         weights = sum(v for k, v in whole.items() if k.endswith("concat_weights"))
         fixed = weights if ac == "none" else 0
         assert (kept_cp - fixed) * cp == kept_one - fixed, cp
+        state_one, state_cp = (memory.stage_memory(args, p).parts for p in (one, split))
+        for part in ("weights", "optimizer"):  # FSDP2 shards over dp_shard x cp
+            assert state_cp[part] == state_one[part] // cp, (part, cp)
 
 
 @pytest.mark.parametrize(
