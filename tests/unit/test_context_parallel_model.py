@@ -106,7 +106,8 @@ def test_ring_across_nodes_costs_the_network():
 def test_attention_share_rises_and_btp_gain_falls_with_sequence_length():
     """Attention's share of a block's FLOPs grows with the sequence (quadratic against the
     linears' linear), more so under BTP whose linears are low-rank; so BTP's predicted gain
-    over full rank (megatron, same TP x CP layout) shrinks from 32k to 128k tokens."""
+    over full rank (megatron, same TP x CP layout) shrinks from 32k to 128k tokens. Each CP
+    rank's queries meet the whole sequence's keys: 1/cp of the whole attention each."""
     shares, gains = {}, []
     for seq in (4096, 32768, 131072):
         step = {}
@@ -114,6 +115,8 @@ def test_attention_share_rises_and_btp_gain_falls_with_sequence_length():
             args = step_model.model_args("7B", "cola", strategy)
             plan = TrainingLayout(strategy, tp=4, cp=2, seq_len=seq, compiled=True)
             attention = step_model.attention_flops(args, plan)
+            whole = step_model.attention_flops(args, dataclasses.replace(plan, cp=1))
+            assert attention * plan.cp == whole  # load balanced: 1/cp of the work each
             shares.setdefault(strategy, []).append(attention / step_model.layer_flops(args, plan))
             step[strategy] = step_model.step_time(args, plan, H100)["step"]
         gains.append(step["megatron"] / step["btp"])
