@@ -216,3 +216,33 @@ def test_sequences_past_the_flavors_maximum():
         out = long(tokens)
         assert out.shape == (1, 2304, args.vocab_size) and torch.isfinite(out).all()
         torch.testing.assert_close(out[:, :1024], short(tokens[:, :1024]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--cp", "3"], "seq_len 4096 is not divisible by 2 x cp 3"),
+        (["--cp", "0"], "cp 0 must be >= 1"),
+        (["--config", "train_configs/7B_32k.toml", "--cp", "4"], "--cp is set by --config"),
+    ],
+)
+def test_bench_model_cp_bad_input_is_one_line(argv, message, capsys):
+    """`bench model --cp`: a degree that cannot split the sequence into 2 x cp chunks, or
+    one the --config TOML sets, is one `error:` line."""
+    from boost_titan.bench.__main__ import main
+
+    assert main(["model", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_bench_model_prices_cp():
+    """`bench model --cp 2` at 32k tokens: the records carry cp and the ring's bytes, and
+    per rank the model halves the tokens: half the forward FLOPs of attention and GEMMs."""
+    from boost_titan.perf import predict
+
+    kw = dict(flavors=["7B"], arch="cola", strategies=["btp"], tps=[4], gpus=["h100"])
+    one, two = (predict.sweep(**kw, seq_len=32768, cp=cp)[0] for cp in (1, 2))
+    assert (one.cp, two.cp) == (1, 2) and one.ring_bytes_per_layer_fwd == 0
+    assert two.ring_bytes_per_layer_fwd == 32768 * 2 * 1024 * 2 // 2
+    assert two.flops_per_layer * 2 == one.flops_per_layer
