@@ -148,8 +148,8 @@ def _structural(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> str:
 
 def _cp_pp(gpus: int, seq_len: int) -> list[tuple[int, int]]:
     """(cp, pp) degrees for `gpus` GPUs per TP group: every PP degree without CP, every CP
-    degree that leaves each rank `MIN_CP_TOKENS` of a sequence, without PP (the planner
-    does not compose the two)."""
+    degree that leaves each rank `MIN_CP_TOKENS` of a sequence, without PP (CP runs
+    neither with pipeline parallelism nor under torch.compile: its layouts are eager)."""
     cps = [cp for cp in _divisors(gpus)[1:] if seq_len // cp >= MIN_CP_TOKENS]
     return [(1, pp) for pp in _divisors(gpus)] + [(cp, 1) for cp in cps]
 
@@ -165,13 +165,13 @@ def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
             for cp, pp in _cp_pp(request.gpus // tp, request.seq_len):
                 dp = request.gpus // (tp * cp * pp)
                 base = TrainingLayout(  # the written config compiles (float8's casts fuse)
-                    strategy=strategy,
+                    strategy=strategy,  # except under CP, which runs eager
                     tp=tp,
                     pp=pp,
                     cp=cp,
                     seq_len=request.seq_len,
-                    compiled=True,
-                    float8_casts="fused",
+                    compiled=cp == 1,
+                    float8_casts="fused" if cp == 1 else "eager",
                 )
                 why = _structural(args, base, gpu)
                 if not why and request.global_batch % dp:
@@ -458,6 +458,7 @@ def toml_text(result: Result, lay: Candidate) -> str:
         )
     if p.cp > 1:
         pipeline += f"context_parallel_degree = {p.cp}\n"
+    eager = "  # context parallelism runs eager" if p.cp > 1 else ""
     longer = r.seq_len > FLAVORS[r.flavor].max_seq_len
     max_seq = f"\nmax_seq_len = {r.seq_len}  # RoPE table length" if longer else ""
     selective = 'selective_ac_option = "2"\n' if ac == "selective" else ""
@@ -524,7 +525,7 @@ last_save_model_only = false
 mode = "{ac}"
 {selective}
 [compile]
-enable = true
+enable = {str(p.compiled).lower()}{eager}
 {float8}"""
 
 
