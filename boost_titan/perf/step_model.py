@@ -1,11 +1,13 @@
 """Analytic model of a training step under megatron, vanilla low-rank and BTP tensor parallelism.
 
-Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch * seq_len):
+Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch * seq_len
+/ cp, the rank's share of the tokens under context parallelism):
 - Collectives are those our plans issue (see `layer_collectives`); a payload is the tensor
   a rank hands to the collective: T * elements_per_token * dtype bytes.
 - FLOPs: 2*M*N*K for every GEMM on the local shard; attention 4*T*seq_len*d_attn (QK^T and
-  AV) with the causal mask NOT halved, the usual MFU convention. Vanilla runs attention on
-  all heads on every rank. Backward GEMMs = 2x forward (dX and dW).
+  AV: the rank's queries against every key) with the causal mask NOT halved, the usual MFU
+  convention. Vanilla runs attention on all heads on every rank. Backward GEMMs = 2x
+  forward (dX and dW). CP's K/V ring: `ring_bytes`, behind attention as `ring_times` says.
 - Activations (`saved_activations`): the storages autograd keeps, as `bench trace`
   measures them (with RMSNorm saving what its fused CUDA kernel saves).
 - Memory: `memory` (peak per rank and pipeline stage, checked against torch's
