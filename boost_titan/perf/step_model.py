@@ -446,7 +446,9 @@ def activation_bytes(args: ModelShape, plan: TrainingLayout) -> int:
     block input and the outputs of the forward collectives, which under BTP are the 7
     latents (+ online RMSNorm's two statistics, or sync RMSNorm's two fp32 [T, 1] sums):
     d/tp + 7r + 2; under vanilla the B all-reduces at the full output dims: d + 5d +
-    2 d_ff; without TP the down-projection outputs: d + 7r.
+    2 d_ff; without TP the down-projection outputs: d + 7r. Under CP lowrank also keeps the
+    ring attention's output and fp32 log-sum-exp (`ring_kept`), so that backward replays no
+    ring.
     """
     tp, t, b = plan.tp, plan.tokens, plan.dtype_bytes
     residual = args.dim // tp if plan.strategy == "btp" else args.dim
@@ -454,14 +456,23 @@ def activation_bytes(args: ModelShape, plan: TrainingLayout) -> int:
         return t * residual * b
     if plan.ac == "lowrank":
         if tp == 1:
-            return t * (residual + 7 * args.effective_rank) * b
+            return t * (residual + 7 * args.effective_rank) * b + ring_kept(args, plan)
         if plan.strategy == "vanilla":
             outputs = sum(d_out for _, d_out in args.projection_shapes().values())
-            return t * (residual + outputs) * b
+            return t * (residual + outputs) * b + ring_kept(args, plan)
         stats = 2 * b if plan.rmsnorm == "online" else 2 * FP32_BYTES
-        return t * ((residual + 7 * args.effective_rank) * b + stats)
+        return t * ((residual + 7 * args.effective_rank) * b + stats) + ring_kept(args, plan)
     none = sum(saved_activations(args, plan).values())
     return round((none + t * residual * b) / 2) if plan.ac == "selective" else none
+
+
+def ring_kept(args: ModelShape, plan: TrainingLayout) -> int:
+    """Bytes low-rank AC keeps of one block's attention under CP: its output and fp32
+    log-sum-exp, as `saved_activations` counts them (0 without CP)."""
+    if plan.cp == 1:
+        return 0
+    saved = saved_activations(args, plan)
+    return saved["attention.out"] + saved["attention.lse"]
 
 
 def _layers_per_stage(args: ModelShape, plan: TrainingLayout) -> int:
@@ -672,9 +683,10 @@ def _recomputed(
 ) -> dict[str, float]:
     """Extra backward seconds per block by class: full replays the forward with its
     collectives (CP's K/V all-gather `ring_fwd` included); selective half of that; lowrank
-    the B GEMMs (with their float8 casts), attention and the element-wise work, not the A
-    GEMMs' float8 casts `a_casts` nor CP's ring (vanilla also replays its B all-reduces,
-    which sit inside the recomputed segments)."""
+    the B GEMMs (with their float8 casts), attention (not under CP: it keeps the ring's
+    output, `ring_kept`) and the element-wise work, not the A GEMMs' float8 casts
+    `a_casts` (vanilla also replays its B all-reduces, which sit inside the recomputed
+    segments)."""
     if plan.ac == "none":
         return {}
     if plan.ac in ("full", "selective"):
@@ -687,7 +699,7 @@ def _recomputed(
         }
     return {
         "gemm": b_gemms,
-        "attention": attn_fwd,
+        "attention": attn_fwd if plan.cp == 1 else 0.0,
         "memory": mem_fwd - a_casts,
         "comm": comm_fwd if plan.strategy == "vanilla" else 0.0,
     }
@@ -787,6 +799,7 @@ def block_launches(
     bwd = 2 * len(gemms) + host.FLASH_BACKWARD_LAUNCHES
     bwd += host.stream_kernels(bwd_s + scale + cast_bwd, compiled) + chunks * len(bwd_c)
     if plan.cp > 1:  # cp attention steps, the K/V all-gather, backward's cp dK/dV passes
+        # (lowrank AC replays neither the steps nor the gather: it keeps the ring's output)
         fwd += plan.cp
         bwd += (plan.cp - 1) * host.FLASH_BACKWARD_LAUNCHES + 1 + plan.cp
     firsts = sum(g.name.endswith(".A") for g in gemms)
@@ -794,7 +807,7 @@ def block_launches(
         "none": 0,
         "full": fwd,
         "selective": fwd // 2,
-        "lowrank": fwd - firsts - chunks * len(fwd_c) - (plan.cp > 1),
+        "lowrank": fwd - firsts - chunks * len(fwd_c) - (plan.cp + 1) * (plan.cp > 1),
     }[plan.ac]
     return fwd, bwd + recompute
 
@@ -963,4 +976,4 @@ def recompute_flops(args: ModelShape, plan: TrainingLayout) -> int:
     if plan.ac == "none":
         return 0
     b_gemms = sum(g.flops for g in layer_gemms(args, plan) if g.name.endswith(".B"))
-    return b_gemms + attention_flops(args, plan)
+    return b_gemms + (attention_flops(args, plan) if plan.cp == 1 else 0)

@@ -36,7 +36,8 @@ def _args(strategy: str, **shape):
 def test_activations_per_rank_divide_by_cp(strategy, ac):
     """Every per-token storage a block saves, and what the memory model keeps per block under
     each AC mode, fall by exactly cp; weight-sized items (grouped GEMMs' concatenated
-    weights) do not; the weights and AdamW state are sharded over the cp ranks (FSDP2)."""
+    weights) do not, and low-rank AC adds the ring attention's output and log-sum-exp; the
+    weights and AdamW state are sharded over the cp ranks (FSDP2)."""
     args = _args(strategy)
     one = TrainingLayout(strategy, tp=4, seq_len=32768, micro_batch=2, microbatches=2, ac=ac)
     for cp in (2, 4):
@@ -48,7 +49,9 @@ def test_activations_per_rank_divide_by_cp(strategy, ac):
         kept_one, kept_cp = (step_model.activation_bytes(args, p) for p in (one, split))
         weights = sum(v for k, v in whole.items() if k.endswith("concat_weights"))
         fixed = weights if ac == "none" else 0
-        assert (kept_cp - fixed) * cp == kept_one - fixed, cp
+        # low-rank AC under CP also keeps the ring attention's output and fp32 log-sum-exp
+        ring = (part["attention.out"] + part["attention.lse"]) * (ac == "lowrank")
+        assert (kept_cp - fixed - ring) * cp == kept_one - fixed, cp
         state_one, state_cp = (memory.stage_memory(args, p).parts for p in (one, split))
         for part in ("weights", "optimizer"):  # FSDP2 shards over dp_shard x cp
             assert state_cp[part] == state_one[part] // cp, (part, cp)
@@ -87,6 +90,35 @@ def test_ring_hides_behind_attention_inside_a_node():
     gather_bytes = step_model.ring_bytes(args, plan)[0] // (plan.cp - 1)
     assert exposed == 0.0
     assert hidden == pytest.approx(costs.gather_time(gather_bytes, 2, H100, in_node=True))
+
+
+@pytest.mark.parametrize("strategy", ["btp", "vanilla"])
+def test_lowrank_ac_under_cp_replays_no_ring(strategy):
+    """Low-rank AC under CP keeps the ring attention's output (as the runtime's policy
+    does), so its backward replays neither the attention nor the K/V all-gather: the same
+    attention and communication seconds as without AC, and no attention FLOPs recomputed;
+    full AC replays both."""
+    args = _args(strategy)
+    base = TrainingLayout(strategy, tp=4, cp=2, seq_len=32768)
+    _, none = step_model.block_phases(args, base, H100)
+    _, lowrank = step_model.block_phases(args, dataclasses.replace(base, ac="lowrank"), H100)
+    _, full = step_model.block_phases(args, dataclasses.replace(base, ac="full"), H100)
+    replayed_b = sum(g.flops for g in step_model.layer_gemms(args, base) if g.name.endswith(".B"))
+    lowrank_plan = dataclasses.replace(base, ac="lowrank")
+    assert step_model.recompute_flops(args, lowrank_plan) == replayed_b
+    assert lowrank["attention"] == none["attention"] < full["attention"]
+    if strategy == "btp":  # (vanilla's low-rank AC replays its own TP all-reduces)
+        assert lowrank["comm"] == pytest.approx(none["comm"])
+    # full AC replays the forward's communication, the ring's exposed all-gather included
+    # (exposed when the CP pair spans two nodes, tp 8 x cp 2, at 8192 tokens)
+    across = dataclasses.replace(base, tp=8, seq_len=8192)
+    forward, none = step_model.block_phases(args, across, H100)
+    _, full = step_model.block_phases(args, dataclasses.replace(across, ac="full"), H100)
+    attention = step_model.attention_flops(args, across)
+    attn = [costs.attention_time(attention, "bf16", H100, backward=b) for b in (False, True)]
+    ring_fwd = step_model.ring_times(args, across, H100, *attn)[0][0]
+    assert 0 < ring_fwd < forward["comm"]
+    assert full["comm"] - none["comm"] == pytest.approx(forward["comm"])
 
 
 def test_ring_across_nodes_costs_the_network():
