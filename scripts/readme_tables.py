@@ -47,7 +47,7 @@ TRACE_COMMAND = (
 )
 AC_FLAVOR, AC_SEQ, AC_TPS = "1B", 2048, (1, 4)
 DEFAULT_CONFIGS = ",".join(
-    f"train_configs/{size}.toml" for size in ("1B", "3B", "7B", "13B", "30B")
+    f"train_configs/{size}.toml" for size in ("1B", "3B", "7B", "13B", "30B", "7B_32k")
 )
 
 

@@ -141,6 +141,7 @@ CONFIG_OPTIONS = (
     "strategy",
     "tp",
     "pp",
+    "cp",
     "seq_len",
     "micro_batch",
     "microbatches",
@@ -161,6 +162,9 @@ CONFIG_OPTIONS = (
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     add_layout_args(parser)
+    parser.add_argument(
+        "--cp", type=int, default=1, help="context-parallel degree (sequence split over ranks)"
+    )
     parser.add_argument(
         "--master-weights",
         action=argparse.BooleanOptionalAction,
@@ -244,6 +248,7 @@ def _run_model(ns: argparse.Namespace) -> int:
     else:
         records = predict.sweep(
             **sweep_from_args(ns),
+            cp=ns.cp,
             master_weights=ns.master_weights,
             float8=ns.float8,
             float8_filter=tuple(ns.float8_filter),

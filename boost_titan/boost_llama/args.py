@@ -20,7 +20,7 @@ class BoostModelArgs(ModelShape, BaseModelArgs):
 
     # ---- TorchTitan protocol -------------------------------------------------------
     def update_from_config(self, job_config, **kwargs) -> None:
-        """Take arch/rank/grouping from `[boost]`, size the vocab for the tokenizer
+        """Take arch/rank/max_seq_len from `[boost]`, size the vocab for the tokenizer
         (`model_vocab_size`) and check seq_len against the model."""
         from boost_titan.data import model_vocab_size, tokenizer_vocab_size
 
@@ -37,11 +37,17 @@ class BoostModelArgs(ModelShape, BaseModelArgs):
             )
         if boost.rank:
             self.rank = boost.rank
+        if boost.max_seq_len < 0:
+            raise ConfigError(
+                f"[boost] max_seq_len {boost.max_seq_len} is negative; use 0 for the flavor's"
+            )
+        self.max_seq_len = boost.max_seq_len or self.max_seq_len
         seq_len = job_config.training.seq_len
         if seq_len > self.max_seq_len:
             raise ConfigError(
-                f"training.seq_len {seq_len} exceeds the {job_config.model.flavor} flavor's "
-                f"maximum {self.max_seq_len}; lower --training.seq_len"
+                f"training.seq_len {seq_len} exceeds the model's maximum {self.max_seq_len} "
+                f"({job_config.model.flavor}); raise --boost.max_seq_len to {seq_len} or "
+                "lower --training.seq_len"
             )
         self.validate()
 

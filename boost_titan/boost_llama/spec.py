@@ -135,7 +135,8 @@ def validate_validation(job_config, args: BoostModelArgs) -> None:
     if validation.seq_len > args.max_seq_len:
         raise ConfigError(
             f"validation.seq_len {validation.seq_len} exceeds the {job_config.model.flavor} "
-            f"flavor's maximum {args.max_seq_len}; lower --validation.seq_len"
+            f"flavor's maximum {args.max_seq_len}; lower --validation.seq_len or raise "
+            "--boost.max_seq_len"
         )
     validation_data(job_config)
 

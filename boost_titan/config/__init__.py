@@ -37,6 +37,10 @@ class Boost:
     lax_base: str = "cola"
     """For arch = lax: the underlying low-rank layer, cola (with SiLU) or svd (none)."""
 
+    max_seq_len: int = 0
+    """Longest sequence the model takes, the length of its RoPE table (0: the flavor's,
+    4096 for the paper sizes); raise it to train on longer sequences (training.seq_len)."""
+
     tp_strategy: str = "auto"
     """Tensor-parallel plan: auto (btp for low-rank, megatron for fullrank) or a name from
     `boost_titan.boost_llama.strategies.STRATEGIES` (megatron | vanilla | btp)."""

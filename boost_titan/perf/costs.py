@@ -147,6 +147,23 @@ def collective_time(kind: str, nbytes: int, ranks: int, gpu: GpuProfile) -> floa
     return min(simple, ll)
 
 
+def gather_time(nbytes: int, ranks: int, gpu: GpuProfile, in_node: bool) -> float:
+    """All-gather in which each of `ranks` ranks hands `nbytes`: NCCL's ring inside a
+    node (`collective_time`), else over the network, (ranks - 1) hops each receiving
+    `nbytes` at the NIC rate."""
+    if in_node or ranks == 1:
+        return collective_time("all_gather", nbytes, ranks, gpu)
+    return NCCL.base_s + (ranks - 1) * (NCCL.net_hop_s + nbytes / gpu.net_bw)
+
+
+def pass_time(nbytes: int, gpu: GpuProfile, in_node: bool) -> float:
+    """One ring pass: every rank sends `nbytes` to the next, over NVLink at the bus
+    bandwidth of a pair inside a node, else over the network (`send_time`)."""
+    if in_node:
+        return NCCL.base_s + NCCL.hop_s + nbytes / gpu.bus_bw(2)
+    return send_time(nbytes, gpu)
+
+
 def send_time(nbytes: int, gpu: GpuProfile) -> float:
     """One pipeline send to the next node: NCCL's base and network hop latency, then the
     bytes at the NIC rate."""

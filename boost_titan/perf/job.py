@@ -9,7 +9,8 @@ The layout comes from `boost_titan.config.world.resolve_world` (the process coun
 else the fewest the degrees allow), the precision from `runtime.precision.Precision`
 (what the trainer applies), float8 from `model.converters` and `[quantize.linear.float8]`.
 Anything the model does not price is a one-line ConfigError naming the key; a data-parallel
-degree > 1 is priced per replica, with a notice (FSDP / DDP traffic is not modelled).
+degree > 1 is priced per replica, with a notice (FSDP / DDP traffic is not modelled);
+context parallelism is priced per rank (`TrainingLayout.cp`, `step_model.ring_times`).
 """
 
 from __future__ import annotations
@@ -174,8 +175,6 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
         )
     world, degrees = resolve_world(job, nproc)
     global_batch = check_batch(job, degrees)
-    if degrees["cp"] > 1:
-        raise ConfigError("context parallelism is not modelled; set context_parallel_degree = 1")
     p, t = job.parallelism, job.training
     if degrees["pp"] > 1 and p.pipeline_parallel_schedule != SCHEDULE:
         raise ConfigError(
@@ -200,13 +199,14 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
             )
         microbatches = local // micro
     strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
-    dtype, master = _precision(job, degrees["dp_shard"] > 1, path)
+    dtype, master = _precision(job, degrees["dp_shard"] > 1 or degrees["cp"] > 1, path)
     recipe, filters = _float8(job, path)
     compiled = job.compile.enable and "model" in job.compile.components
     plan = TrainingLayout(
         strategy=strategy,
         tp=degrees["tp"],
         pp=degrees["pp"],
+        cp=degrees["cp"],
         seq_len=seq,
         micro_batch=micro,
         microbatches=microbatches,
@@ -244,6 +244,11 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
         notices = (
             f"notice: priced per data-parallel replica; the data-parallel traffic over "
             f"{dp} replicas is not modelled",
+        )
+    if degrees["cp"] > 1:
+        notices += (
+            f"notice: FSDP2 shards the weights over cp {degrees['cp']} too; its traffic "
+            "is not modelled here (plan --auto prices it)",
         )
     return JobPlan(flavor, args, plan, summary, notices)
 

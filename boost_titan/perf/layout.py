@@ -1,7 +1,7 @@
 """How one model is trained, as the analytic model sees it: `TrainingLayout`.
 
-The parallel strategy and degrees, the batch shape, the dtypes, recomputation, float8 and
-how kernels are launched; the lists of choices the model prices (`STRATEGIES`,
+The parallel strategy and degrees (TP, PP, CP), the batch shape, the dtypes, recomputation,
+float8 and how kernels are launched; the lists of choices the model prices (`STRATEGIES`,
 `DTYPE_BYTES`; `AC_MODES` is `boost_titan.config`'s).
 """
 
@@ -26,6 +26,9 @@ class TrainingLayout:
     strategy: str
     tp: int = 1
     pp: int = 1
+    cp: int = 1
+    """Context parallelism: each sequence split over `cp` ranks (head-tail load balanced),
+    K/V all-gathered per block (`step_model.ring_bytes`)."""
     seq_len: int = 4096
     micro_batch: int = 1
     microbatches: int = 4
@@ -55,7 +58,8 @@ class TrainingLayout:
 
     @property
     def tokens(self) -> int:
-        return self.micro_batch * self.seq_len
+        """Tokens of one micro-batch on one rank (its 1/cp share of each sequence)."""
+        return self.micro_batch * self.seq_len // self.cp
 
     @property
     def dtype_bytes(self) -> int:

@@ -2,7 +2,8 @@
 
     python -m boost_titan.plan --auto --flavor 7B --gpus 8 --gpu h100 --global-batch 32
 
-A layout is TP x PP x DP (DP = FSDP2 over the rest, `data_parallel_shard_degree = -1`), a
+A layout is TP x PP x DP or TP x CP x DP (DP = FSDP2 over the rest,
+`data_parallel_shard_degree = -1`; CP only where each rank keeps `MIN_CP_TOKENS`), a
 strategy, an AC mode, a micro-batch and the micro-batches per step (gradient accumulation,
 or 1F1B's micro-batches under PP), BTP's overlap chunks and the precision (the product's
 bf16 with fp32 master weights; on float8 GPUs also torchao's tensorwise float8). Each is
@@ -34,6 +35,11 @@ MICRO_BATCHES = (1, 2, 4, 8)
 """Micro-batch sizes (sequences) tried."""
 FLOAT8_RECIPE = "tensorwise"
 """The float8 recipe tried on GPUs with float8 tensor cores."""
+MIN_CP_TOKENS = 4096
+"""Tokens of each sequence a context-parallel rank keeps at least: the model's attention
+rate is a constant fraction of peak, measured on long sequences, and its ring on chunks
+shorter than this is latency the model does not calibrate; so at the paper's 4096 tokens
+the planner considers no CP."""
 SHOWN_REJECTED = 5
 REFINED = 20
 """The fastest base layouts (overlap chunks 1, no float8) also priced with every
@@ -100,9 +106,6 @@ def check_request(r: Request) -> None:
         raise ConfigError(f"--global-batch {r.global_batch} must be a positive number of sequences")
     if not r.gpu_memory_gib > 0:
         raise ConfigError(f"--gpu-memory {r.gpu_memory_gib} must be a positive number of GiB")
-    limit = FLAVORS[r.flavor].max_seq_len
-    if r.seq_len > limit:
-        raise ConfigError(f"--seq-len {r.seq_len} exceeds flavor {r.flavor}'s {limit}")
 
 
 def strategies(arch: str) -> tuple[str, ...]:
@@ -120,12 +123,14 @@ def dp_exposed(
     """Seconds of FSDP2's data-parallel traffic not hidden behind compute: per micro-batch
     a bf16 all-gather of the stage's weights in forward and again in backward (once per
     step under PP, which keeps them) and an fp32 reduce-scatter of the gradients, each a
-    ring over the network; FSDP2 prefetches, so only what outlasts the compute shows."""
-    if dp == 1:
+    ring over the network (over dp x cp ranks: FSDP2 shards over CP too); FSDP2 prefetches,
+    so only what outlasts the compute shows."""
+    shards = dp * plan.cp  # TorchTitan's FSDP mesh is dp_shard x cp
+    if shards == 1:
         return 0.0
     n = memory.stage_params(args, plan, 0)
     gathers = 1 if plan.pp > 1 else plan.microbatches
-    ring = (dp - 1) / dp
+    ring = (shards - 1) / shards
     traffic = ring * n * (2 * 2 * gathers + 4 * plan.microbatches)
     return max(0.0, traffic / gpu.net_bw - compute_s)
 
@@ -141,6 +146,14 @@ def _structural(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> str:
     return memory.split_error(args.n_layers, plan.pp) or ""
 
 
+def _cp_pp(gpus: int, seq_len: int) -> list[tuple[int, int]]:
+    """(cp, pp) degrees for `gpus` GPUs per TP group: every PP degree without CP, every CP
+    degree that leaves each rank `MIN_CP_TOKENS` of a sequence, without PP (CP runs
+    neither with pipeline parallelism nor under torch.compile: its layouts are eager)."""
+    cps = [cp for cp in _divisors(gpus)[1:] if seq_len // cp >= MIN_CP_TOKENS]
+    return [(1, pp) for pp in _divisors(gpus)] + [(cp, 1) for cp in cps]
+
+
 def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
     """(plan, dp, reason) for every base layout (overlap chunks 1, no float8); reason ""
     when TorchTitan can build it. At TP 1 the low-rank strategies are one layout (btp's)."""
@@ -149,15 +162,16 @@ def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
         for tp in _divisors(request.gpus):
             if tp == 1 and strategy == "vanilla":
                 continue
-            for pp in _divisors(request.gpus // tp):
-                dp = request.gpus // (tp * pp)
+            for cp, pp in _cp_pp(request.gpus // tp, request.seq_len):
+                dp = request.gpus // (tp * cp * pp)
                 base = TrainingLayout(  # the written config compiles (float8's casts fuse)
-                    strategy=strategy,
+                    strategy=strategy,  # except under CP, which runs eager
                     tp=tp,
                     pp=pp,
+                    cp=cp,
                     seq_len=request.seq_len,
-                    compiled=True,
-                    float8_casts="fused",
+                    compiled=cp == 1,
+                    float8_casts="fused" if cp == 1 else "eager",
                 )
                 why = _structural(args, base, gpu)
                 if not why and request.global_batch % dp:
@@ -296,10 +310,10 @@ def _infeasible(
 
 
 def _distinct(layouts: list[Candidate]) -> list[Candidate]:
-    """One layout per (strategy, TP, PP, DP), the first of each."""
+    """One layout per (strategy, TP, CP, PP, DP), the first of each."""
     kept, seen = [], set()
     for lay in layouts:
-        key = (lay.plan.strategy, lay.plan.tp, lay.plan.pp, lay.dp)
+        key = (lay.plan.strategy, lay.plan.tp, lay.plan.cp, lay.plan.pp, lay.dp)
         if key not in seen:
             seen.add(key)
             kept.append(lay)
@@ -307,13 +321,18 @@ def _distinct(layouts: list[Candidate]) -> list[Candidate]:
 
 
 def describe(lay: Candidate) -> str:
-    """One phrase: strategy, TP x PP x DP, AC, micro-batches, chunks, float8."""
+    """One phrase: strategy, TP (x CP) x PP x DP, AC, micro-batches, chunks, float8."""
     p = lay.plan
     f8 = f", float8 {p.float8}" if p.float8 else ""
     return (
-        f"{p.strategy} tp{p.tp} x pp{p.pp} x dp{lay.dp}, ac {p.ac}, "
+        f"{p.strategy} tp{p.tp}{_cp(p, ' x cp')} x pp{p.pp} x dp{lay.dp}, ac {p.ac}, "
         f"micro-batch {p.micro_batch} x {p.microbatches}, chunks {p.overlap_chunks}{f8}"
     )
+
+
+def _cp(plan: TrainingLayout, prefix: str) -> str:
+    """`prefix` and the CP degree, or "" without CP (layouts without CP read as before)."""
+    return f"{prefix}{plan.cp}" if plan.cp > 1 else ""
 
 
 # ---- output ----------------------------------------------------------------------------
@@ -339,7 +358,7 @@ def _row(i: int, lay: Candidate, request: Request) -> list[str]:
     return [
         str(i),
         p.strategy,
-        f"{p.tp} x {p.pp} x {lay.dp}",
+        f"{p.tp}{_cp(p, ' x cp')} x {p.pp} x {lay.dp}",
         p.ac,
         f"{p.micro_batch} x {p.microbatches}",
         str(p.overlap_chunks),
@@ -437,6 +456,11 @@ def toml_text(result: Result, lay: Candidate) -> str:
             'pipeline_parallel_schedule = "1F1B"\n'
             f"pipeline_parallel_microbatch_size = {p.micro_batch}\n"
         )
+    if p.cp > 1:
+        pipeline += f"context_parallel_degree = {p.cp}\n"
+    eager = "  # context parallelism runs eager" if p.cp > 1 else ""
+    longer = r.seq_len > FLAVORS[r.flavor].max_seq_len
+    max_seq = f"\nmax_seq_len = {r.seq_len}  # RoPE table length" if longer else ""
     selective = 'selective_ac_option = "2"\n' if ac == "selective" else ""
     chunks = "  # asked for with plan --overlap; unmeasured on GPUs" if p.overlap_chunks > 1 else ""
     interval = checkpoint_interval(lay.step_s)
@@ -464,7 +488,7 @@ description = "boost_llama {r.flavor}: {r.arch}, {p.strategy}, planned"
 arch = "{r.arch}"
 tp_strategy = "{p.strategy}"
 overlap_chunks = {p.overlap_chunks}{chunks}
-lowrank_ac = {str(p.ac == "lowrank").lower()}
+lowrank_ac = {str(p.ac == "lowrank").lower()}{max_seq}
 
 [optimizer]
 name = "AdamW"
@@ -501,7 +525,7 @@ last_save_model_only = false
 mode = "{ac}"
 {selective}
 [compile]
-enable = true
+enable = {str(p.compiled).lower()}{eager}
 {float8}"""
 
 

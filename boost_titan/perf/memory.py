@@ -17,6 +17,8 @@ FSDP shard degree:
   lm_head's from forward to backward (TorchTitan does not reshard them).
 - activations: `step_model.activation_bytes` per block (exact against `bench trace`) x the
   stage's blocks x the micro-batches 1F1B keeps in flight on it (pp - s, at most all).
+  Under context parallelism a rank holds T / cp tokens of each micro-batch, so every
+  per-token term (activations, loss) falls by cp, and FSDP shards over dp_shard x cp.
 - loss (last stage): the logits' temporaries, [T, V/tp] elements of `LOSS_BYTES` (TP 1:
   the fp32 log-softmax and two fp32 gradients in its backward) or `LOSS_PARALLEL_BYTES`
   (loss parallelism's fp32 temporaries in its forward); the bf16 final-norm output the
@@ -25,6 +27,7 @@ FSDP shard degree:
   reduction (6 bytes per block parameter), and with AC the block's recomputed activations
   (what `none` keeps minus what the mode kept).
 - gradients: fp32 and sharded (4 N / d), all present when backward ends.
+- CP's ring (`ring_buffers`), in a block's backward: the gathered K/V and the dK/dV passes.
 
 The peak is the state plus the largest of three moments: the loss (compute copy +
 activations + loss), the first block's backward (compute copy + activations + one block's
@@ -125,6 +128,16 @@ def _recomputed(args: ModelShape, plan: TrainingLayout) -> int:
     return max(0, none - step_model.activation_bytes(args, plan))
 
 
+def ring_buffers(args: ModelShape, plan: TrainingLayout) -> int:
+    """CP's transient buffers in one block's attention backward: the all-gathered K/V of
+    the whole sequence, the rank's fp32 dK/dV accumulators and the pass in flight (0 without
+    CP)."""
+    if plan.cp == 1:
+        return 0
+    kv_local = 2 * plan.tokens * step_model.kv_width(args, plan)
+    return kv_local * (plan.cp * plan.dtype_bytes + 2 * FP32)
+
+
 @dataclass(frozen=True)
 class StageMemory:
     """Peak bytes on one rank of one pipeline stage, by `PARTS`."""
@@ -141,6 +154,7 @@ def stage_memory(
     args: ModelShape, plan: TrainingLayout, stage: int = 0, dp_shard: int = 1
 ) -> StageMemory:
     """The peak of one rank of `stage` (module docstring), by part."""
+    dp_shard *= plan.cp  # TorchTitan's FSDP mesh is dp_shard x cp
     state, last = plan.state, stage == plan.pp - 1
     n = stage_params(args, plan, stage)
     block = step_model.layer_params(args, plan)
@@ -158,6 +172,7 @@ def stage_memory(
     per_logit = LOSS_PARALLEL_BYTES if plan.tp > 1 else LOSS_BYTES
     loss = (per_logit * vocab + plan.dtype_bytes * residual) * t if last else 0
     backward = block * (copy + MASTER_BYTES[state]) + _recomputed(args, plan)
+    backward += ring_buffers(args, plan)
     grads = MASTER_BYTES[state] * n // dp_shard
     # a forward that follows a backward (accumulation, 1F1B's steady state) finds every grad
     held = grads if plan.microbatches > in_flight(plan, stage) else 0

@@ -100,9 +100,10 @@ def format_jobs(paths: list[str], gpus: tuple[str, ...] = ("a100", "h100")) -> s
     for path in paths:
         job = job_plan(path)
         p = job.plan
-        layout = " x ".join([f"{p.strategy} TP{p.tp}"] * (p.tp > 1) + [f"PP{p.pp}"] * (p.pp > 1))
+        degrees = [f"{p.strategy} TP{p.tp}"] * (p.tp > 1) + [f"CP{p.cp}"] * (p.cp > 1)
+        layout = " x ".join(degrees + [f"PP{p.pp}"] * (p.pp > 1))
         steps = predict.evaluate(job.flavor, job.args, p, list(gpus)).predicted_step_s
         batch = f"{p.micro_batch} x {p.microbatches} x {p.seq_len}"
-        cells = [f"`{path}`", str(p.tp * p.pp), layout or "one device", batch, p.precision]
+        cells = [f"`{path}`", str(p.tp * p.cp * p.pp), layout or "one device", batch, p.precision]
         lines.append("| " + " | ".join([*cells, *[f"{steps[g]:.3f}" for g in gpus]]) + " |")
     return "\n".join(lines)

@@ -56,6 +56,7 @@ def evaluate(
     step_fwd, step_bwd = step_model.step_collectives(args, plan)
     flops = step_model.layer_flops(args, plan)
     times = {g: step_model.step_time(args, plan, profile) for g, profile in profiles.items()}
+    ring_fwd, ring_bwd = step_model.ring_bytes(args, plan)
     return PerfRecord(
         flavor=flavor,
         arch=args.arch,
@@ -93,6 +94,8 @@ def evaluate(
         if plan.float8
         else {},
         float8_skipped={k: v for k, v in step_model.float8_selection(args, plan, 0).items() if v},
+        ring_bytes_per_layer_fwd=ring_fwd,
+        ring_bytes_per_layer_bwd=ring_bwd,
     )
 
 
@@ -104,6 +107,7 @@ def add_speedups(records: list[PerfRecord]) -> None:
             r.flavor,
             r.tp,
             r.pp,
+            r.cp,
             r.seq_len,
             r.micro_batch,
             r.microbatches,

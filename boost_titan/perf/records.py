@@ -96,6 +96,11 @@ class PerfRecord(LayerRecord):
     float8_gemms: dict[str, int]
     float8_skipped: dict[str, str]
     predicted_speedup: dict[str, float] = field(default_factory=dict)
+    cp: int = 1
+    ring_bytes_per_layer_fwd: int = 0
+    ring_bytes_per_layer_bwd: int = 0
+    """Bytes a rank receives through CP's K/V ring per block and micro-batch
+    (`step_model.ring_bytes`)."""
 
 
 def layout_fields(layout: TrainingLayout, record: type[LayerRecord] = LayerRecord) -> dict:
@@ -229,7 +234,7 @@ def format_records(records: list[PerfRecord]) -> str:
                 r.flavor,
                 r.arch,
                 r.strategy,
-                str(r.tp),
+                str(r.tp) + (f" cp{r.cp}" if r.cp > 1 else ""),
                 str(r.pp),
                 f"{r.collectives_per_layer_fwd}/{r.collectives_per_layer_bwd}",
                 f"{r.comm_bytes_per_layer_fwd / MIB:.1f}/{r.comm_bytes_per_layer_bwd / MIB:.1f}",

@@ -1,11 +1,13 @@
 """Analytic model of a training step under megatron, vanilla low-rank and BTP tensor parallelism.
 
-Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch * seq_len):
+Conventions (per rank and per micro-batch unless said otherwise; T = micro_batch * seq_len
+/ cp, the rank's share of the tokens under context parallelism):
 - Collectives are those our plans issue (see `layer_collectives`); a payload is the tensor
   a rank hands to the collective: T * elements_per_token * dtype bytes.
 - FLOPs: 2*M*N*K for every GEMM on the local shard; attention 4*T*seq_len*d_attn (QK^T and
-  AV) with the causal mask NOT halved, the usual MFU convention. Vanilla runs attention on
-  all heads on every rank. Backward GEMMs = 2x forward (dX and dW).
+  AV: the rank's queries against every key) with the causal mask NOT halved, the usual MFU
+  convention. Vanilla runs attention on all heads on every rank. Backward GEMMs = 2x
+  forward (dX and dW). CP's K/V ring: `ring_bytes`, behind attention as `ring_times` says.
 - Activations (`saved_activations`): the storages autograd keeps, as `bench trace`
   measures them (with RMSNorm saving what its fused CUDA kernel saves).
 - Memory: `memory` (peak per rank and pipeline stage, checked against torch's
@@ -117,6 +119,13 @@ def check(args: ModelShape, plan: TrainingLayout) -> None:
         raise ConfigError(f"pp {plan.pp} must be 1..{args.n_layers} (the number of layers)")
     if min(plan.seq_len, plan.micro_batch, plan.microbatches) < 1:
         raise ConfigError("seq_len, micro_batch and microbatches must be positive")
+    if plan.cp < 1:
+        raise ConfigError(f"cp {plan.cp} must be >= 1")
+    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
+        raise ConfigError(
+            f"seq_len {plan.seq_len} is not divisible by 2 x cp {plan.cp} (head-tail load "
+            "balancing gives each rank two chunks); pick a cp that divides seq_len / 2"
+        )
     sizes = strategy_sizes(args)
     for name in REGISTRY[plan.strategy].divisible:
         if sizes[name] % plan.tp:
@@ -289,9 +298,31 @@ def _norm_mode(plan: TrainingLayout) -> str:
 
 
 def attention_flops(args: ModelShape, plan: TrainingLayout) -> int:
-    """Forward QK^T and AV of one block on one rank (causal mask not halved)."""
+    """Forward QK^T and AV of one block on one rank (causal mask not halved): the rank's
+    T/cp queries against the whole sequence's keys (under CP, head-tail load balancing
+    gives every rank the same share of the causal triangle)."""
     heads_per_rank = args.n_heads if plan.strategy == "vanilla" else args.n_heads // plan.tp
     return 4 * plan.tokens * plan.seq_len * heads_per_rank * args.head_dim
+
+
+def kv_width(args: ModelShape, plan: TrainingLayout) -> int:
+    """Elements per token of one rank's keys (and of its values): the un-repeated K/V heads
+    (GQA's n_kv_heads), sharded over tp except by vanilla (all heads on every rank)."""
+    width = args.kv_heads * args.head_dim
+    return width if plan.strategy == "vanilla" else width // plan.tp
+
+
+def ring_bytes(args: ModelShape, plan: TrainingLayout) -> tuple[int, int]:
+    """Bytes one rank receives through CP's ring per block and micro-batch, (forward,
+    backward), as torch's ring attention runs it (`_templated_ring_attention`, TorchTitan's
+    default allgather rotation): forward, one all-gather of the un-repeated K/V, of which a
+    rank receives (cp - 1)/cp of the whole sequence's K/V volume; backward, that all-gather
+    again plus cp passes of the rank's dK/dV accumulators (fp32) around the ring."""
+    if plan.cp == 1:
+        return 0, 0
+    kv_local = 2 * plan.tokens * kv_width(args, plan)  # K and V, elements
+    gather = (plan.cp - 1) * kv_local * plan.dtype_bytes
+    return gather, gather + plan.cp * kv_local * FP32_BYTES
 
 
 def layer_flops(args: ModelShape, plan: TrainingLayout) -> int:
@@ -415,7 +446,9 @@ def activation_bytes(args: ModelShape, plan: TrainingLayout) -> int:
     block input and the outputs of the forward collectives, which under BTP are the 7
     latents (+ online RMSNorm's two statistics, or sync RMSNorm's two fp32 [T, 1] sums):
     d/tp + 7r + 2; under vanilla the B all-reduces at the full output dims: d + 5d +
-    2 d_ff; without TP the down-projection outputs: d + 7r.
+    2 d_ff; without TP the down-projection outputs: d + 7r. Under CP lowrank also keeps the
+    ring attention's output and fp32 log-sum-exp (`ring_kept`), so that backward replays no
+    ring.
     """
     tp, t, b = plan.tp, plan.tokens, plan.dtype_bytes
     residual = args.dim // tp if plan.strategy == "btp" else args.dim
@@ -423,14 +456,23 @@ def activation_bytes(args: ModelShape, plan: TrainingLayout) -> int:
         return t * residual * b
     if plan.ac == "lowrank":
         if tp == 1:
-            return t * (residual + 7 * args.effective_rank) * b
+            return t * (residual + 7 * args.effective_rank) * b + ring_kept(args, plan)
         if plan.strategy == "vanilla":
             outputs = sum(d_out for _, d_out in args.projection_shapes().values())
-            return t * (residual + outputs) * b
+            return t * (residual + outputs) * b + ring_kept(args, plan)
         stats = 2 * b if plan.rmsnorm == "online" else 2 * FP32_BYTES
-        return t * ((residual + 7 * args.effective_rank) * b + stats)
+        return t * ((residual + 7 * args.effective_rank) * b + stats) + ring_kept(args, plan)
     none = sum(saved_activations(args, plan).values())
     return round((none + t * residual * b) / 2) if plan.ac == "selective" else none
+
+
+def ring_kept(args: ModelShape, plan: TrainingLayout) -> int:
+    """Bytes low-rank AC keeps of one block's attention under CP: its output and fp32
+    log-sum-exp, as `saved_activations` counts them (0 without CP)."""
+    if plan.cp == 1:
+        return 0
+    saved = saved_activations(args, plan)
+    return saved["attention.out"] + saved["attention.lse"]
 
 
 def _layers_per_stage(args: ModelShape, plan: TrainingLayout) -> int:
@@ -570,27 +612,53 @@ def block_phases(
         for c in fwd_c
     )
     comm_bwd, hidden = overlapped(bwd_c, weight_grads, plan, gpu)
+    (ring_fwd, ring_fwd_hidden), (ring_bwd, ring_bwd_hidden) = ring_times(
+        args, plan, gpu, attn_fwd, attn_bwd
+    )
     forward = {
         "gemm": sum(gemm_fwd.values()),
         "memory": mem_fwd + costs.stream_time(concat, gpu),
         "attention": attn_fwd,
-        "comm": comm_fwd,
+        "comm": comm_fwd + ring_fwd,
     }
     backward = {
         "gemm": input_grads + sum(weight_grads.values()),
         "memory": mem_bwd + costs.stream_time(scale, gpu),
         "attention": attn_bwd,
-        "comm": comm_bwd,
-        "comm_hidden": hidden,
+        "comm": comm_bwd + ring_bwd,
+        "comm_hidden": hidden + ring_fwd_hidden + ring_bwd_hidden,
     }
     b_gemms = sum(t for name, t in gemm_fwd.items() if name.endswith(".B"))
     a_casts = costs.stream_time(
         [s for name, (fwd, _) in casts.items() if not name.endswith(".B") for s in fwd], gpu
     )
     replay = _recomputed(
-        plan, sum(gemm_fwd.values()), b_gemms, attn_fwd, mem_fwd, comm_fwd, a_casts
+        plan, sum(gemm_fwd.values()), b_gemms, attn_fwd, mem_fwd, comm_fwd, a_casts, ring_fwd
     )
     return forward, {k: v + replay.get(k, 0.0) for k, v in backward.items()}
+
+
+def ring_times(
+    args: ModelShape, plan: TrainingLayout, gpu: GpuProfile, attn_fwd: float, attn_bwd: float
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(exposed, hidden) seconds of CP's ring per block and micro-batch, (forward,
+    backward), for the traffic of `ring_bytes`. Torch's ring runs cp attention steps: the
+    K/V all-gather is issued before the first (on the rank's own chunk) and waited for
+    before the second, so it hides behind one step (`attn / cp`); in backward each dK/dV
+    pass hides behind the next step and the last is exposed. The CP group is inside one
+    node when tp x cp GPUs fit one (TorchTitan's mesh puts tp innermost, cp next), else its
+    traffic crosses the network."""
+    if plan.cp == 1:
+        return (0.0, 0.0), (0.0, 0.0)
+    cp, in_node = plan.cp, plan.tp * plan.cp <= gpu.gpus_per_node
+    kv_local = 2 * plan.tokens * kv_width(args, plan)
+    gather = costs.gather_time(kv_local * plan.dtype_bytes, cp, gpu, in_node)
+    grads = costs.pass_time(kv_local * FP32_BYTES, gpu, in_node)
+    step_fwd, step_bwd = attn_fwd / cp, attn_bwd / cp
+    forward = (max(0.0, gather - step_fwd), min(gather, step_fwd))
+    exposed = max(0.0, gather - step_bwd) + (cp - 1) * max(0.0, grads - step_bwd) + grads
+    hidden = min(gather, step_bwd) + (cp - 1) * min(grads, step_bwd)
+    return forward, (exposed, hidden)
 
 
 def block_time(
@@ -611,11 +679,14 @@ def _recomputed(
     mem_fwd: float,
     comm_fwd: float,
     a_casts: float,
+    ring_fwd: float = 0.0,
 ) -> dict[str, float]:
     """Extra backward seconds per block by class: full replays the forward with its
-    collectives; selective half of that; lowrank the B GEMMs (with their float8 casts),
-    attention and the element-wise work, not the A GEMMs' float8 casts `a_casts`
-    (vanilla also replays its B all-reduces, which sit inside the recomputed segments)."""
+    collectives (CP's K/V all-gather `ring_fwd` included); selective half of that; lowrank
+    the B GEMMs (with their float8 casts), attention (not under CP: it keeps the ring's
+    output, `ring_kept`) and the element-wise work, not the A GEMMs' float8 casts
+    `a_casts` (vanilla also replays its B all-reduces, which sit inside the recomputed
+    segments)."""
     if plan.ac == "none":
         return {}
     if plan.ac in ("full", "selective"):
@@ -624,11 +695,11 @@ def _recomputed(
             "gemm": share * gemm_fwd,
             "attention": share * attn_fwd,
             "memory": share * mem_fwd,
-            "comm": share * comm_fwd,
+            "comm": share * (comm_fwd + ring_fwd),
         }
     return {
         "gemm": b_gemms,
-        "attention": attn_fwd,
+        "attention": attn_fwd if plan.cp == 1 else 0.0,
         "memory": mem_fwd - a_casts,
         "comm": comm_fwd if plan.strategy == "vanilla" else 0.0,
     }
@@ -727,12 +798,16 @@ def block_launches(
     fwd += chunks * len(fwd_c)
     bwd = 2 * len(gemms) + host.FLASH_BACKWARD_LAUNCHES
     bwd += host.stream_kernels(bwd_s + scale + cast_bwd, compiled) + chunks * len(bwd_c)
+    if plan.cp > 1:  # cp attention steps, the K/V all-gather, backward's cp dK/dV passes
+        # (lowrank AC replays neither the steps nor the gather: it keeps the ring's output)
+        fwd += plan.cp
+        bwd += (plan.cp - 1) * host.FLASH_BACKWARD_LAUNCHES + 1 + plan.cp
     firsts = sum(g.name.endswith(".A") for g in gemms)
     recompute = {
         "none": 0,
         "full": fwd,
         "selective": fwd // 2,
-        "lowrank": fwd - firsts - chunks * len(fwd_c),
+        "lowrank": fwd - firsts - chunks * len(fwd_c) - (plan.cp + 1) * (plan.cp > 1),
     }[plan.ac]
     return fwd, bwd + recompute
 
@@ -901,4 +976,4 @@ def recompute_flops(args: ModelShape, plan: TrainingLayout) -> int:
     if plan.ac == "none":
         return 0
     b_gemms = sum(g.flops for g in layer_gemms(args, plan) if g.name.endswith(".B"))
-    return b_gemms + attention_flops(args, plan)
+    return b_gemms + (attention_flops(args, plan) if plan.cp == 1 else 0)

@@ -164,14 +164,17 @@ def test_configs_scale_with_the_gpu_count(config, nproc, layout, real_data, tmp_
     args = ["--job.config_file", str(ROOT / "train_configs" / f"{config}.toml"), *data]
     args += ["--job.dump_folder", str(tmp_path)]
     where = f"on {nproc} process{'es' if nproc > 1 else ''} ({layout})"
+    toml = (ROOT / "train_configs" / f"{config}.toml").read_text()
+    flavor = re.search(r'^flavor = "(\w+)"', toml, re.M)[1]  # 7B_32k: 7B
+    seq = re.search(r"^seq_len = (\d+)", toml, re.M)[1]
     summary = check_in_process(args)
-    assert summary.startswith(f"config ok: boost_llama {config} (cola") and where in summary, (
+    assert summary.startswith(f"config ok: boost_llama {flavor} (cola") and where in summary, (
         summary
     )
     for k in (1, 2, 8):
         summary = check_in_process(["--nproc", str(k * nproc), *args])
         assert f"on {k * nproc} processes (dp_shard {k}" in summary or k == 1, summary
-        assert config == "debug" or f"global batch {4 * k} x seq_len 4096" in summary, summary
+        assert config == "debug" or f"global batch {4 * k} x seq_len {seq}" in summary, summary
 
 
 def test_workers_refuse_the_toy_corpus_too():

@@ -268,7 +268,7 @@ def test_a_closed_pipe_ends_quietly():
         (["--auto", "--gpus", "0"], "--gpus 0 must be a positive integer"),
         (["--auto", "--gpus", "4", "--gpu", "tpu"], "argument --gpu: invalid choice"),
         (["--auto", "--gpus", "4", "--flavor", "9B"], "unknown flavor '9B'"),
-        (["--auto", "--gpus", "4", "--seq-len", "99999"], "exceeds flavor 1B's 4096"),
+        (["--auto", "--gpus", "4", "--seq-len", "-5"], "--seq-len -5 must be a positive integer"),
         (["--auto", "--gpus", "4", "--global-batch", "0"], "--global-batch 0 must be"),
         (["--auto", "--gpus", "4", "--gpu-memory", "-1"], "--gpu-memory -1.0 must be"),
         (["--auto", "--gpus", "four"], "argument --gpus: invalid int value"),

@@ -1054,7 +1054,7 @@ BAD_JOBS = {
     FLOAT8_ON + '\nquantize.linear.float8 recipe_name = "blockwise"': "unknown float8 recipe",
     FLOAT8_ON: "no float8 tensor cores",
     "parallelism tensor_parallel_degree = 3": "not divisible by tp 3",
-    "parallelism context_parallel_degree = 2": "context parallelism",
+    "parallelism context_parallel_degree = 3": "not divisible by 2 x cp 3",
     "parallelism pipeline_parallel_degree = 2\n"
     'parallelism pipeline_parallel_schedule = "GPipe"': "GPipe",
     'activation_checkpoint mode = "selective"\n'
