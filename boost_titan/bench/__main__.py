@@ -233,7 +233,7 @@ def _config_records(ns: argparse.Namespace) -> list:
         print(notice, file=sys.stderr)
     if ns.json != "-":
         print(job.summary)
-    return [predict.evaluate(job.flavor, job.args, job.plan, ns.gpu)]
+    return [predict.evaluate(job.flavor, job.args, job.plan, ns.gpu, dp_shard=job.dp_shard)]
 
 
 def _run_model(ns: argparse.Namespace) -> int:

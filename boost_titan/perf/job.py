@@ -23,7 +23,7 @@ from boost_titan.boost_llama.shapes import ModelShape
 from boost_titan.config import Boost
 from boost_titan.config.cli import load_toml
 from boost_titan.config.errors import ConfigError
-from boost_titan.perf import float8_costs
+from boost_titan.perf import float8_costs, memory
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.step_model import check, model_args
 
@@ -71,6 +71,13 @@ class JobPlan:
     summary: str
     """One line: processes, layout, batch and precision."""
     notices: tuple[str, ...]
+    dp_shard: int = 1
+    """FSDP's shard degree: the weights, gradients and optimizer state are split over it."""
+
+    def peak_memory(self) -> memory.StageMemory:
+        """The busiest rank's peak: the one memory model `plan`, `bench model --config`,
+        `check` and the trainer's first step all use (FSDP sharding included)."""
+        return memory.peak_memory(self.args, self.plan, dp_shard=self.dp_shard)
 
 
 def _read(path: str) -> SimpleNamespace:
@@ -162,11 +169,27 @@ def _ac(job: SimpleNamespace, path: str) -> str:
 def job_plan(path: str, nproc: int | None = None) -> JobPlan:
     """The model's plan of the job in TOML `path` on `nproc` processes (None: the fewest
     its degrees allow); ConfigError (one line) for what the model cannot price."""
+    return plan_of(_read(path), nproc, path)
+
+
+def config_view(job_config: Any) -> SimpleNamespace:
+    """A parsed TorchTitan JobConfig (overrides applied) seen as `_read` sees a TOML: the
+    sections the model reads, by their last name (`quantize.linear.float8` -> `float8`)."""
+    job = SimpleNamespace()
+    for section in (*TITAN_DEFAULTS, "boost"):
+        value = job_config
+        for part in section.split("."):
+            value = getattr(value, part)
+        setattr(job, section.rpartition(".")[2], value)
+    return job
+
+
+def plan_of(job: SimpleNamespace, nproc: int | None, path: str) -> JobPlan:
+    """`job_plan` of a job already read (`_read`, `config_view`); `path` names it in messages."""
     from boost_titan.boost_llama.shapes import flavor_shape
     from boost_titan.boost_llama.strategies import resolve_strategy
     from boost_titan.config.world import check_batch, resolve_world
 
-    job = _read(path)
     if job.model.name != BOOST_MODEL:
         raise ConfigError(
             f"model.name {job.model.name!r} in {path}: the model prices "
@@ -245,7 +268,7 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
             f"notice: priced per data-parallel replica; the data-parallel traffic over "
             f"{dp} replicas is not modelled",
         )
-    return JobPlan(flavor, args, plan, summary, notices)
+    return JobPlan(flavor, args, plan, summary, notices, dp_shard=degrees["dp_shard"])
 
 
 def process_count(nproc: str | None) -> int | None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from boost_titan.config.cli import condense_tyro_message, with_boost_section
 from boost_titan.config.errors import ConfigError
@@ -131,7 +132,14 @@ def test_valid_config_passes(checked):
     result = checked[VALID]
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("config ok: boost_llama debug"), result.stdout
-    assert "2 processes (tp 2)" in result.stdout
+    # no --nproc or NGPU: the count the degrees imply, said as such
+    assert "2 processes (tp 2; the count [parallelism] implies, no --nproc" in result.stdout
+    # then the predicted peak against the GPU (none here: the planner's default, assumed)
+    memory = result.stdout.splitlines()[-1]
+    assert memory.startswith("memory: predicted "), result.stdout
+    assert ": fits, " in memory
+    if not torch.cuda.is_available():
+        assert "of an assumed 80 GiB a100 (no CUDA device here" in memory
 
 
 def readme_process_counts() -> list[tuple[str, int, str]]:
@@ -163,7 +171,7 @@ def test_configs_scale_with_the_gpu_count(config, nproc, layout, real_data, tmp_
     data = real_data if config != "debug" else []
     args = ["--job.config_file", str(ROOT / "train_configs" / f"{config}.toml"), *data]
     args += ["--job.dump_folder", str(tmp_path)]
-    where = f"on {nproc} process{'es' if nproc > 1 else ''} ({layout})"
+    where = f"on {nproc} process{'es' if nproc > 1 else ''} ({layout}; the count [parallelism]"
     summary = check_in_process(args)
     assert summary.startswith(f"config ok: boost_llama {config} (cola") and where in summary, (
         summary

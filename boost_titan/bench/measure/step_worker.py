@@ -33,6 +33,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from boost_titan.bench.measure.step import TRACE_ENV
 from boost_titan.bench.measure.step_trace import MICROBATCH, STEP, step_counts
+
+try:
+    from boost_titan.perf.fits import rank0_prediction
+except ImportError:  # an earlier commit (scripts/compare_step.py): no memory model to pass
+    rank0_prediction = None
 from boost_titan.runtime.precision import Precision
 from boost_titan.runtime.trainer import BoostTrainer
 
@@ -50,7 +55,8 @@ class ProbedTrainer(BoostTrainer):
     """BoostTrainer whose steps are timed and whose last step is profiled (module docstring)."""
 
     def __init__(self, job_config):
-        super().__init__(job_config)
+        model = {"memory_model": rank0_prediction} if rank0_prediction else {}
+        super().__init__(job_config, **model)
         self.warmup = int(os.environ.get(WARMUP_ENV, "1"))
         self.step_s: list[float] = []
         self.host_s: list[float] = []
