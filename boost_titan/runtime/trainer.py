@@ -326,12 +326,12 @@ class BoostTrainer(Trainer):
         process's peak RSS."""
         if self.device.type == "cuda":
             return torch.cuda.max_memory_reserved(self.device), "CUDA max reserved"
-        return peak_rss(), "peak RSS of the whole process (interpreter, libraries, data)"
+        return peak_rss(), "peak RSS of the whole process, libraries and data included"
 
     def memory_line(self, step: int, measured: int, what: str) -> str:
-        """`memory at step 1 on rank 0: 61.2 GiB (CUDA max reserved) vs 58.9 GiB predicted
-        (+3.9%; ...)`."""
-        head = f"memory at step {step} on rank 0: {measured / 2**30:.2f} GiB ({what})"
+        """`memory at step 1 on rank 0: 61.20 GiB measured (CUDA max reserved) vs 58.90 GiB
+        predicted (+3.9%; ...)`."""
+        head = f"memory at step {step} on rank 0: {measured / 2**30:.2f} GiB measured ({what})"
         if self.memory_model is None:
             return f"{head}; no prediction (no memory model given to the trainer)"
         world = dist.get_world_size()

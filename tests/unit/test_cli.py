@@ -275,3 +275,21 @@ def test_condense_tyro_message():
     message = condense_tyro_message(boxed)
     assert "\n" not in message
     assert message.startswith("Unrecognized options: --x; did you mean --training.steps?")
+
+
+@pytest.mark.parametrize(
+    "visible, count", [(None, 4), ("1,3", 2), ("2", 1), ("", 0), ("GPU-a,GPU-b,GPU-c", 3)]
+)
+def test_run_train_counts_the_gpus_cuda_shows(visible, count, tmp_path):
+    """run_train.sh's default NGPU (`scripts/visible_gpus.sh`): the GPUs
+    CUDA_VISIBLE_DEVICES names where it is set, else all nvidia-smi lists (here 4)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\nfor i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 (UUID: x)"; done\n')
+    smi.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    script = ROOT / "scripts" / "visible_gpus.sh"
+    result = subprocess.run([str(script)], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == str(count)
+    assert "gpus=$(scripts/visible_gpus.sh)" in (ROOT / "run_train.sh").read_text()
