@@ -156,8 +156,11 @@ class BoostTrainer(Trainer):
         self.finished = False
         self.step_loss = 0.0
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        # priced as the user wrote the job (before the global batch below is filled in)
+        self.predicted = None if memory_model is None else memory_model(job_config, world)
         # [boost] gradient_accumulation_steps: the global batch follows the DP degree
-        dp = data_parallel_degree(job_config.parallelism, int(os.environ.get("WORLD_SIZE", 1)))
+        dp = data_parallel_degree(job_config.parallelism, world)
         job_config.training.global_batch_size = global_batch(job_config.training, boost, dp)
         # the ranks meet in close() instead of rank 0 sleeping 2 s at the end of train()
         titan_train.time = SimpleNamespace(perf_counter=time.perf_counter, sleep=lambda s: None)
@@ -187,7 +190,6 @@ class BoostTrainer(Trainer):
             os.makedirs(job_config.job.dump_folder, exist_ok=True)
             log_path = os.path.join(job_config.job.dump_folder, LOSS_LOG)
         self.run_log = RunLog(path=log_path)
-        self.memory_model = memory_model
         self.memory_compared = False
         self.clock = StepClock(job_config.training.steps)
         self.metrics_processor.log = functools.partial(self.log_step, self.metrics_processor.log)
@@ -332,10 +334,9 @@ class BoostTrainer(Trainer):
         """`memory at step 1 on rank 0: 61.20 GiB measured (CUDA max reserved) vs 58.90 GiB
         predicted (+3.9%; ...)`."""
         head = f"memory at step {step} on rank 0: {measured / 2**30:.2f} GiB measured ({what})"
-        if self.memory_model is None:
+        if self.predicted is None:
             return f"{head}; no prediction (no memory model given to the trainer)"
-        world = dist.get_world_size()
-        predicted, covers = self.memory_model(self.job_config, world)
+        predicted, covers = self.predicted
         if predicted is None:
             return f"{head}; {covers}"
         change = 100 * (measured - predicted) / predicted

@@ -56,7 +56,8 @@ def test_the_run_can_be_watched(two_process_run):
     assert memory, two_process_run.output[-4000:]
     measured, predicted, change = (float(memory[k]) for k in ("measured", "predicted", "change"))
     assert measured > 0 and predicted > 0
-    assert abs(100 * (measured - predicted) / predicted - change) < 0.2
+    # the change is of the unrounded bytes; the GiB printed are rounded to 0.01
+    assert abs(100 * (measured - predicted) / predicted - change) < 100 * 0.011 / predicted
     assert re.search(
         r"waited for data \d+\.\d+ s over 10 steps \(\d+\.\d% of step time\)",
         two_process_run.output,
