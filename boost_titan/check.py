@@ -58,14 +58,17 @@ def memory_line(args: list[str]) -> str:
     """The job's predicted memory per GPU against this machine's GPU (or the assumed one)."""
     import torch
 
+    from boost_titan.boost_llama.spec import SPEC_NAME, model_args_for
+
     nproc, rest = pop_nproc(args)
     job = parse_job_config(rest)
     world, _ = resolve_world(job, nproc)
+    vocab = model_args_for(job).vocab_size if job.model.name == SPEC_NAME else None
     device = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         device = (props.name, props.total_memory / 2**30)
-    return check_line(job, world, device)
+    return check_line(job, world, vocab, device)
 
 
 if __name__ == "__main__":

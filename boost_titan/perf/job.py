@@ -184,8 +184,11 @@ def config_view(job_config: Any) -> SimpleNamespace:
     return job
 
 
-def plan_of(job: SimpleNamespace, nproc: int | None, path: str) -> JobPlan:
-    """`job_plan` of a job already read (`_read`, `config_view`); `path` names it in messages."""
+def plan_of(
+    job: SimpleNamespace, nproc: int | None, path: str, vocab_size: int | None = None
+) -> JobPlan:
+    """`job_plan` of a job already read (`_read`, `config_view`); `path` names it in
+    messages; `vocab_size`: the tokenizer's, where known (else the flavor's)."""
     from boost_titan.boost_llama.shapes import flavor_shape
     from boost_titan.boost_llama.strategies import resolve_strategy
     from boost_titan.config.world import check_batch, resolve_world
@@ -247,13 +250,14 @@ def plan_of(job: SimpleNamespace, nproc: int | None, path: str) -> JobPlan:
     )
     flavor = job.model.flavor
     args = model_args(flavor, job.boost.arch, strategy)
-    if job.boost.rank or job.boost.lax_base != args.lax_base:
+    vocab = vocab_size or args.vocab_size
+    if job.boost.rank or job.boost.lax_base != args.lax_base or vocab != args.vocab_size:
         args = flavor_shape(
             flavor,
             arch=args.arch,
             rank=job.boost.rank,
             lax_base=job.boost.lax_base,
-            vocab_size=args.vocab_size,
+            vocab_size=vocab,
         )
         args.validate()
     check(args, plan)

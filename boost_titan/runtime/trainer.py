@@ -56,6 +56,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import sys
@@ -136,8 +137,9 @@ class TokenScaledLoss:
         return self.loss_fn(pred, labels, **kwargs) / self.denominator
 
 
-MemoryModel = Callable[[Any, int], tuple[int | None, str]]
-"""(job config, world size) -> (rank 0's predicted peak bytes or None, what it covers)."""
+MemoryModel = Callable[[Any, int, int], tuple[int | None, str]]
+"""(job config, world size, vocabulary) -> (rank 0's predicted peak bytes or None, what it
+covers)."""
 
 
 class BoostTrainer(Trainer):
@@ -157,8 +159,8 @@ class BoostTrainer(Trainer):
         self.step_loss = 0.0
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
         world = int(os.environ.get("WORLD_SIZE", 1))
-        # priced as the user wrote the job (before the global batch below is filled in)
-        self.predicted = None if memory_model is None else memory_model(job_config, world)
+        self.memory_model = memory_model
+        self.priced = copy.deepcopy(job_config)  # as written: before the batch is filled in
         # [boost] gradient_accumulation_steps: the global batch follows the DP degree
         dp = data_parallel_degree(job_config.parallelism, world)
         job_config.training.global_batch_size = global_batch(job_config.training, boost, dp)
@@ -331,16 +333,17 @@ class BoostTrainer(Trainer):
         return peak_rss(), "peak RSS of the whole process, libraries and data included"
 
     def memory_line(self, step: int, measured: int, what: str) -> str:
-        """`memory at step 1 on rank 0: 61.20 GiB measured (CUDA max reserved) vs 58.90 GiB
-        predicted (+3.9%; ...)`."""
-        head = f"memory at step {step} on rank 0: {measured / 2**30:.2f} GiB measured ({what})"
-        if self.predicted is None:
+        """`memory at step 1 on rank 0: 61.200 GiB measured (CUDA max reserved) vs 58.900
+        GiB predicted (+3.9%; ...)`."""
+        head = f"memory at step {step} on rank 0: {measured / 2**30:.3f} GiB measured ({what})"
+        if self.memory_model is None:
             return f"{head}; no prediction (no memory model given to the trainer)"
-        predicted, covers = self.predicted
+        world = dist.get_world_size()
+        predicted, covers = self.memory_model(self.priced, world, self.model_args.vocab_size)
         if predicted is None:
             return f"{head}; {covers}"
         change = 100 * (measured - predicted) / predicted
-        return f"{head} vs {predicted / 2**30:.2f} GiB predicted ({change:+.1f}%; {covers})"
+        return f"{head} vs {predicted / 2**30:.3f} GiB predicted ({change:+.1f}%; {covers})"
 
     def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]):
         self.clock.start()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -293,3 +294,22 @@ def test_run_train_counts_the_gpus_cuda_shows(visible, count, tmp_path):
     result = subprocess.run([str(script)], env=env, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == str(count)
     assert "gpus=$(scripts/visible_gpus.sh)" in (ROOT / "run_train.sh").read_text()
+
+
+def test_check_memory_line_prices_the_tokenizers_vocabulary(real_data):
+    """`check`'s memory line prices the model the job builds: debug.toml with the test
+    tokenizer's 262 tokens, not the 32,000 `bench model` assumes for a flavor."""
+    from boost_titan.check import memory_line
+    from boost_titan.perf.fits import DEFAULT_GPU, fit_line
+    from boost_titan.perf.job import job_plan
+    from boost_titan.perf.layout_search import GPU_MEMORY_GIB
+
+    line = memory_line(["--job.config_file", str(DEBUG_TOML), *real_data])
+    flavor = job_plan(str(DEBUG_TOML))
+    built = dataclasses.replace(flavor, args=dataclasses.replace(flavor.args, vocab_size=262))
+    lines = {
+        job.args.vocab_size: fit_line(job, DEFAULT_GPU, GPU_MEMORY_GIB[DEFAULT_GPU], True)
+        for job in (flavor, built)
+    }
+    assert lines[32000] != lines[262]
+    assert torch.cuda.is_available() or line == lines[262]
