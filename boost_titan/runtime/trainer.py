@@ -27,9 +27,9 @@
 - The step log line ends with an ETA (median of the recent step times x the steps left)
   and the step's wait for data (time in `next()` on the data iterator,
   `runtime.step_clock`); the summary adds the run's total wait. At the first step rank 0
-  logs its measured peak memory (CUDA: max reserved; CPU: peak RSS of the whole process)
-  next to the memory model's prediction (`memory_model`, which the `train` command passes:
-  `boost_titan.perf.fits.rank0_prediction`).
+  logs its measured peak memory (CUDA: max reserved; CPU: peak RSS above the process's RSS
+  before the model was built) next to the memory model's prediction (`memory_model`,
+  which the `train` command passes: `boost_titan.perf.fits.rank0_prediction`).
 - Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun
   restart and any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*`
   injects a SIGKILL for testing.
@@ -100,7 +100,7 @@ from boost_titan.runtime.nonfinite import (
 from boost_titan.runtime.precision import Precision, no_autocast
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
 from boost_titan.runtime.resume import prepare_to_load
-from boost_titan.runtime.rss import peak_rss
+from boost_titan.runtime.rss import current_rss, peak_rss
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
 from boost_titan.runtime.step_clock import StepClock, appended
@@ -160,6 +160,7 @@ class BoostTrainer(Trainer):
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
         world = int(os.environ.get("WORLD_SIZE", 1))
         self.memory_model = memory_model
+        self.rss_before_model = current_rss()
         self.priced = copy.deepcopy(job_config)  # as written: before the batch is filled in
         # [boost] gradient_accumulation_steps: the global batch follows the DP degree
         dp = data_parallel_degree(job_config.parallelism, world)
@@ -327,10 +328,14 @@ class BoostTrainer(Trainer):
 
     def peak_memory(self) -> tuple[int, str]:
         """(bytes, what was measured): CUDA's max reserved since the last log line, else the
-        process's peak RSS."""
+        process's peak RSS above what it held before the model (interpreter, libraries)."""
         if self.device.type == "cuda":
             return torch.cuda.max_memory_reserved(self.device), "CUDA max reserved"
-        return peak_rss(), "peak RSS of the whole process, libraries and data included"
+        before = self.rss_before_model
+        return peak_rss() - before, (
+            f"peak RSS less the {before / 2**30:.3f} GiB the process held before building "
+            "the model: data, buffers and allocator slack included"
+        )
 
     def memory_line(self, step: int, measured: int, what: str) -> str:
         """`memory at step 1 on rank 0: 61.200 GiB measured (CUDA max reserved) vs 58.900
