@@ -237,6 +237,63 @@ def model_7b_figure() -> str:
     return f"{record['predicted_step_s']['a100-hgx4']:.3f} s"
 
 
+F8_7B = ("model", "--flavor", "7B", "--strategy", "btp", "--tp", "4", "--gpu", "h100")
+F8_13B = ("model", "--flavor", "13B", "--strategy", "megatron", "--tp", "4", "--micro-batch", "4")
+F8_13B = (*F8_13B, "--gpu", "h100")
+FUSED = ("--float8", "tensorwise", "--float8-casts", "fused")
+
+
+def model_record(*argv: str) -> dict:
+    """The one record `bench model ARGV --json -` prints."""
+    import json
+
+    (record,) = json.loads(bench_output(*argv, "--json", "-", fenced=False)())
+    return record
+
+
+def _split(record: dict) -> dict[str, float]:
+    """A record's predicted step split on its one GPU, with the step itself."""
+    (gpu,) = record["predicted_step_s"]
+    return {**record["time_breakdown_s"][gpu], "step": record["predicted_step_s"][gpu]}
+
+
+def float8_7b(kind: str) -> Callable[[], str]:
+    """docs/precision.md's 7B TP4 H100 figures: bf16, float8 with fused casts, eager."""
+
+    def generate() -> str:
+        bf16 = _split(model_record(*F8_7B))
+        if kind == "bf16":
+            gemm, host = bf16["gemm"], bf16["host"]
+            return (
+                f"{bf16['step']:.3f} s, of which GEMMs {gemm:.3f} s and host launches {host:.3f} s"
+            )
+        if kind == "eager":
+            eager = _split(model_record(*F8_7B, "--float8", "tensorwise", "--no-compile"))
+            return f"{eager['step']:.3f} s"
+        f8 = _split(model_record(*F8_7B, *FUSED))
+        casts = f8["memory"] - bf16["memory"]
+        return (
+            f"GEMMs {f8['gemm']:.3f} s, casts {casts:.3f} s of memory-bound work, exposed "
+            f"communication {bf16['comm']:.3f} -> {f8['comm']:.3f} s: {f8['step']:.3f} s"
+        )
+
+    return generate
+
+
+def float8_13b() -> str:
+    """docs/precision.md's full-rank 13B TP4 H100 figures, bf16 and float8 fused."""
+    bf16, f8 = _split(model_record(*F8_13B)), _split(model_record(*F8_13B, *FUSED))
+    casts = f8["memory"] - bf16["memory"]
+    return (
+        f"{bf16['step']:.3f} s bf16 (GEMMs {bf16['gemm']:.3f} s) and {f8['step']:.3f} s float8 "
+        f"with fused casts (GEMMs {f8['gemm']:.3f} s; casts add {casts:.3f} s)"
+    )
+
+
+def float8_13b_memory() -> str:
+    return f"{model_record(*F8_13B)['memory_bytes_per_rank']['total'] / 2**30:.0f} GiB"
+
+
 TABLES: dict[str, Table] = {
     "params": Table("python -m boost_titan.boost_llama", params_table),
     "lowrank-ac": Table(
@@ -274,6 +331,27 @@ TABLES: dict[str, Table] = {
     ),
     "precision-7b-bf16": Table(
         "python -m boost_titan.bench precision", precision_7b_figure("bf16"), inline=True
+    ),
+    "float8-7b-bf16": Table(
+        f"python -m boost_titan.bench {' '.join(F8_7B)} --breakdown", float8_7b("bf16"), inline=True
+    ),
+    "float8-7b-fused": Table(
+        f"python -m boost_titan.bench {' '.join(F8_7B + FUSED)} --breakdown",
+        float8_7b("fused"),
+        inline=True,
+    ),
+    "float8-7b-eager": Table(
+        f"python -m boost_titan.bench {' '.join(F8_7B)} --float8 tensorwise --no-compile",
+        float8_7b("eager"),
+        inline=True,
+    ),
+    "float8-13b": Table(
+        f"python -m boost_titan.bench {' '.join(F8_13B)} --breakdown [{' '.join(FUSED)}]",
+        float8_13b,
+        inline=True,
+    ),
+    "float8-13b-memory": Table(
+        f"python -m boost_titan.bench {' '.join(F8_13B)}", float8_13b_memory, inline=True
     ),
     "planner": Table(  # render function: boost_titan.perf.layout_search
         "python -m boost_titan.plan --auto --flavor F --gpus N --gpu G --global-batch B",
