@@ -65,21 +65,24 @@ class StepClock:
     waits: list[float] = field(default_factory=list)
     """Every finished step's wait, in order."""
     busy: float = 0.0
-    """Seconds of every finished step (for the run's share of waiting)."""
+    """Seconds of every finished step, start to start (for the run's share of waiting)."""
 
     def start(self) -> None:
         """A step begins: the previous one (if any) is over."""
-        now = time.perf_counter()
-        if self.step_started is not None:
-            self.recent.append(now - self.step_started)
-        self.step_started = now
+        self.close()
+        self.step_started = time.perf_counter()
         self.wait = 0.0
 
-    def end(self) -> None:
-        """The step's training work is done: keep its wait."""
+    def close(self) -> None:
+        """The current step is over (`start` calls it; call it once after the last step):
+        its time and wait join the record."""
+        if self.step_started is None:
+            return
+        seconds = time.perf_counter() - self.step_started
+        self.recent.append(seconds)
+        self.busy += seconds
         self.waits.append(self.wait)
-        if self.step_started is not None:
-            self.busy += time.perf_counter() - self.step_started
+        self.step_started = None
 
     def waiting(self, iterator: Iterator[T]) -> Iterator[T]:
         """`iterator`, with the time each `next()` takes added to this step's wait."""

@@ -352,13 +352,7 @@ class BoostTrainer(Trainer):
 
     def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]):
         self.clock.start()
-        try:
-            self.timed_step(self.clock.waiting(data_iterator))
-        finally:
-            self.clock.end()
-
-    def timed_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]):
-        """One training step (what `train_step` times)."""
+        data_iterator = self.clock.waiting(data_iterator)
         self.run_log.start()
         self.microbatch = 0
         # an eager forward since the last step (validation) may have left weights unsharded
@@ -455,6 +449,7 @@ class BoostTrainer(Trainer):
             raise self.save_failed(e) from None
         self.finished = True
         if dist.get_rank() == 0:
+            self.clock.close()
             waited = self.clock.wait_line()
             logger.info(f"Summary: {self.run_log.summary(self.step)}{f'; {waited}' * bool(waited)}")
             logger.info(f"Outputs: {self.output_locations()}")

@@ -73,7 +73,8 @@ def test_data_wait_is_the_time_in_next(clock_time):
             clock_time.now += 0.99  # training on the batch
         assert clock.wait == pytest.approx(0.02)
         assert clock.tail(1).endswith("data wait 20.0 ms (1.0%)")
-        clock.end()
+    assert clock.waits == pytest.approx([0.02])  # the second step is still open
+    clock.close()
     assert clock.waits == pytest.approx([0.02, 0.02])
     assert clock.wait_line() == "waited for data 0.04 s over 2 steps (1.0% of step time)"
 

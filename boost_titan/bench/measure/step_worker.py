@@ -91,7 +91,7 @@ class ProbedTrainer(BoostTrainer):
             self.host_s.append(self.step_host_s / self.microbatches)
             clock = getattr(self, "clock", None)  # an earlier commit has none
             if clock is not None:
-                self.wait_s.append(clock.waits[-1])
+                self.wait_s.append(clock.wait)  # this step's, until the next one starts
 
     @property
     def microbatches(self) -> int:
