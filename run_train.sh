@@ -5,7 +5,8 @@
 #   CONFIG_FILE=train_configs/7B.toml NGPU=4 ./run_train.sh --training.steps 100 \
 #       --training.dataset_path /data/corpus.jsonl --model.hf_assets_path /models/llama3/original
 #
-# NGPU: processes (default: every CUDA GPU nvidia-smi lists, else 2 CPU processes); a GPU
+# NGPU: processes (default: every CUDA GPU this process may use: those CUDA_VISIBLE_DEVICES
+# names where it is set, else every GPU nvidia-smi lists; with none, 2 CPU processes); a GPU
 # config on a multiple of its base count puts the extra GPUs into data parallelism.
 # LOG_RANK: ranks whose output is shown (default 0). Extra arguments override the TOML.
 # MAX_RESTARTS: torchrun restarts after a worker failure (default 0); each restart resumes
@@ -28,10 +29,7 @@ CONFIG_FILE=${CONFIG_FILE:-train_configs/debug.toml}
 LOG_RANK=${LOG_RANK:-0}
 export PYTHONUNBUFFERED=1
 
-gpus=0
-if command -v nvidia-smi >/dev/null 2>&1; then
-    gpus=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true)
-fi
+gpus=$(scripts/visible_gpus.sh)
 if [[ "$gpus" -gt 0 ]]; then
     NGPU=${NGPU:-$gpus}
 else

@@ -3,7 +3,9 @@
     python -m boost_titan.check [--nproc N] --job.config_file X.toml [--section.key value ...]
 
 Takes the same arguments as `boost_titan.train`; the checks are
-`boost_titan.runtime.preflight.check`'s.
+`boost_titan.runtime.preflight.check`'s. A valid job also gets its predicted peak memory
+per GPU against the GPU's (`boost_titan.perf.fits`: this machine's CUDA GPU, else the
+planner's default profile, said as assumed), and whether it fits.
 
 Exit status: 0 and `config ok: ...`; 2 and one `error: ...` line; FINISHED (4) and
 `nothing to train: ...` when the dump folder's checkpoint is already at training.steps
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import sys
 
-from boost_titan.config.cli import fail
+from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.world import pop_nproc, resolve_world
+from boost_titan.perf.fits import check_line
 from boost_titan.runtime.preflight import NothingToTrain, check
 
 FINISHED = 4
@@ -42,11 +46,29 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         print(check(args), flush=True)
+        print(memory_line(args), flush=True)
     except ConfigError as e:
         fail(str(e))
     except NothingToTrain as e:
         print(e, flush=True)
         raise SystemExit(FINISHED) from None
+
+
+def memory_line(args: list[str]) -> str:
+    """The job's predicted memory per GPU against this machine's GPU (or the assumed one)."""
+    import torch
+
+    from boost_titan.boost_llama.spec import SPEC_NAME, model_args_for
+
+    nproc, rest = pop_nproc(args)
+    job = parse_job_config(rest)
+    world, _ = resolve_world(job, nproc)
+    vocab = model_args_for(job).vocab_size if job.model.name == SPEC_NAME else None
+    device = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        device = (props.name, props.total_memory / 2**30)
+    return check_line(job, world, vocab, device)
 
 
 if __name__ == "__main__":

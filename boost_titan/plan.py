@@ -24,6 +24,7 @@ from boost_titan.boost_llama.shapes import flavor_named
 from boost_titan.config.cli import OneLineParser, fail, reader_gone
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import layout_search
+from boost_titan.perf.fits import DEFAULT_GPU
 from boost_titan.perf.gpus import GPUS
 
 
@@ -96,10 +97,10 @@ def _add_auto_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, help="GPUs in all (with --auto)")
     parser.add_argument(
         "--gpu",
-        default="a100",
+        default=DEFAULT_GPU,
         type=str.lower,
         choices=tuple(GPUS),
-        help="GPU profile, any case (default a100)",
+        help=f"GPU profile, any case (default {DEFAULT_GPU})",
     )
     parser.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the profile's, 80)")
     parser.add_argument("--seq-len", type=int, default=4096)

@@ -8,6 +8,8 @@ runs on CPU/gloo when there is no accelerator and registers the `boost_llama` Tr
 `run` trains with `BoostTrainer` (one `error:` line and exit code 2 for a user error, 3 for
 a diverged loss, 75 after a stop by SIGTERM, SIGUSR1 or the time budget: `runtime.stopping`)
 and `run_to_end` gives every worker its orderly end.
+The trainer gets the memory model (`boost_titan.perf.fits.rank0_prediction`), whose
+prediction rank 0 logs next to the measured peak after the first step.
 `./run_train.sh` validates the job with `boost_titan.check` before launching.
 """
 
@@ -20,6 +22,11 @@ from boost_titan.runtime.entry import run  # noqa: E402 (it prepares the process
 from boost_titan.parallelize.teardown import run_to_end  # noqa: E402
 
 # isort: on
+import functools
+
+from boost_titan.perf.fits import rank0_prediction
+from boost_titan.runtime.trainer import BoostTrainer
 
 if __name__ == "__main__":
-    run_to_end(run)  # the worker's orderly end, whatever its status
+    trainer = functools.partial(BoostTrainer, memory_model=rank0_prediction)
+    run_to_end(functools.partial(run, trainer))  # the worker's orderly end, whatever its status

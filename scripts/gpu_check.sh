@@ -10,7 +10,8 @@
 #            full rank at micro-batch 1 x 4 accumulation and 4 x 1, and 1 x 4 with CUDA graphs
 #   graphs   the same 8 training steps three times (eager twice, CUDA graphs once, seed 7):
 #            losses and exact grad norms compared row by row (eager vs eager first: a GPU
-#            may not repeat itself; then graphs vs eager)
+#            may not repeat itself; then graphs vs eager); each run's first-step memory
+#            (CUDA max reserved) against the memory model's prediction
 # $OUT/summary.txt collects the reports. On a machine without CUDA every stage runs on the
 # CPU (use FLAVOR=debug there to rehearse the script: CUDA graphs then do nothing).
 # With a .whl folder (the recipe's wheels) they are installed into /tmp/site first.
@@ -61,7 +62,7 @@ train() {  # train NAME ARGS...: 8 logged steps into $OUT/train_NAME
         --checkpoint.no_enable --validation.no_enable --metrics.no_enable_tensorboard \
         --debug.seed 7 --compile.enable "${TP1[@]}" "${BATCH_1x4[@]}" "${TOY[@]}" "$@" \
         >"$OUT/train_$name.txt" 2>&1
-    echo "exit $?"
+    echo "exit $? $(grep -m1 -o 'memory at step .*' "$OUT/train_$name.txt")"  # vs the model
 }
 
 same_rows() {  # same_rows A B: losses.jsonl of two runs, equal bit for bit?

@@ -7,7 +7,9 @@ Each table lives between two marker comments in one page, README.md or docs/*.md
     <!-- /table -->
 
 and is replaced by what `TABLES[NAME]` prints (the same text as the command it names, less
-anything that changes from run to run: the trace's own wall-clock seconds). The pages are
+anything that changes from run to run: the trace's own wall-clock seconds). A figure quoted
+in prose is marked the same way on one line, `<!-- figure:NAME -->0.765 s<!-- /figure -->`
+(markdown shows the text alone), and is what `TABLES[NAME]` (`inline=True`) prints. The pages are
 scanned for the markers, so a table moves to another page without a change here; a marker
 found on no page, twice, or with an unknown name is an error. Everything here is
 deterministic: counts, bytes, FLOPs, activation bytes, the analytic model's seconds. The
@@ -57,6 +59,8 @@ class Table:
     """The command whose output the table reproduces (documentation)."""
     generate: Callable[[], str]
     slow: bool = False
+    inline: bool = False
+    """A figure inside a line of prose (`<!-- figure:NAME -->`), not a block."""
 
 
 def _stdout(fn: Callable[[], object]) -> str:
@@ -194,6 +198,102 @@ def lowrank_ac_table() -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(f"- {line}" for line in lines)
 
 
+def paper_7b_figures() -> str:
+    """The paper's 7B TP4 seconds per iteration (a100-hgx4): the model's GPU work, as `bench
+    validate` prints it, then the published ones."""
+    from boost_titan.perf import paper
+
+    row = next(r for r in paper.validation_rows() if (r.flavor, r.tp) == ("7B", 4))
+    m, p = row.predicted_s, row.paper_s
+    return (
+        f"BTP {m['btp']:.2f} s, full-rank TP {m['megatron']:.2f} s, vanilla "
+        f"{m['vanilla']:.2f} s predicted; they measured {p['btp']:.2f} / {p['megatron']:.2f} / "
+        f"{p['vanilla']:.2f} s"
+    )
+
+
+def precision_7b_figure(column: str) -> Callable[[], str]:
+    """`bench precision`'s 7B TP4 a100-hgx4 step in `column` (fp32, bf16), `5.933 s`."""
+
+    def generate() -> str:
+        from boost_titan.perf import precision_table
+
+        rows = precision_table.precision_rows(("a100-hgx4",))
+        row = next(r for r in rows if r.config == "7B TP4")
+        return f"{row.seconds[column]:.3f} s"
+
+    return generate
+
+
+MODEL_7B = ("model", "--flavor", "7B", "--tp", "4", "--gpu", "a100-hgx4", "--strategy", "btp")
+
+
+def model_7b_figure() -> str:
+    """`bench model`'s BTP 7B TP4 step on a100-hgx4 (its defaults: compiled, micro-batch 1
+    x 4): the GPU's work plus this code's host term."""
+    import json
+
+    (record,) = json.loads(bench_output(*MODEL_7B, "--json", "-", fenced=False)())
+    return f"{record['predicted_step_s']['a100-hgx4']:.3f} s"
+
+
+F8_7B = ("model", "--flavor", "7B", "--strategy", "btp", "--tp", "4", "--gpu", "h100")
+F8_13B = ("model", "--flavor", "13B", "--strategy", "megatron", "--tp", "4", "--micro-batch", "4")
+F8_13B = (*F8_13B, "--gpu", "h100")
+FUSED = ("--float8", "tensorwise", "--float8-casts", "fused")
+
+
+def model_record(*argv: str) -> dict:
+    """The one record `bench model ARGV --json -` prints."""
+    import json
+
+    (record,) = json.loads(bench_output(*argv, "--json", "-", fenced=False)())
+    return record
+
+
+def _split(record: dict) -> dict[str, float]:
+    """A record's predicted step split on its one GPU, with the step itself."""
+    (gpu,) = record["predicted_step_s"]
+    return {**record["time_breakdown_s"][gpu], "step": record["predicted_step_s"][gpu]}
+
+
+def float8_7b(kind: str) -> Callable[[], str]:
+    """docs/precision.md's 7B TP4 H100 figures: bf16, float8 with fused casts, eager."""
+
+    def generate() -> str:
+        bf16 = _split(model_record(*F8_7B))
+        if kind == "bf16":
+            gemm, host = bf16["gemm"], bf16["host"]
+            return (
+                f"{bf16['step']:.3f} s, of which GEMMs {gemm:.3f} s and host launches {host:.3f} s"
+            )
+        if kind == "eager":
+            eager = _split(model_record(*F8_7B, "--float8", "tensorwise", "--no-compile"))
+            return f"{eager['step']:.3f} s"
+        f8 = _split(model_record(*F8_7B, *FUSED))
+        casts = f8["memory"] - bf16["memory"]
+        return (
+            f"GEMMs {f8['gemm']:.3f} s, casts {casts:.3f} s of memory-bound work, exposed "
+            f"communication {bf16['comm']:.3f} -> {f8['comm']:.3f} s: {f8['step']:.3f} s"
+        )
+
+    return generate
+
+
+def float8_13b() -> str:
+    """docs/precision.md's full-rank 13B TP4 H100 figures, bf16 and float8 fused."""
+    bf16, f8 = _split(model_record(*F8_13B)), _split(model_record(*F8_13B, *FUSED))
+    casts = f8["memory"] - bf16["memory"]
+    return (
+        f"{bf16['step']:.3f} s bf16 (GEMMs {bf16['gemm']:.3f} s) and {f8['step']:.3f} s float8 "
+        f"with fused casts (GEMMs {f8['gemm']:.3f} s; casts add {casts:.3f} s)"
+    )
+
+
+def float8_13b_memory() -> str:
+    return f"{model_record(*F8_13B)['memory_bytes_per_rank']['total'] / 2**30:.0f} GiB"
+
+
 TABLES: dict[str, Table] = {
     "params": Table("python -m boost_titan.boost_llama", params_table),
     "lowrank-ac": Table(
@@ -222,6 +322,37 @@ TABLES: dict[str, Table] = {
         lambda: __import__("boost_titan.bench.measure.memtrack", fromlist=["_"]).check_table(),
         slow=True,
     ),
+    "paper-7b": Table("python -m boost_titan.bench validate", paper_7b_figures, inline=True),
+    "model-7b": Table(
+        f"python -m boost_titan.bench {' '.join(MODEL_7B)}", model_7b_figure, inline=True
+    ),
+    "precision-7b-fp32": Table(
+        "python -m boost_titan.bench precision", precision_7b_figure("fp32"), inline=True
+    ),
+    "precision-7b-bf16": Table(
+        "python -m boost_titan.bench precision", precision_7b_figure("bf16"), inline=True
+    ),
+    "float8-7b-bf16": Table(
+        f"python -m boost_titan.bench {' '.join(F8_7B)} --breakdown", float8_7b("bf16"), inline=True
+    ),
+    "float8-7b-fused": Table(
+        f"python -m boost_titan.bench {' '.join(F8_7B + FUSED)} --breakdown",
+        float8_7b("fused"),
+        inline=True,
+    ),
+    "float8-7b-eager": Table(
+        f"python -m boost_titan.bench {' '.join(F8_7B)} --float8 tensorwise --no-compile",
+        float8_7b("eager"),
+        inline=True,
+    ),
+    "float8-13b": Table(
+        f"python -m boost_titan.bench {' '.join(F8_13B)} --breakdown [{' '.join(FUSED)}]",
+        float8_13b,
+        inline=True,
+    ),
+    "float8-13b-memory": Table(
+        f"python -m boost_titan.bench {' '.join(F8_13B)}", float8_13b_memory, inline=True
+    ),
     "planner": Table(  # render function: boost_titan.perf.layout_search
         "python -m boost_titan.plan --auto --flavor F --gpus N --gpu G --global-batch B",
         lambda: __import__("boost_titan.perf.layout_search", fromlist=["_"]).docs_tables(),
@@ -232,6 +363,8 @@ TABLES: dict[str, Table] = {
 
 # ---- the pages ------------------------------------------------------------------------
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
+FIGURE = re.compile(r"(<!-- figure:(?P<name>[\w-]+) -->)(?P<body>[^<\n]*)(<!-- /figure -->)")
+"""A figure in a line of prose; its text cannot hold `<` or a line break."""
 
 
 class MarkerError(ValueError):
@@ -246,7 +379,7 @@ def pages(root: Path = ROOT) -> list[Path]:
 def blocks(text: str, page: str = "README.md") -> dict[str, str]:
     """NAME -> current text between the markers of one page."""
     found: dict[str, str] = {}
-    for match in BLOCK.finditer(text):
+    for match in (*BLOCK.finditer(text), *FIGURE.finditer(text)):
         if match["name"] in found:
             raise MarkerError(f"{page}: table {match['name']!r} is marked twice")
         found[match["name"]] = match["body"]
@@ -260,6 +393,10 @@ def locate(root: Path = ROOT) -> dict[str, Path]:
         for name in blocks(page.read_text(), page.name):
             if name not in TABLES:
                 raise MarkerError(f"{page.name}: unknown table {name!r}; --list shows them")
+            inline = any(m["name"] == name for m in FIGURE.finditer(page.read_text()))
+            if inline != TABLES[name].inline:
+                want = "<!-- figure:NAME --> in a line" if TABLES[name].inline else "a table block"
+                raise MarkerError(f"{page.name}: {name!r} must be marked as {want}")
             if name in where:
                 raise MarkerError(f"table {name!r} is marked in {where[name].name} and {page.name}")
             where[name] = page
@@ -267,11 +404,19 @@ def locate(root: Path = ROOT) -> dict[str, Path]:
 
 
 def render(text: str, generated: dict[str, str]) -> str:
-    return BLOCK.sub(lambda m: m.group(1) + generated.get(m["name"], m["body"]) + m.group(4), text)
+    for marker in (BLOCK, FIGURE):
+        text = marker.sub(
+            lambda m: m.group(1) + generated.get(m["name"], m["body"]) + m.group(4), text
+        )
+    return text
 
 
 def regenerate(names: list[str]) -> dict[str, str]:
-    return {name: TABLES[name].generate() for name in names}
+    generated = {name: TABLES[name].generate() for name in names}
+    for name, text in generated.items():
+        if TABLES[name].inline and ("\n" in text or "<" in text):
+            raise ValueError(f"figure {name!r} must be one line without '<': {text!r}")
+    return generated
 
 
 def check(text: str, generated: dict[str, str], path: str = "README.md") -> str:

@@ -237,7 +237,7 @@ def _config_records(ns: argparse.Namespace) -> list:
         print(notice, file=sys.stderr)
     if ns.json != "-":
         print(job.summary)
-    return [predict.evaluate(job.flavor, job.args, job.plan, ns.gpu)]
+    return [predict.evaluate(job.flavor, job.args, job.plan, ns.gpu, dp_shard=job.dp_shard)]
 
 
 def _run_model(ns: argparse.Namespace) -> int:
@@ -421,6 +421,19 @@ def _run_step(ns: argparse.Namespace) -> int:
     return step.run(ns, ns.extra)
 
 
+# ---- data ------------------------------------------------------------------------------
+def _add_data_args(parser: argparse.ArgumentParser) -> None:
+    from boost_titan.bench.measure import step
+
+    step.add_data_args(parser)
+
+
+def _run_data(ns: argparse.Namespace) -> int:
+    from boost_titan.bench.measure import step
+
+    return step.run_data(ns, ns.extra)
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "model": Subcommand("analytic comm/FLOPs/memory/step-time model", _add_model_args, _run_model),
     "precision": Subcommand(
@@ -462,6 +475,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "host time and launches per micro-batch, weight casts (CPU or CUDA)",
         _add_step_args,
         _run_step,
+    ),
+    "data": Subcommand(
+        "the debug run (or a job's) timed for data: each step's wait in next() on the data "
+        "iterator, and the loader's tokens/s per rank",
+        _add_data_args,
+        _run_data,
     ),
 }
 

@@ -24,7 +24,7 @@ from boost_titan.boost_llama.shapes import ModelShape
 from boost_titan.config import Boost
 from boost_titan.config.cli import load_toml
 from boost_titan.config.errors import ConfigError
-from boost_titan.perf import float8_costs
+from boost_titan.perf import float8_costs, memory
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.step_model import check, model_args
 
@@ -72,6 +72,13 @@ class JobPlan:
     summary: str
     """One line: processes, layout, batch and precision."""
     notices: tuple[str, ...]
+    dp_shard: int = 1
+    """FSDP's shard degree: the weights, gradients and optimizer state are split over it."""
+
+    def peak_memory(self) -> memory.StageMemory:
+        """The busiest rank's peak: the one memory model `plan`, `bench model --config`,
+        `check` and the trainer's first step all use (FSDP sharding included)."""
+        return memory.peak_memory(self.args, self.plan, dp_shard=self.dp_shard)
 
 
 def _read(path: str) -> SimpleNamespace:
@@ -163,11 +170,30 @@ def _ac(job: SimpleNamespace, path: str) -> str:
 def job_plan(path: str, nproc: int | None = None) -> JobPlan:
     """The model's plan of the job in TOML `path` on `nproc` processes (None: the fewest
     its degrees allow); ConfigError (one line) for what the model cannot price."""
+    return plan_of(_read(path), nproc, path)
+
+
+def config_view(job_config: Any) -> SimpleNamespace:
+    """A parsed TorchTitan JobConfig (overrides applied) seen as `_read` sees a TOML: the
+    sections the model reads, by their last name (`quantize.linear.float8` -> `float8`)."""
+    job = SimpleNamespace()
+    for section in (*TITAN_DEFAULTS, "boost"):
+        value = job_config
+        for part in section.split("."):
+            value = getattr(value, part)
+        setattr(job, section.rpartition(".")[2], value)
+    return job
+
+
+def plan_of(
+    job: SimpleNamespace, nproc: int | None, path: str, vocab_size: int | None = None
+) -> JobPlan:
+    """`job_plan` of a job already read (`_read`, `config_view`); `path` names it in
+    messages; `vocab_size`: the tokenizer's, where known (else the flavor's)."""
     from boost_titan.boost_llama.shapes import flavor_shape
     from boost_titan.boost_llama.strategies import resolve_strategy
     from boost_titan.config.world import check_batch, resolve_world
 
-    job = _read(path)
     if job.model.name != BOOST_MODEL:
         raise ConfigError(
             f"model.name {job.model.name!r} in {path}: the model prices "
@@ -224,13 +250,14 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
     )
     flavor = job.model.flavor
     args = model_args(flavor, job.boost.arch, strategy)
-    if job.boost.rank or job.boost.lax_base != args.lax_base:
+    vocab = vocab_size or args.vocab_size
+    if job.boost.rank or job.boost.lax_base != args.lax_base or vocab != args.vocab_size:
         args = flavor_shape(
             flavor,
             arch=args.arch,
             rank=job.boost.rank,
             lax_base=job.boost.lax_base,
-            vocab_size=args.vocab_size,
+            vocab_size=vocab,
         )
         args.validate()
     check(args, plan)
@@ -250,7 +277,7 @@ def job_plan(path: str, nproc: int | None = None) -> JobPlan:
             f"notice: FSDP2 shards the weights over cp {degrees['cp']} too; its traffic "
             "is not modelled here (plan --auto prices it)",
         )
-    return JobPlan(flavor, args, plan, summary, notices)
+    return JobPlan(flavor, args, plan, summary, notices, dp_shard=degrees["dp_shard"])
 
 
 def process_count(nproc: str | None) -> int | None:

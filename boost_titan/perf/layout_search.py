@@ -438,7 +438,8 @@ def checkpoint_interval(step_s: float) -> int:
 
 
 def toml_text(result: Result, lay: Candidate) -> str:
-    """`lay` as a training config `python -m boost_titan.check --nproc N` accepts, naming
+    """`lay` as a training config `python -m boost_titan.check` accepts (its degrees,
+    data parallelism's included, make the planned process count), naming
     the prediction and its assumptions in its header; checkpointing on."""
     r, p = result.request, lay.plan
     per_replica = r.global_batch // lay.dp
@@ -509,7 +510,7 @@ max_norm = 0.5
 mixed_precision_param = "bfloat16"
 
 [parallelism]
-data_parallel_shard_degree = -1
+data_parallel_shard_degree = {lay.dp}  # x TP x PP: {r.gpus} processes
 tensor_parallel_degree = {p.tp}
 {pipeline}
 [checkpoint]
@@ -548,7 +549,7 @@ def paper_rows(gpu: str = "a100") -> list[list[str]]:
         profile = gpu_profile(gpu)
         compute = step_model.step_time(job.args, job.plan, profile)["step"]
         step = compute + dp_exposed(job.args, job.plan, dp, compute, profile)
-        peak = memory.peak_memory(job.args, job.plan, dp_shard=dp)
+        peak = job.peak_memory()
         paper = Candidate(job.plan, dp, peak, step_s=step)
         result = plan_layouts(
             Request(flavor, "cola", gpus, gpu, GPU_MEMORY_GIB[gpu], job.plan.seq_len, 4)

@@ -15,10 +15,10 @@ from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.records import PerfRecord, layout_fields
 
 
-def memory_per_rank(args: ModelShape, plan: TrainingLayout) -> dict[str, int]:
+def memory_per_rank(args: ModelShape, plan: TrainingLayout, dp_shard: int = 1) -> dict[str, int]:
     """Peak bytes on the busiest rank by part (`memory.PARTS`) and their total, as
-    `memory` models it (no data parallelism: priced per replica)."""
-    peak = memory.peak_memory(args, plan)
+    `memory` models it, with the state sharded over `dp_shard` FSDP ranks."""
+    peak = memory.peak_memory(args, plan, dp_shard=dp_shard)
     return peak.parts | {"total": peak.total}
 
 
@@ -29,10 +29,12 @@ def evaluate(
     gpus: list[str],
     *,
     gpu_work_only: bool = False,
+    dp_shard: int = 1,
 ) -> PerfRecord:
     """The full record of one configuration; step times on every profile in `gpus`, the
     first of which `add_speedups` compares on. `gpu_work_only`: the GPU's work alone, no
-    host term (for code whose host cost the model does not know)."""
+    host term (for code whose host cost the model does not know). `dp_shard`: FSDP's shard
+    degree, which divides the weights, gradients and optimizer state in memory."""
     step_model.check(args, plan)
     profiles = {g: gpu_profile(g) for g in gpus}
     if gpu_work_only:
@@ -76,7 +78,7 @@ def evaluate(
         activation_bytes_per_layer=step_model.activation_bytes(args, plan),
         params_total=param_count(args),
         params_per_rank=step_model.params_per_rank(args, plan),
-        memory_bytes_per_rank=memory_per_rank(args, plan),
+        memory_bytes_per_rank=memory_per_rank(args, plan, dp_shard),
         predicted_step_s={g: parts["step"] for g, parts in times.items()},
         time_breakdown_s={
             g: {k: parts[k] for k in step_model.TIME_PARTS} for g, parts in times.items()

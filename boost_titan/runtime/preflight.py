@@ -238,6 +238,13 @@ def check_initial_export(job) -> None:
     check_export(job.checkpoint.initial_load_path, model_args_for(job))
 
 
+def _count_source(nproc: int | None) -> str:
+    """Where the process count came from, when no one gave it."""
+    if nproc is not None:
+        return ""
+    return "; the count [parallelism] implies, no --nproc or NGPU given"
+
+
 class NothingToTrain(Exception):
     """The job's checkpoint is already at training.steps; the message says so."""
 
@@ -276,7 +283,7 @@ def check(args: list[str]) -> str:
     return (
         f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
         f"{job.boost.tp_strategy} -> {strategy}) "
-        f"on {world} process{'es' if world > 1 else ''} ({layout}), "
+        f"on {world} process{'es' if world > 1 else ''} ({layout}{_count_source(nproc)}), "
         f"{precision}, {f'vocab {vocab}, ' if vocab else ''}"
         f"global batch {batch} x seq_len {job.training.seq_len}, "
         f"{job.training.steps} steps{start}, "

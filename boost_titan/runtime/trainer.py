@@ -25,6 +25,12 @@
   steps run, tokens/s, first/last loss, the last validation and where outputs went.
 - The first step run measures the activations its forwards keep for backward (peak, on
   each rank; `PeakSavedActivations`); rank 0 logs them after that step and in the summary.
+- The step log line ends with an ETA (median of the recent step times x the steps left)
+  and the step's wait for data (time in `next()` on the data iterator,
+  `runtime.step_clock`); the summary adds the run's total wait. At the first step rank 0
+  logs its measured peak memory (CUDA: max reserved; CPU: peak RSS above the process's RSS
+  before the model was built) next to the memory model's prediction (`memory_model`,
+  which the `train` command passes: `boost_titan.perf.fits.rank0_prediction`).
 - Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun
   restart and any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*`
   injects a SIGKILL for testing.
@@ -51,6 +57,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import sys
@@ -95,8 +102,10 @@ from boost_titan.runtime.nonfinite import (
 from boost_titan.runtime.precision import Precision, no_autocast
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
 from boost_titan.runtime.resume import prepare_to_load
+from boost_titan.runtime.rss import current_rss, peak_rss
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
+from boost_titan.runtime.step_clock import StepClock, appended
 from boost_titan.runtime.stopping import StoppedEarly, StopRequest, finished_line, stopped_line
 
 TITAN_CLIP = titan_dist_utils.clip_grad_norm_
@@ -130,10 +139,15 @@ class TokenScaledLoss:
         return self.loss_fn(pred, labels, **kwargs) / self.denominator
 
 
+MemoryModel = Callable[[Any, int, int], tuple[int | None, str]]
+"""(job config, world size, vocabulary) -> (rank 0's predicted peak bytes or None, what it
+covers)."""
+
+
 class BoostTrainer(Trainer):
     """TorchTitan's Trainer plus the fixes and reporting described in the module docstring."""
 
-    def __init__(self, job_config):
+    def __init__(self, job_config, memory_model: MemoryModel | None = None):
         boost = job_config.boost
         check_run_limits(boost)
         check_cuda_graphs(boost, job_config.parallelism.pipeline_parallel_degree)
@@ -147,8 +161,12 @@ class BoostTrainer(Trainer):
         self.finished = False
         self.step_loss = 0.0
         titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        self.memory_model = memory_model
+        self.rss_before_model = current_rss()
+        self.priced = copy.deepcopy(job_config)  # as written: before the batch is filled in
         # [boost] gradient_accumulation_steps: the global batch follows the DP degree
-        dp = data_parallel_degree(job_config.parallelism, int(os.environ.get("WORLD_SIZE", 1)))
+        dp = data_parallel_degree(job_config.parallelism, world)
         job_config.training.global_batch_size = global_batch(job_config.training, boost, dp)
         # the ranks meet in close() instead of rank 0 sleeping 2 s at the end of train()
         titan_train.time = SimpleNamespace(perf_counter=time.perf_counter, sleep=lambda s: None)
@@ -178,6 +196,9 @@ class BoostTrainer(Trainer):
             os.makedirs(job_config.job.dump_folder, exist_ok=True)
             log_path = os.path.join(job_config.job.dump_folder, LOSS_LOG)
         self.run_log = RunLog(path=log_path)
+        self.memory_compared = False
+        self.clock = StepClock(job_config.training.steps)
+        self.metrics_processor.log = functools.partial(self.log_step, self.metrics_processor.log)
         self.grad_norm: float | None = None
         titan_dist_utils.clip_grad_norm_ = self.clip_grad_norm_
         self.step_losses: list[torch.Tensor] = []
@@ -297,7 +318,44 @@ class BoostTrainer(Trainer):
         self.step_loss = loss
         self.stop_reason = self.stop_reason or self.stop.reason(flags)
 
+    def log_step(self, titan_log: Callable[..., None], step: int, *args, **kwargs) -> None:
+        """TorchTitan's step line with the clock's ETA and data wait appended; after the
+        first one, rank 0's measured peak memory against the prediction."""
+        measured = None if self.memory_compared else self.peak_memory()  # before its reset
+        with appended(logger, self.clock.tail(step)):
+            titan_log(step, *args, **kwargs)
+        if measured is not None:
+            self.memory_compared = True
+            if dist.get_rank() == 0:
+                logger.info(self.memory_line(step, *measured))
+
+    def peak_memory(self) -> tuple[int, str]:
+        """(bytes, what was measured): CUDA's max reserved since the last log line, else the
+        process's peak RSS above what it held before the model (interpreter, libraries)."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_reserved(self.device), "CUDA max reserved"
+        before = self.rss_before_model
+        return peak_rss() - before, (
+            f"peak RSS less the {before / 2**30:.3f} GiB the process held before building "
+            "the model: data, buffers and allocator slack included"
+        )
+
+    def memory_line(self, step: int, measured: int, what: str) -> str:
+        """`memory at step 1 on rank 0: 61.200 GiB measured (CUDA max reserved) vs 58.900
+        GiB predicted (+3.9%; ...)`."""
+        head = f"memory at step {step} on rank 0: {measured / 2**30:.3f} GiB measured ({what})"
+        if self.memory_model is None:
+            return f"{head}; no prediction (no memory model given to the trainer)"
+        world = dist.get_world_size()
+        predicted, covers = self.memory_model(self.priced, world, self.model_args.vocab_size)
+        if predicted is None:
+            return f"{head}; {covers}"
+        change = 100 * (measured - predicted) / predicted
+        return f"{head} vs {predicted / 2**30:.3f} GiB predicted ({change:+.1f}%; {covers})"
+
     def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]):
+        self.clock.start()
+        data_iterator = self.clock.waiting(data_iterator)
         self.run_log.start()
         self.microbatch = 0
         # an eager forward since the last step (validation) may have left weights unsharded
@@ -394,7 +452,9 @@ class BoostTrainer(Trainer):
             raise self.save_failed(e) from None
         self.finished = True
         if dist.get_rank() == 0:
-            logger.info(f"Summary: {self.run_log.summary(self.step)}")
+            self.clock.close()
+            waited = self.clock.wait_line()
+            logger.info(f"Summary: {self.run_log.summary(self.step)}{f'; {waited}' * bool(waited)}")
             logger.info(f"Outputs: {self.output_locations()}")
         # on every node's first process: each node's relay (SLURM: one per node) ends on it
         first_local = os.environ.get("LOCAL_RANK", "0") == "0"

@@ -38,3 +38,9 @@ def test_step_report_of_a_bf16_run(capsys):
     assert report["tokens_per_s"] > 0 and report["host_ms_per_microbatch"] > 0
     assert report["step_ms_min"] <= report["step_ms"] <= report["step_ms_max"]
     assert report["top"] and all(item["count"] > 0 for item in report["top"])
+    # the data side (`bench data`): each timed step's wait in next(), one rank's loader rate
+    assert report["tokens_per_rank_step"] == 4 * 32
+    assert 0 < report["data_wait_ms"] <= report["data_wait_ms_max"] < report["step_ms_max"]
+    assert 0 < report["data_wait_share"] <= report["data_wait_share_max"] < 1
+    rate = report["tokens_per_rank_step"] / (report["data_wait_ms"] / 1e3)
+    assert abs(report["loader_tokens_per_s_per_rank"] - rate) < 1e-6 * rate

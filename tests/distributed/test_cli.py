@@ -5,8 +5,17 @@ from __future__ import annotations
 import re
 
 from boost_titan.runtime.checkpoint_files import read_metadata
+from tests.helpers import DEBUG_TOML
 
 LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.]+)")
+TAIL = re.compile(
+    r"  eta \S+(?: \S+)? \([0-9.e+-]+ s/step x (?P<left>[\d,]+) steps\)  "
+    r"data wait [0-9.]+ ms \((?P<share>[0-9.]+)%\)$"
+)
+MEMORY = re.compile(
+    r"memory at step 1 on rank 0: (?P<measured>-?[0-9.]+) GiB measured \(peak RSS less .*\) vs "
+    r"(?P<predicted>[0-9.]+) GiB predicted \((?P<change>[+-][0-9.]+)%; boost_titan\.perf\.memory"
+)
 
 
 def test_two_process_training_learns(two_process_run):
@@ -30,3 +39,35 @@ def test_two_process_training_learns(two_process_run):
     vocab = 256 + 4 + 2  # the tokenizer's bytes, merges, BOS and EOS
     assert tuple(metadata["tok_embeddings.weight"].size) == (vocab, 256)
     assert len(two_process_run.rows) == 10
+
+
+def test_the_run_can_be_watched(two_process_run):
+    """Each step line ends with an ETA (median step time x steps left) and the step's wait
+    for data; after step 1, rank 0's measured peak RSS next to the memory model's
+    prediction; the summary totals the waits."""
+    steps = [line for line in two_process_run.output.splitlines() if LOSS.search(line)]
+    steps = [line for line in steps if "validate step" not in line]
+    assert len(steps) == 3, steps
+    tails = [TAIL.search(line) for line in steps]
+    assert all(tails), steps
+    assert [int(t["left"].replace(",", "")) for t in tails] == [9, 5, 0]
+    for tail in tails:
+        assert 0 <= float(tail["share"]) < 100
+    memory = MEMORY.search(two_process_run.output)
+    assert memory, two_process_run.output[-4000:]
+    measured, predicted, change = (float(memory[k]) for k in ("measured", "predicted", "change"))
+    assert predicted > 0
+    # the memory model's rank-0 figure for the job as given, with the tokenizer's vocabulary
+    from boost_titan.boost_llama.spec import model_args_for
+    from boost_titan.config.cli import parse_job_config
+    from boost_titan.perf.fits import rank0_prediction
+
+    job = parse_job_config(["--job.config_file", str(DEBUG_TOML), *two_process_run.flags])
+    model, _ = rank0_prediction(job, 2, model_args_for(job).vocab_size)
+    assert f"{model / 2**30:.3f}" == memory["predicted"]
+    exact = model / 2**30  # the measured GiB printed is rounded to 0.001
+    assert abs(100 * (measured - exact) / exact - change) < 100 * 0.0006 / exact
+    assert re.search(
+        r"waited for data \d+\.\d+ s over 10 steps \(\d+\.\d% of step time\)",
+        two_process_run.output,
+    )

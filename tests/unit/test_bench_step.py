@@ -38,3 +38,50 @@ def test_other_subcommands_still_refuse_unknown_options(capsys):
         main(["model", "--job.config_file", str(DEBUG_TOML)])
     assert stop.value.code == 2
     assert "unrecognized arguments: --job.config_file" in capsys.readouterr().err
+
+
+def _report(share: float) -> dict:
+    """A `bench step` report's fields that `bench data` prints (the worker's are checked in
+    tests/distributed/test_bench_step.py)."""
+    step_ms = 100.0
+    return {
+        "job": "debug",
+        "device": "cpu",
+        "world_size": 2,
+        "step_ms": step_ms,
+        "tokens_per_step": 2048,
+        "timed_steps": 5,
+        "data_wait_ms": share * step_ms,
+        "data_wait_ms_max": 2 * share * step_ms,
+        "data_wait_share": share,
+        "data_wait_share_max": 2 * share,
+        "tokens_per_rank_step": 2048,
+        "loader_tokens_per_s_per_rank": 2048 / (share * step_ms / 1e3),
+    }
+
+
+@pytest.mark.parametrize("share, verdict", [(0.004, "under 1%"), (0.02, "OVER 1%")])
+def test_bench_data_times_the_debug_run_on_its_own_process_count(
+    monkeypatch, capsys, share, verdict
+):
+    """`bench data` without a job measures debug.toml on the 2 processes its TP 2 needs,
+    and says whether the steps waited for data under 1% of their time."""
+    from boost_titan.bench.measure import step
+
+    seen = {}
+
+    def measure(ns, args):
+        seen.update(nproc=ns.nproc, args=args)
+        return _report(share)
+
+    monkeypatch.setattr(step, "measure", measure)
+    monkeypatch.chdir(DEBUG_TOML.parents[1])
+    assert main(["data", "--training.seq_len", "64"]) == 0
+    assert seen == {
+        "nproc": 2,
+        "args": ["--job.config_file", "train_configs/debug.toml", "--training.seq_len", "64"],
+    }
+    out = capsys.readouterr().out
+    assert f"verdict           {verdict} of the step time waiting for data ({share:.2%}" in out
+    assert f"ms median (max {2 * share * 100:.2f}): {share:.2%} of the step" in out
+    assert f"loader tokens/s   {2048 / (share * 100 / 1e3):,.0f} per rank" in out

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from boost_titan.config.cli import condense_tyro_message, with_boost_section
 from boost_titan.config.errors import ConfigError
@@ -131,7 +133,14 @@ def test_valid_config_passes(checked):
     result = checked[VALID]
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("config ok: boost_llama debug"), result.stdout
-    assert "2 processes (tp 2)" in result.stdout
+    # no --nproc or NGPU: the count the degrees imply, said as such
+    assert "2 processes (tp 2; the count [parallelism] implies, no --nproc" in result.stdout
+    # then the predicted peak against the GPU (none here: the planner's default, assumed)
+    memory = result.stdout.splitlines()[-1]
+    assert memory.startswith("memory: predicted "), result.stdout
+    assert ": fits, " in memory
+    if not torch.cuda.is_available():
+        assert "of an assumed 80 GiB a100 (no CUDA device here" in memory
 
 
 def readme_process_counts() -> list[tuple[str, int, str]]:
@@ -163,7 +172,7 @@ def test_configs_scale_with_the_gpu_count(config, nproc, layout, real_data, tmp_
     data = real_data if config != "debug" else []
     args = ["--job.config_file", str(ROOT / "train_configs" / f"{config}.toml"), *data]
     args += ["--job.dump_folder", str(tmp_path)]
-    where = f"on {nproc} process{'es' if nproc > 1 else ''} ({layout})"
+    where = f"on {nproc} process{'es' if nproc > 1 else ''} ({layout}; the count [parallelism]"
     toml = (ROOT / "train_configs" / f"{config}.toml").read_text()
     flavor = re.search(r'^flavor = "(\w+)"', toml, re.M)[1]  # 7B_32k: 7B
     seq = re.search(r"^seq_len = (\d+)", toml, re.M)[1]
@@ -270,3 +279,40 @@ def test_condense_tyro_message():
     message = condense_tyro_message(boxed)
     assert "\n" not in message
     assert message.startswith("Unrecognized options: --x; did you mean --training.steps?")
+
+
+@pytest.mark.parametrize(
+    "visible, count", [(None, 4), ("1,3", 2), ("2", 1), ("", 0), ("GPU-a,GPU-b,GPU-c", 3)]
+)
+def test_run_train_counts_the_gpus_cuda_shows(visible, count, tmp_path):
+    """run_train.sh's default NGPU (`scripts/visible_gpus.sh`): the GPUs
+    CUDA_VISIBLE_DEVICES names where it is set, else all nvidia-smi lists (here 4)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\nfor i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 (UUID: x)"; done\n')
+    smi.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    script = ROOT / "scripts" / "visible_gpus.sh"
+    result = subprocess.run([str(script)], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == str(count)
+    assert "gpus=$(scripts/visible_gpus.sh)" in (ROOT / "run_train.sh").read_text()
+
+
+def test_check_memory_line_prices_the_tokenizers_vocabulary(real_data):
+    """`check`'s memory line prices the model the job builds: debug.toml with the test
+    tokenizer's 262 tokens, not the 32,000 `bench model` assumes for a flavor."""
+    from boost_titan.check import memory_line
+    from boost_titan.perf.fits import DEFAULT_GPU, fit_line
+    from boost_titan.perf.job import job_plan
+    from boost_titan.perf.layout_search import GPU_MEMORY_GIB
+
+    line = memory_line(["--job.config_file", str(DEBUG_TOML), *real_data])
+    flavor = job_plan(str(DEBUG_TOML))
+    built = dataclasses.replace(flavor, args=dataclasses.replace(flavor.args, vocab_size=262))
+    lines = {
+        job.args.vocab_size: fit_line(job, DEFAULT_GPU, GPU_MEMORY_GIB[DEFAULT_GPU], True)
+        for job in (flavor, built)
+    }
+    assert lines[32000] != lines[262]
+    assert torch.cuda.is_available() or line == lines[262]

@@ -4,6 +4,7 @@ auto-planner (`python -m boost_titan.plan --auto`)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shlex
 
@@ -328,6 +329,52 @@ def test_written_toml_passes_check_and_prices_the_same(
         minutes = checkpoint["interval"] * lay.step_s / 60
         assert 27 <= minutes <= 30 or checkpoint["interval"] == layout_search.STEPS, minutes
         assert job_plan(str(path), gpus).plan == lay.plan
+
+
+def test_planned_toml_one_memory_answer_and_its_own_process_count(tmp_path, capsys):
+    """7B on 8 A100s, global batch 8: the pick shards data (TP x DP). `bench model --config`
+    on its TOML prints the planner's peak GiB per GPU, with `--nproc 8` and without it (the
+    TOML's degrees make the planned count), and `check`'s line prices the same bytes."""
+    from boost_titan.bench.__main__ import main as bench
+    from boost_titan.config.cli import parse_job_config
+    from boost_titan.perf.fits import job_of
+    from boost_titan.perf.job import job_plan
+
+    result = layout_search.plan_layouts(request(flavor="7B", gpus=8, global_batch=8))
+    lay = result.ranked[0]
+    assert lay.dp > 1 and lay.plan.tp > 1, layout_search.describe(lay)
+    path = tmp_path / "auto.toml"
+    path.write_text(layout_search.toml_text(result, lay))
+    assert f"peak {lay.memory_gib:.1f} GiB per GPU" in path.read_text()
+    for nproc in (["--nproc", "8"], []):
+        command = ["model", "--config", str(path), *nproc, "--gpu", "a100"]
+        assert bench(command) == 0
+        row = capsys.readouterr().out.splitlines()[-1]
+        assert f"  {lay.memory_gib:.1f}  " in row, row  # the mem GiB column
+        assert bench([*command, "--json", "-"]) == 0
+        (record,) = json.loads(capsys.readouterr().out)
+        assert record["memory_bytes_per_rank"]["total"] == lay.memory.total
+        job = job_plan(str(path), *([8] if nproc else []))
+        assert (job.dp_shard, job.peak_memory()) == (lay.dp, lay.memory)
+    parsed = parse_job_config(["--job.config_file", str(path)])
+    assert job_of(parsed, 8).peak_memory() == lay.memory
+
+
+def test_fit_line_says_fits_or_not():
+    """`check`'s memory line: the prediction against the usable share of the GPU."""
+    from boost_titan.perf.fits import fit_line
+    from boost_titan.perf.job import JobPlan
+
+    args = step_model.model_args("7B", "cola", "btp")
+    plan = TrainingLayout(strategy="btp", tp=2, micro_batch=2, microbatches=1)
+    job = JobPlan("7B", args, plan, "", (), dp_shard=4)
+    peak = job.peak_memory().total / GIB
+    roomy = fit_line(job, "h100", 80.0, assumed=False)
+    assert f"predicted {peak:.1f} GiB" in roomy and ": fits, " in roomy
+    assert "assumed" not in roomy
+    tight = fit_line(job, "a100", peak / layout_search.USABLE - 0.5, assumed=True)
+    assert "does NOT fit" in tight and "an assumed" in tight
+    assert f"by {peak - layout_search.USABLE * (peak / layout_search.USABLE - 0.5):.1f}" in tight
 
 
 def planner_page_requests() -> list[list[str]]:

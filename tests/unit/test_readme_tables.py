@@ -118,3 +118,42 @@ def test_a_marker_on_no_page_twice_or_unknown_is_an_error(tmp_path, capsys):
         assert main(["--check", "--only", "params", "--root", str(root)]) == 2, case
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, (case, err)
+
+
+def test_a_stale_figure_in_prose_fails_the_check(tmp_path, capsys):
+    """README's 7B TP4 figures are the model's (`bench validate`, `bench model`): a figure
+    typed by hand and left behind by a model change (README said BTP 0.74 s after the model
+    moved to 0.76 / 0.765) fails --check; the regenerated line is what `bench validate`
+    prints for that row."""
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if "<!-- figure:paper-7b -->" in line)
+    stale = re.sub(r"BTP [0-9.]+ s", "BTP 0.74 s", line)
+    assert stale != line
+    root = _tree(tmp_path, {"README.md": readme.replace(line, stale)})
+    assert main(["--check", "--only", "paper-7b,model-7b", "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert f"-{stale}" in out and f"+{line}" in out
+    from boost_titan.bench.__main__ import main as bench
+
+    assert bench(["validate"]) == 0
+    seven = next(r for r in capsys.readouterr().out.splitlines() if r.split()[:2] == ["7B", "TP4"])
+    btp, megatron, vanilla = (
+        float(x)
+        for x in re.findall(
+            r"BTP ([0-9.]+) s, full-rank TP ([0-9.]+) s, vanilla ([0-9.]+) s", line
+        )[0]
+    )
+    assert f"{megatron:.2f}/{vanilla:.2f}/{btp:.2f}" in seven, seven
+
+
+def test_a_figure_must_be_marked_inline(tmp_path, capsys):
+    """A figure marked as a table block (or a table as a figure) is one error line."""
+    cases = {
+        "figure as block": "<!-- table:paper-7b -->\nBTP\n<!-- /table -->\n",
+        "table as figure": "see <!-- figure:params -->x<!-- /figure -->\n",
+    }
+    for case, text in cases.items():
+        root = _tree(tmp_path / case.replace(" ", "-"), {"docs/a.md": text})
+        assert main(["--check", "--only", "paper-7b", "--root", str(root)]) == 2, case
+        err = capsys.readouterr().err
+        assert err.startswith("error: a.md: ") and "must be marked as" in err, (case, err)

@@ -402,3 +402,34 @@ def test_teardown_destroys_every_group_and_checks_in(finished):
     assert not dist.is_initialized()
     assert store.add(CLOSED_KEY, 0) == int(finished)
     end_process_groups(finished=finished)  # nothing left to end: a no-op
+
+
+def test_documented_collective_timeouts_are_torchtitans():
+    """docs/reliability.md's timeouts: TorchTitan's init / train defaults, the step after
+    which `train` lowers them (to train_timeout_seconds, on the mesh's groups and the world
+    group), the checkpointer's own gloo group for async saves, and torch's default timeout
+    for a group created without one."""
+    import inspect
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+    import torchtitan.components.checkpoint as titan_checkpoint
+    import torchtitan.distributed.utils as titan_utils
+    import torchtitan.train as titan_train
+    from torchtitan.config.job_config import Comm
+
+    page = (ROOT / "docs" / "reliability.md").read_text().replace("\n", " ")
+    comm = Comm()
+    assert f"`comm.init_timeout_seconds` (default {comm.init_timeout_seconds} s)" in page
+    assert f"`comm.train_timeout_seconds` (default {comm.train_timeout_seconds} s;" in page
+    assert f"more than {comm.train_timeout_seconds} s" in page
+    train = inspect.getsource(titan_train.Trainer.train)
+    lowered = train[train.index("if self.step == 1:") :]
+    assert "set_pg_timeouts(" in lowered and "comm.train_timeout_seconds" in lowered
+    assert train.index("self.checkpointer.save(") < train.index("if self.step == 1:")
+    setter = inspect.getsource(titan_utils.set_pg_timeouts)
+    assert "get_all_one_dimensional_meshes" in setter and "+ [None]" in setter
+    manager = inspect.getsource(titan_checkpoint.CheckpointManager)
+    assert 'dist.new_group(backend="gloo")' in manager and "process_group=self.pg" in manager
+    default = c10d._get_default_timeout(c10d.Backend.GLOO)
+    assert default == timedelta(minutes=30) and "(30 minutes)" in page

@@ -7,10 +7,15 @@ The job is validated first (`config.preflight`, as `check`: one `error:` line, b
 starts), then trained for W + S + 1 steps by `bench.measure.step_worker` under torchrun,
 into a temporary folder with checkpointing, validation and TensorBoard off. The S steps
 after the warm-up are timed (median, min, max); the last step is profiled. Reported:
-tokens/s, step time, host time per micro-batch, launches per micro-batch and per step
+tokens/s, step time, the time each step waits for data (in `next()` on the data iterator)
+and the loader's tokens/s per rank, host time per micro-batch, launches per micro-batch and per step
 (CUDA: kernel launches; CPU: dispatched ops), weight casts per step against the number of
 parameter tensors, and on CUDA the step's kernels, the GPU-busy fraction and the kernels
 that took the most time (`bench.measure.step_trace` says how each is counted).
+
+`bench data` runs the same measurement (by default on train_configs/debug.toml, on the
+processes its degrees imply) and reports the data side only, with whether the steps wait
+for data under `DATA_WAIT_LIMIT` of their time.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from boost_titan.runtime.launch import torchrun_command, worker_env
 WORKER = "boost_titan.bench.measure.step_worker"
 TRACE_ENV = "BOOST_TITAN_STEP_TRACE"
 """Where the worker keeps the profiled step's Chrome trace (`--trace`)."""
+DATA_WAIT_LIMIT = 0.01
+"""Share of the step time a run may spend waiting for data before `bench data` flags it."""
+DEBUG_JOB = ("--job.config_file", "train_configs/debug.toml")
+"""`bench data`'s job when none is given."""
 FORCED = (
     "--checkpoint.no_enable",
     "--validation.no_enable",
@@ -36,7 +45,8 @@ FORCED = (
 """Trainer flags every measured run gets: nothing but training steps."""
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
+def add_args(parser: argparse.ArgumentParser, nproc: int | None = 1) -> None:
+    """`bench step`'s options; `nproc` None: the count the job's degrees imply."""
     parser.usage = (
         "python -m boost_titan.bench step [--nproc N] [--steps S] [--warmup W] "
         "[--json PATH|-] --job.config_file TOML [--section.key VALUE ...]"
@@ -45,7 +55,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "Every other argument goes to the trainer as `python -m boost_titan.train` takes "
         "it: --job.config_file and any --section.key VALUE override."
     )
-    parser.add_argument("--nproc", type=int, default=1, help="processes (default 1)")
+    default = f"default {nproc}" if nproc else "default: the count the job's degrees imply"
+    parser.add_argument("--nproc", type=int, default=nproc, help=f"processes ({default})")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
     parser.add_argument(
         "--warmup", type=int, default=2, help="untimed steps first (default 2; compiles)"
@@ -152,6 +163,7 @@ def format_report(report: dict) -> str:
             f"{report['casts_per_step']:,} ({report['param_tensors']:,} parameter tensors)",
         ),
     ]
+    rows += data_rows(report)
     if cuda:
         rows.append(
             (
@@ -170,6 +182,75 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def data_rows(report: dict) -> list[tuple[str, str]]:
+    """The data side of a report: each step's wait and the loader's rate on one rank."""
+    if "data_wait_ms" not in report:
+        return []
+    rate = report["loader_tokens_per_s_per_rank"]
+    loader = f"{rate:,.0f}" if rate is not None else "unmeasured (no wait)"
+    return [
+        (
+            "data wait / step",
+            f"{report['data_wait_ms']:.2f} ms median (max {report['data_wait_ms_max']:.2f}): "
+            f"{report['data_wait_share']:.2%} of the step "
+            f"(max {report['data_wait_share_max']:.2%})",
+        ),
+        (
+            "loader tokens/s",
+            f"{loader} per rank ({report['tokens_per_rank_step']:,} tokens per rank and step "
+            "over its time in next())",
+        ),
+    ]
+
+
+def format_data_report(report: dict) -> str:
+    """`bench data`'s lines: the job, the step, the data side and the verdict."""
+    share = report["data_wait_share"]
+    under = share < DATA_WAIT_LIMIT
+    verdict = (
+        f"{'under' if under else 'OVER'} {DATA_WAIT_LIMIT:.0%} of the step time waiting for "
+        f"data ({share:.2%}, median of {report['timed_steps']} steps)"
+    )
+    rows = [
+        ("job", report["job"]),
+        ("device", f"{report['device']}, {report['world_size']} process(es)"),
+        ("step ms", f"{report['step_ms']:.1f} ({report['tokens_per_step']:,} tokens)"),
+        *data_rows(report),
+        ("verdict", verdict),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    """`bench step`'s options; the job defaults to debug.toml on its own process count."""
+    add_args(parser, nproc=None)
+    parser.usage = parser.usage.replace("bench step", "bench data").replace(
+        "--job.config_file TOML", "[--job.config_file TOML]"
+    )
+
+
+def run_data(ns: argparse.Namespace, trainer_args: list[str]) -> int:
+    """`bench data`: the debug run (or the job given), its waits for data."""
+    from boost_titan.config.cli import parse_job_config
+    from boost_titan.config.world import resolve_world
+
+    if not any(a.split("=")[0] in ("--job.config_file", "--job.config-file") for a in trainer_args):
+        trainer_args = [*DEBUG_JOB, *trainer_args]
+    if ns.nproc is None:
+        ns.nproc, _ = resolve_world(parse_job_config(trainer_args), None)
+    report = measure(ns, trainer_args)
+    if "data_wait_ms" not in report:
+        raise ConfigError("the trainer reported no data waits (an earlier checkout?)")
+    if ns.json == "-":
+        print(json.dumps(report, indent=1))
+        return 0
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(report, indent=1))
+    print(format_data_report(report))
+    return 0
+
+
 def run(ns: argparse.Namespace, trainer_args: list[str]) -> int:
     report = measure(ns, trainer_args)
     if ns.json == "-":
@@ -181,4 +262,12 @@ def run(ns: argparse.Namespace, trainer_args: list[str]) -> int:
     return 0
 
 
-__all__ = ["add_args", "format_report", "measure", "run"]
+__all__ = [
+    "add_args",
+    "add_data_args",
+    "format_data_report",
+    "format_report",
+    "measure",
+    "run",
+    "run_data",
+]

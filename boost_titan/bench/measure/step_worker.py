@@ -33,6 +33,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from boost_titan.bench.measure.step import TRACE_ENV
 from boost_titan.bench.measure.step_trace import MICROBATCH, STEP, step_counts
+
+try:
+    from boost_titan.perf.fits import rank0_prediction
+except ImportError:  # an earlier commit (scripts/compare_step.py): no memory model to pass
+    rank0_prediction = None
 from boost_titan.runtime.precision import Precision
 from boost_titan.runtime.trainer import BoostTrainer
 
@@ -50,10 +55,13 @@ class ProbedTrainer(BoostTrainer):
     """BoostTrainer whose steps are timed and whose last step is profiled (module docstring)."""
 
     def __init__(self, job_config):
-        super().__init__(job_config)
+        model = {"memory_model": rank0_prediction} if rank0_prediction else {}
+        super().__init__(job_config, **model)
         self.warmup = int(os.environ.get(WARMUP_ENV, "1"))
         self.step_s: list[float] = []
         self.host_s: list[float] = []
+        self.wait_s: list[float] = []
+        """Each timed step's time in `next()` on the data iterator (`runtime.step_clock`)."""
         self.step_host_s = 0.0
         self.cuda = self.device.type == "cuda"
 
@@ -81,6 +89,9 @@ class ProbedTrainer(BoostTrainer):
         if self.step > self.warmup:
             self.step_s.append(time.perf_counter() - start)
             self.host_s.append(self.step_host_s / self.microbatches)
+            clock = getattr(self, "clock", None)  # an earlier commit has none
+            if clock is not None:
+                self.wait_s.append(clock.wait)  # this step's, until the next one starts
 
     @property
     def microbatches(self) -> int:
@@ -126,6 +137,7 @@ class ProbedTrainer(BoostTrainer):
             "step_ms": 1e3 * step_s["median"],
             "step_ms_min": 1e3 * step_s["min"],
             "step_ms_max": 1e3 * step_s["max"],
+            **self.data_report(tokens // self.dp_degree),
             "host_ms_per_microbatch": 1e3 * statistics.median(self.host_s),
             "host_ms_per_microbatch_min": 1e3 * min(self.host_s),
             "host_ms_per_microbatch_max": 1e3 * max(self.host_s),
@@ -140,6 +152,22 @@ class ProbedTrainer(BoostTrainer):
         }
         with open(os.environ[REPORT_ENV], "w") as f:
             json.dump(report, f, indent=1)
+
+    def data_report(self, rank_tokens: int) -> dict:
+        """The timed steps' waits for data: median ms, median share of the step, and the
+        loader's tokens/s on one rank (its tokens per step over its time in `next()`)."""
+        if not self.wait_s:
+            return {}
+        wait = statistics.median(self.wait_s)
+        shares = [w / s for w, s in zip(self.wait_s, self.step_s, strict=True)]
+        return {
+            "data_wait_ms": 1e3 * wait,
+            "data_wait_ms_max": 1e3 * max(self.wait_s),
+            "data_wait_share": statistics.median(shares),
+            "data_wait_share_max": max(shares),
+            "tokens_per_rank_step": rank_tokens,
+            "loader_tokens_per_s_per_rank": rank_tokens / wait if wait > 0 else None,
+        }
 
     def tokens_per_step(self) -> int:
         """Tokens of one optimizer step over every data-parallel rank."""

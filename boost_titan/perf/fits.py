@@ -1,0 +1,78 @@
+"""A job's predicted memory against a GPU's: the line `check` prints, and the prediction a
+run's first step is compared with (`runtime.trainer`, through the `train` command).
+
+Both price the job as `bench model --config` and `plan --auto` do (`JobPlan.peak_memory`,
+`perf.memory`), from the parsed config with its overrides (`job.config_view`). Where the
+job's GPU is unknown (no CUDA device here) `check` assumes `plan --auto`'s default profile
+and says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from boost_titan.config.errors import ConfigError
+from boost_titan.perf import memory
+from boost_titan.perf.job import JobPlan, config_view, plan_of
+from boost_titan.perf.layout_search import GPU_MEMORY_GIB, USABLE
+
+DEFAULT_GPU = "a100"
+"""The profile `plan --auto` plans for when no `--gpu` is given."""
+
+
+def job_of(job_config: Any, world: int, vocab_size: int | None = None) -> JobPlan:
+    """The model's plan of a parsed job on `world` processes, with the tokenizer's
+    `vocab_size` where known; ConfigError (one line) for what the model does not price."""
+    where = job_config.job.config_file or "the job"
+    return plan_of(config_view(job_config), world, where, vocab_size)
+
+
+def fit_line(job: JobPlan, gpu: str, capacity_gib: float, assumed: bool) -> str:
+    """`memory: predicted 27.8 GiB per GPU (busiest rank, vocab 32,000; boost_titan.perf) of
+    the h100's 80 GiB: fits, ...` or `...: does NOT fit ...`; `assumed`: the GPU is a
+    guess. The vocabulary is the tokenizer's where `check` knows it (`plan --auto` and
+    `bench model` price the flavor's)."""
+    peak = job.peak_memory().total / memory.GIB
+    usable = USABLE * capacity_gib
+    if assumed:
+        of = f"an assumed {capacity_gib:g} GiB {gpu} (no CUDA device here: plan --auto's default)"
+    else:
+        of = f"the {gpu}'s {capacity_gib:.1f} GiB"
+    head = (
+        f"memory: predicted {peak:.1f} GiB per GPU (busiest rank, vocab "
+        f"{job.args.vocab_size:,}; boost_titan.perf) of {of}"
+    )
+    if peak <= usable:
+        return f"{head}: fits, {usable - peak:.1f} GiB left of the {USABLE:.0%} usable"
+    return (
+        f"{head}: does NOT fit the {USABLE:.0%} usable ({usable:.1f} GiB) by "
+        f"{peak - usable:.1f} GiB; lower training.local_batch_size (raise "
+        "[boost] gradient_accumulation_steps), add activation checkpointing, or use more TP, "
+        "PP or FSDP (python -m boost_titan.plan --auto)"
+    )
+
+
+def check_line(
+    job_config: Any, world: int, vocab_size: int | None, device: tuple[str, float] | None
+) -> str:
+    """`check`'s memory line for a parsed job on `world` processes with the tokenizer's
+    `vocab_size`; `device` is the CUDA GPU's (name, GiB), None without one (then
+    `DEFAULT_GPU` is assumed)."""
+    try:
+        job = job_of(job_config, world, vocab_size)
+    except ConfigError as e:
+        return f"memory: not predicted ({e})"
+    if device is None:
+        return fit_line(job, DEFAULT_GPU, GPU_MEMORY_GIB[DEFAULT_GPU], assumed=True)
+    return fit_line(job, device[0], device[1], assumed=False)
+
+
+def rank0_prediction(job_config: Any, world: int, vocab_size: int) -> tuple[int | None, str]:
+    """(predicted peak bytes of rank 0, i.e. of the first pipeline stage, or None, and what
+    the prediction covers or why there is none): what a run's first step is compared with."""
+    try:
+        job = job_of(job_config, world, vocab_size)
+    except ConfigError as e:
+        return None, f"not predicted: {e}"
+    peak = memory.stage_memory(job.args, job.plan, 0, job.dp_shard)
+    return peak.total, "boost_titan.perf.memory: weights, optimizer, gradients, activations"
