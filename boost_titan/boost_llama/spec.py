@@ -19,6 +19,7 @@ from boost_titan.config import DATA_ORDERS, OVERLAP_CHUNKS, RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.held_out import validation_data
+from boost_titan.data.prepared_check import check_prepared
 from boost_titan.runtime.held_out_loss import BoostValidator
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
@@ -163,6 +164,7 @@ def validate_job(job_config, world_size: int) -> None:
 
 def _build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config):
     refuse_toy_corpus(job_config)  # also for a worker started without `check`
+    check_prepared(job_config, None)
     return build_dataloader(dp_world_size, dp_rank, tokenizer, job_config)
 
 
