@@ -62,7 +62,12 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         plan = make_plan(
-            args.inputs, args.tokenizer, args.shard_mb, args.held_out_percent, args.separator
+            args.inputs,
+            args.tokenizer,
+            args.shard_mb,
+            args.held_out_percent,
+            args.separator,
+            args.out,
         )
         todo = pending(plan, args.out)
         if todo:

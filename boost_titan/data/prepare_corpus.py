@@ -87,13 +87,20 @@ def make_plan(
     chunk_mb: float = CHUNK_MB,
     held_out_percent: float = HELD_OUT_PERCENT,
     separator: str | None = None,
+    out: str | None = None,
 ) -> dict[str, Any]:
-    """Everything that determines the folder's bytes, with its chunk list."""
+    """Everything that determines the folder's bytes, with its chunk list (files under the
+    output folder `out` are no input)."""
     if not 0 <= held_out_percent < 100:
         raise ConfigError(f"--held-out-percent {held_out_percent} must be in [0, 100)")
     if chunk_mb <= 0:
         raise ConfigError(f"--shard-mb {chunk_mb} must be positive")
     files = expand_inputs(inputs)
+    if out is not None:
+        folder = Path(out).expanduser().resolve()
+        files = [f for f in files if folder not in f.parents]
+        if not files:
+            raise ConfigError(f"the inputs hold no file outside --out {out}; name the corpus")
     chunk_bytes = max(1, int(chunk_mb * (1 << 20)))
     tokenizer = tokenizer_entry(assets, separator)
     return {

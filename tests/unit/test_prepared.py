@@ -21,10 +21,12 @@ from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, prepare_default_assets
 from boost_titan.data import prepare_corpus as pc
+from boost_titan.data.corpus import separator_warning
 from boost_titan.data.documents import Chunk, documents, plan_chunks
 from boost_titan.data.loader import CheckpointedDataloader
 from boost_titan.data.mix import MixedWindows, MixSource, open_sources, parse_mix
 from boost_titan.data.tokenizer import load_tokenizer
+from boost_titan.runtime import preflight
 
 WORDS = "the quick brown fox jumps over a lazy dog while data shards blend tokens".split()
 
@@ -141,6 +143,17 @@ def test_a_tokenizer_without_bos_and_eos_needs_a_separator(tmp_path):
     ids = memoryview(tokens).cast("H")
     eos = plan["tokenizer"]["separator_id"]
     assert [ids[e - 1] for e in ends] == [eos] * len(ends) and eos not in ids[: ends[0] - 1]
+    warning = separator_warning(load_tokenizer(str(bare)), str(bare))  # raw files: warned
+    assert "no BOS or EOS token" in warning and "\n" not in warning
+    assert separator_warning(load_tokenizer("default"), "default") is None
+
+
+def test_check_points_a_large_raw_corpus_at_prepare(tmp_path, monkeypatch):
+    path = write_corpus(tmp_path / "corpus", docs=20) / "a.jsonl"
+    config = job("--training.dataset_path", str(path))
+    assert preflight.check_data(config) == ""
+    monkeypatch.setattr(preflight, "LARGE_RAW_CORPUS", path.stat().st_size - 1)
+    assert "tokenize it once with python -m boost_titan.prepare" in preflight.check_data(config)
 
 
 def job(*args: str):
