@@ -44,15 +44,16 @@ from boost_titan.data.tokenizer import load_tokenizer
 config = ConfigManager().parse_args(["--job.custom_config_module=boost_titan.config",
     "--job.config_file", "train_configs/debug.toml", "--training.dataset_path", sys.argv[1]])
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
-before = rss()
-loader = build_dataloader(1, 0, load_tokenizer("default"), config)
+tokenizer = load_tokenizer("default")
+before, built = rss(), time.perf_counter()
+loader = build_dataloader(1, 0, tokenizer, config)
 it = iter(loader)
 next(it)
-first = time.perf_counter() - start
+first = time.perf_counter()
 for _ in range(19):
     next(it)
-print(json.dumps({"first_batch_s": first, "loader_rss_mb": (rss() - before) / 2**20,
-                  "rss_mb": rss() / 2**20}))
+print(json.dumps({"first_batch_s": first - start, "loader_s": first - built,
+                  "loader_rss_mb": (rss() - before) / 2**20, "rss_mb": rss() / 2**20}))
 """
 
 
@@ -111,49 +112,63 @@ def losses(dump: Path) -> dict[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scratch")
+    parser.add_argument("--parts", default="scale,resume,mix", help="which of scale,resume,mix")
+    parser.add_argument("--repeats", type=int, default=2, help="scale runs per size, alternated")
     args = parser.parse_args()
+    parts = args.parts.split(",")
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="bench-prepared-train-"))
     try:
         for name, seed in (("web", 0), ("code", 1)):
-            generate(scratch / f"{name}_corpus", 12, files=2, seed=seed)
-            prepare(scratch / f"{name}_corpus", scratch / name)
+            if not (scratch / name / "manifest.json").is_file():
+                generate(scratch / f"{name}_corpus", 12, files=2, seed=seed)
+                prepare(scratch / f"{name}_corpus", scratch / name)
         web, code = scratch / "web", scratch / "code"
 
-        for label, tokens in (("10M", 10_000_000), ("10B", 10_000_000_000)):
+        sizes = (("10M", 10_000_000), ("10B", 10_000_000_000))
+        for (label, tokens), repeat in ((s, r) for r in range(args.repeats) for s in sizes):
+            if "scale" not in parts:
+                break
             folder = scratch / f"scaled{label}"
-            scaled(web, folder, tokens)
+            if not (folder / "manifest.json").is_file():
+                scaled(web, folder, tokens)
             probe = subprocess.run(
                 [sys.executable, "-c", FIRST_BATCH, str(folder)],
                 cwd=ROOT, check=True, capture_output=True, text=True,
             )  # fmt: skip
             loader = json.loads(probe.stdout.splitlines()[-1])
             first, _ = train(
-                scratch / f"run{label}", "--training.dataset_path", str(folder),
+                scratch / f"run{label}-{repeat}", "--training.dataset_path", str(folder),
                 "--training.steps", "3", "--checkpoint.no_enable",
             )  # fmt: skip
             print(
-                f"{label} tokens ({len(list(folder.glob('*.bin')))} shards): first batch "
-                f"{loader['first_batch_s']:.2f} s after interpreter start, loader RSS "
+                f"{label} tokens ({len(list(folder.glob('*.bin')))} shards): loader built and "
+                f"first batch read in {loader['loader_s'] * 1e3:.1f} ms "
+                f"({loader['first_batch_s']:.2f} s after interpreter start), loader RSS "
                 f"+{loader['loader_rss_mb']:.1f} MB (process {loader['rss_mb']:.0f} MB); "
                 f"run_train.sh launch to step 1: {first:.1f} s",
                 flush=True,
             )
 
-        run = ["--training.dataset_path", str(web), "--training.steps", "10"]
-        whole = scratch / "whole"
-        train(whole, *run, "--checkpoint.interval", "5", "--checkpoint.keep_latest_k", "0")
-        resumed = scratch / "resumed"
-        shutil.copytree(whole, resumed, ignore=shutil.ignore_patterns("step-10", "losses.jsonl"))
-        train(resumed, *run, "--checkpoint.interval", "5", "--checkpoint.keep_latest_k", "0")
-        a, b = losses(whole), losses(resumed)
-        same = all(a[s] == b[s] for s in range(6, 11)) and sorted(b) == list(range(6, 11))
-        print(f"resume at step 5 of 10: losses of steps 6-10 bit-identical: {same} ({b})")
-
-        mix = ["--boost.data_mix", f"web={web}:0.7,code={code}:0.3", "--training.steps", "10"]
-        outputs = [train(scratch / f"mix{i}", *mix, "--checkpoint.no_enable")[1] for i in (0, 1)]
-        share = re.search(r"data mix: .*", outputs[0]).group(0)
-        same = losses(scratch / "mix0") == losses(scratch / "mix1")
-        print(f"0.7/0.3 mix: {share}; rerun losses bit-identical: {same}")
+        if "resume" in parts:
+            run = ["--training.dataset_path", str(web), "--training.steps", "10"]
+            whole = scratch / "whole"
+            train(whole, *run, "--checkpoint.interval", "5", "--checkpoint.keep_latest_k", "0")
+            resumed = scratch / "resumed"
+            shutil.copytree(
+                whole, resumed, ignore=shutil.ignore_patterns("step-10", "losses.jsonl")
+            )
+            train(resumed, *run, "--checkpoint.interval", "5", "--checkpoint.keep_latest_k", "0")
+            a, b = losses(whole), losses(resumed)
+            same = all(a[s] == b[s] for s in range(6, 11)) and sorted(b) == list(range(6, 11))
+            print(f"resume at step 5 of 10: losses of steps 6-10 bit-identical: {same} ({b})")
+        if "mix" in parts:
+            mix = ["--boost.data_mix", f"web={web}:0.7,code={code}:0.3", "--training.steps", "10"]
+            outputs = [
+                train(scratch / f"mix{i}", *mix, "--checkpoint.no_enable")[1] for i in (0, 1)
+            ]
+            share = re.search(r"data mix: .*", outputs[0]).group(0)
+            same = losses(scratch / "mix0") == losses(scratch / "mix1")
+            print(f"0.7/0.3 mix: {share}; rerun losses bit-identical: {same}")
     finally:
         if not args.scratch:
             shutil.rmtree(scratch, ignore_errors=True)
