@@ -106,7 +106,8 @@ def refuse_toy_corpus(job_config) -> None:
     if job_config.boost.allow_toy_corpus or param_count(full_rank) < TOY_CORPUS_LIMIT:
         return
     toy = []
-    if resolve_dataset(training.dataset, training.dataset_path)[0] == STDLIB:
+    own = job_config.boost.data_mix  # prepared datasets
+    if not own and resolve_dataset(training.dataset, training.dataset_path)[0] == STDLIB:
         toy.append(("the built-in toy corpus", "--training.dataset_path (your corpus)"))
     if locate_tokenizer(job_config.model.hf_assets_path)[0] == "default":
         toy.append(

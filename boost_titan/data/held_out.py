@@ -77,7 +77,10 @@ def validation_data(job_config) -> ValidationData | None:
     validation, training = job_config.validation, job_config.training
     name, path = validation.dataset.lower(), validation.dataset_path
     if name in DEFAULT_VALIDATION_DATASETS:
-        if not path and resolve_dataset(training.dataset, training.dataset_path)[0] != STDLIB:
+        trains_on_own = job_config.boost.data_mix or (
+            resolve_dataset(training.dataset, training.dataset_path)[0] != STDLIB
+        )
+        if not path and trains_on_own:
             return None
         return data_at(path, "validation.dataset_path")
     if name not in DATASETS:

@@ -18,11 +18,13 @@ import torch
 from torchtitan.config import ConfigManager
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
 
+from boost_titan.boost_llama.spec import refuse_toy_corpus
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, prepare_default_assets
 from boost_titan.data import prepare_corpus as pc
 from boost_titan.data.corpus import separator_warning
 from boost_titan.data.documents import Chunk, documents, plan_chunks
+from boost_titan.data.held_out import validation_data
 from boost_titan.data.loader import CheckpointedDataloader
 from boost_titan.data.mix import MixedWindows, MixSource, open_sources, parse_mix
 from boost_titan.data.tokenizer import load_tokenizer
@@ -235,3 +237,13 @@ def test_mix_errors_are_one_line():
             parse_mix(spec)
         assert "\n" not in str(e.value)
     assert parse_mix("a=/x:y:2") == [MixSource("a", "/x:y", 2.0)]
+
+
+def test_a_mix_is_the_jobs_own_data(two_sources):
+    """With [boost] data_mix (no training.dataset_path) the default corpus is neither
+    validated on nor named by the toy-corpus refusal."""
+    config = mix_job(two_sources, 2, "--model.flavor", "1B")
+    assert validation_data(config) is None
+    with pytest.raises(ConfigError) as e:
+        refuse_toy_corpus(config)  # the default tokenizer still is a toy
+    assert "toy corpus" not in str(e.value) and "4096-token tokenizer" in str(e.value)
