@@ -392,8 +392,9 @@ class BoostTrainer(Trainer):
         self.finished = True
         if dist.get_rank() == 0:
             logger.info(f"Summary: {self.run_log.summary(self.step)}")
-            if hasattr(self.dataloader.dataset, "shares_line"):  # prepared data: `data.mix`
-                logger.info(self.dataloader.dataset.shares_line())
+            shares = getattr(getattr(self.dataloader, "dataset", None), "shares_line", None)
+            if shares is not None:  # prepared data: `data.mix`
+                logger.info(shares())
             logger.info(f"Outputs: {self.output_locations()}")
         # on every node's first process: each node's relay (SLURM: one per node) ends on it
         if self.stopped is not None and os.environ.get("LOCAL_RANK", "0") == "0":

@@ -247,3 +247,14 @@ def test_a_mix_is_the_jobs_own_data(two_sources):
     with pytest.raises(ConfigError) as e:
         refuse_toy_corpus(config)  # the default tokenizer still is a toy
     assert "toy corpus" not in str(e.value) and "4096-token tokenizer" in str(e.value)
+
+
+def test_a_prepared_dataset_validates_on_its_held_out_documents(two_sources):
+    config = job("--training.dataset_path", str(two_sources[0]))
+    data = validation_data(config)
+    assert data.path == str(two_sources[0] / "held_out")
+    assert (
+        len(list(data.texts()))
+        == json.loads((two_sources[0] / "manifest.json").read_text())["held_out_documents"]
+        > 0
+    )
