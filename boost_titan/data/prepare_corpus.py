@@ -102,7 +102,10 @@ def make_plan(
         if not files:
             raise ConfigError(f"the inputs hold no file outside --out {out}; name the corpus")
     chunk_bytes = max(1, int(chunk_mb * (1 << 20)))
-    tokenizer = tokenizer_entry(assets, separator)
+    try:
+        tokenizer = tokenizer_entry(assets, separator)
+    except ConfigError as e:  # name this command's option
+        raise ConfigError(str(e).replace("model.hf_assets_path", "--tokenizer", 1)) from None
     return {
         "format": FORMAT,
         "version": VERSION,
