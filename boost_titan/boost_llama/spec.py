@@ -19,6 +19,7 @@ from boost_titan.config import DATA_ORDERS, OVERLAP_CHUNKS, RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.held_out import validation_data
+from boost_titan.data.prepared_check import check_prepared
 from boost_titan.runtime.held_out_loss import BoostValidator
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
@@ -105,7 +106,8 @@ def refuse_toy_corpus(job_config) -> None:
     if job_config.boost.allow_toy_corpus or param_count(full_rank) < TOY_CORPUS_LIMIT:
         return
     toy = []
-    if resolve_dataset(training.dataset, training.dataset_path)[0] == STDLIB:
+    own = job_config.boost.data_mix  # prepared datasets
+    if not own and resolve_dataset(training.dataset, training.dataset_path)[0] == STDLIB:
         toy.append(("the built-in toy corpus", "--training.dataset_path (your corpus)"))
     if locate_tokenizer(job_config.model.hf_assets_path)[0] == "default":
         toy.append(
@@ -164,6 +166,7 @@ def validate_job(job_config, world_size: int) -> None:
 
 def _build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config):
     refuse_toy_corpus(job_config)  # also for a worker started without `check`
+    check_prepared(job_config, None)
     return build_dataloader(dp_world_size, dp_rank, tokenizer, job_config)
 
 

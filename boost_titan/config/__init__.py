@@ -71,6 +71,12 @@ class Boost:
     of the documents) | global (every rank reads the one stream and keeps its rows of each
     global batch, so the batches do not depend on the DP degree; every rank tokenizes all)."""
 
+    data_mix: str = ""
+    """Blend prepared datasets (`python -m boost_titan.prepare`) by weight:
+    "web=/data/web:0.7,code=/data/code:0.3" (instead of training.dataset_path; weights >= 0
+    summing to a positive number, normalized). Prepared data is always read in the global
+    order (`boost_titan.data.mix`)."""
+
     cuda_graphs: bool = False
     """On CUDA, capture each micro-batch's forward + loss + backward as a CUDA graph and
     replay it (`boost_titan.runtime.cuda_graphs`); no effect on CPU; refused with pipeline

@@ -28,10 +28,12 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
+from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.global_order import GlobalOrderRows
 from boost_titan.data.loader import CheckpointedDataloader
+from boost_titan.data.mix import MixedWindows, open_sources, training_sources
 
 if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS_TRUE_VALUES:
     # `datasets` reads the variable at import (see boost_titan.data), maybe before us.
@@ -211,14 +213,46 @@ def check_documents(ds: datasets.Dataset, where: str, dp_world_size: int) -> Non
         raise ConfigError(f"every document in {where} is empty; give it some text")
 
 
+def separator_warning(tokenizer: BaseTokenizer, assets: str) -> str | None:
+    """One line when `tokenizer` has neither BOS nor EOS (documents would be packed with
+    nothing between them), else None."""
+    if getattr(tokenizer, "bos_id", None) is None and getattr(tokenizer, "eos_id", None) is None:
+        return (
+            f"the tokenizer {assets or 'default'!r} has no BOS or EOS token, so documents are "
+            "packed with nothing between them; add a tokenizer_config.json naming its "
+            "eos_token, or prepare the corpus with python -m boost_titan.prepare --separator"
+        )
+    return None
+
+
 def build_dataloader(
     dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, job_config: JobConfig
 ) -> CheckpointedDataloader:
     """torchtitan's text dataset and dataloader over the resolved dataset, looping forever
-    (with `[boost] data_order = "global"`, over this rank's rows of the global stream); the
-    loader's saved state is read through the checkpoint allowlist (`data.loader`)."""
+    (with `[boost] data_order = "global"`, over this rank's rows of the global stream), or
+    this rank's windows of prepared datasets (`data.mix`); the loader's saved state is read
+    through the checkpoint allowlist (`data.loader`)."""
     training = job_config.training
+    sources = training_sources(training, job_config.boost)
+    if sources is not None:
+        dataset = MixedWindows(
+            sources,
+            open_sources(sources),
+            training.seq_len,
+            dp_rank,
+            dp_world_size,
+            training.local_batch_size,
+        )
+        return CheckpointedDataloader(
+            dataset,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            **asdict(training.dataloader),
+            batch_size=training.local_batch_size,
+        )
     name, path = resolve_dataset(training.dataset, training.dataset_path)
+    if warning := separator_warning(tokenizer, job_config.model.hf_assets_path):
+        logger.warning(warning)
     global_order = job_config.boost.data_order == "global"
     if name in (STDLIB, LOCAL):
         config = DATASETS[name]

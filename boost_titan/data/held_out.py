@@ -2,8 +2,9 @@
 
 `validation_data(job_config)` resolves `[validation] dataset / dataset_path`: the default
 corpus's held-out split (`stdlib_validation`; torchtitan's default name `c4_validation`
-means it too), or local files in the training formats. A run on its own training data
-without `validation.dataset_path` has no held-out documents: `None`.
+means it too), or local files in the training formats; a run on a prepared dataset
+(`data.prepared`) validates on the documents `prepare` held out. Any other run on its own
+training data without `validation.dataset_path` has no held-out documents: `None`.
 
 `ValidationBatches` packs documents as torchtitan's text dataset packs training data (BOS +
 text + EOS, concatenated, cut into windows of seq_len + 1 tokens, the remainder dropped),
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import datasets
 import torch
@@ -36,6 +38,7 @@ from boost_titan.data.corpus import (
     local_files,
     resolve_dataset,
 )
+from boost_titan.data.prepared import HELD_OUT, is_prepared
 
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 """({"input": tokens}, labels), as torchtitan's dataloaders yield them."""
@@ -77,7 +80,15 @@ def validation_data(job_config) -> ValidationData | None:
     validation, training = job_config.validation, job_config.training
     name, path = validation.dataset.lower(), validation.dataset_path
     if name in DEFAULT_VALIDATION_DATASETS:
-        if not path and resolve_dataset(training.dataset, training.dataset_path)[0] != STDLIB:
+        if not path and is_prepared(training.dataset_path):
+            held_out = Path(training.dataset_path).expanduser() / HELD_OUT
+            if not held_out.is_dir():
+                return None
+            return data_at(str(held_out), "training.dataset_path's held-out split")
+        trains_on_own = job_config.boost.data_mix or (
+            resolve_dataset(training.dataset, training.dataset_path)[0] != STDLIB
+        )
+        if not path and trains_on_own:
             return None
         return data_at(path, "validation.dataset_path")
     if name not in DATASETS:

@@ -4,11 +4,14 @@ TorchTitan stores each data-parallel rank's loader state in the checkpoint as
 `pickle.dumps` bytes and restores it with `pickle.loads`, which calls whatever a checkpoint
 from elsewhere names. `CheckpointedDataloader` keeps that format (checkpoints stay
 TorchTitan's) and unpickles it through the checkpoint allowlist
-(`boost_titan.parallelize.safe_load`).
+(`boost_titan.parallelize.safe_load`). A dataset whose position is the same on every rank
+(`reshardable`: prepared data, `boost_titan.data.mix`) is saved under one key
+(`SHARED_KEY`), so a checkpoint resumes at another data-parallel degree.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -18,12 +21,28 @@ from torchtitan.tools.logging import logger
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize.safe_load import loads
 
+SHARED_KEY = "all_dp_ranks"
+"""The loader state's key for a dataset whose position every rank shares."""
+
 
 class CheckpointedDataloader(ParallelAwareDataloader):
     """`ParallelAwareDataloader` whose `load_state_dict` unpickles through the allowlist."""
 
+    def _reshardable(self) -> bool:
+        return getattr(self.dataset, "reshardable", False)
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self._reshardable():
+            return super().state_dict()
+        # every rank's position is the same (`data.mix`): one key, loadable at any DP degree
+        state = pickle.dumps(StatefulDataLoader.state_dict(self))
+        return {SHARED_KEY: state, "world_size": self.dp_world_size}
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:  # a checkpoint without loader state: start at the beginning
+            return
+        if self._reshardable() and SHARED_KEY in state_dict:
+            StatefulDataLoader.load_state_dict(self, loads(state_dict[SHARED_KEY]))
             return
         if self._rank_id not in state_dict:
             logger.warning(

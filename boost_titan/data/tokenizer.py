@@ -238,6 +238,16 @@ def load_tokenizer(assets: str) -> BaseTokenizer:
         raise ConfigError(f"cannot load {path / 'tokenizer.json'} ({e}); {_HINT}") from e
 
 
+def tokenizer_files(assets: str) -> list[Path]:
+    """The files that determine the tokenizer of a `model.hf_assets_path` value (what a
+    prepared dataset's fingerprint hashes); trains the default if missing."""
+    kind, path = locate_tokenizer(assets)
+    if kind == "tiktoken":
+        return [path]
+    folder = prepare_default_assets() if kind == "default" else path
+    return [f for f in (folder / "tokenizer.json", folder / "tokenizer_config.json") if f.is_file()]
+
+
 def build_tokenizer(job_config: JobConfig) -> BaseTokenizer:
     """TrainSpec `build_tokenizer_fn`: the tokenizer named by `model.hf_assets_path`."""
     return load_tokenizer(job_config.model.hf_assets_path)

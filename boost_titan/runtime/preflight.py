@@ -88,15 +88,42 @@ def check_model(job, world: int) -> int | None:
     return boost_titan.boost_llama.spec.model_args_for(job).vocab_size
 
 
-def check_data(job) -> None:
+LARGE_RAW_CORPUS = 1 << 30
+"""Raw training files past this many bytes get a pointer to `prepare` in the summary."""
+
+
+def check_data(job) -> str:
     """A local dataset must exist, hold non-empty files of a supported kind, and each file's
-    start must decode as the loader reads it."""
+    start must decode as the loader reads it; prepared datasets (`training.dataset_path`
+    or `[boost] data_mix`) must have a readable manifest and whole shards. Returns a note
+    for the summary ("" or a pointer to `prepare` for a large raw corpus)."""
     from boost_titan.data.corpus import local_files, resolve_dataset
+    from boost_titan.data.mix import open_sources, training_sources
     from boost_titan.data.probe import probe_files
 
+    sources = training_sources(job.training, job.boost)
+    if sources is not None:
+        open_sources(sources)
+        return ""
     _, path = resolve_dataset(job.training.dataset, job.training.dataset_path)
-    if path:
-        probe_files(local_files(path))
+    if not path:
+        return ""
+    files = local_files(path)
+    probe_files(files)
+    size = sum(f.stat().st_size for f in files)
+    if size <= LARGE_RAW_CORPUS:
+        return ""
+    return (
+        f"; note: {path} holds {size / 2**30:.1f} GiB of raw text, tokenized by every rank on "
+        "the fly: tokenize it once with python -m boost_titan.prepare (docs/datasets.md)"
+    )
+
+
+def check_prepared_data(job, vocab: int | None) -> None:
+    """Prepared training data matches the job's tokenizer and vocabulary `vocab`."""
+    from boost_titan.data.prepared_check import check_prepared
+
+    check_prepared(job, vocab)
 
 
 def resume_checkpoint(job) -> str | None:
@@ -260,10 +287,11 @@ def check(args: list[str]) -> str:
     check_cuda_graphs(job.boost, degrees["pp"])
     check_titan_settings(job)
     check_output_folder(job.job.dump_folder)
-    check_data(job)
+    data_note = check_data(job)
     check_initial_checkpoint(job.checkpoint)
     resumed = check_resume(job)
     vocab = check_model(job, world)
+    check_prepared_data(job, vocab)
     if vocab is not None:
         check_checkpoint_model(job)
     check_initial_export(job)
@@ -287,5 +315,5 @@ def check(args: list[str]) -> str:
         f"{precision}, {f'vocab {vocab}, ' if vocab else ''}"
         f"global batch {batch} x seq_len {job.training.seq_len}, "
         f"{job.training.steps} steps{start}, "
-        f"outputs in {job.job.dump_folder}"
+        f"outputs in {job.job.dump_folder}{data_note}"
     )

@@ -455,6 +455,9 @@ class BoostTrainer(Trainer):
             self.clock.close()
             waited = self.clock.wait_line()
             logger.info(f"Summary: {self.run_log.summary(self.step)}{f'; {waited}' * bool(waited)}")
+            shares = getattr(getattr(self.dataloader, "dataset", None), "shares_line", None)
+            if shares is not None:  # prepared data: `data.mix`
+                logger.info(shares())
             logger.info(f"Outputs: {self.output_locations()}")
         # on every node's first process: each node's relay (SLURM: one per node) ends on it
         first_local = os.environ.get("LOCAL_RANK", "0") == "0"

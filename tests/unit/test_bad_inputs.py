@@ -9,6 +9,8 @@ its output; one interpreter start instead of one per case.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -143,6 +145,47 @@ def _unreadable_tokenizer(d: Path) -> list[str]:
     return ["--model.hf_assets_path", str(d)]
 
 
+def _prepared(d: Path, assets: str = "default") -> Path:
+    """A small prepared dataset under `d` (`python -m boost_titan.prepare`'s library)."""
+    from boost_titan.data import prepare_corpus
+
+    lines = [json.dumps({"text": f"document {i} " * 40}) + "\n" for i in range(40)]
+    (d / "corpus.jsonl").write_text("".join(lines))
+    plan = prepare_corpus.make_plan([str(d / "corpus.jsonl")], assets, held_out_percent=0)
+    prepare_corpus.prepare(plan, str(d / "prepared"))
+    return d / "prepared"
+
+
+def _prepared_by_another_tokenizer(d: Path) -> list[str]:
+    from boost_titan.data import prepare_default_assets
+
+    other = d / "other_tokenizer"
+    shutil.copytree(prepare_default_assets(), other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": False}))
+    return ["--training.dataset_path", str(_prepared(d, str(other)))]
+
+
+def _prepared_vocab_past_the_model(d: Path) -> list[str]:
+    folder = _prepared(d)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["tokenizer"]["vocab_size"] = 50_000  # ids the debug model (4096 rows) lacks
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return ["--training.dataset_path", str(folder)]
+
+
+def _prepared_truncated_shard(d: Path) -> list[str]:
+    folder = _prepared(d)
+    shard = folder / "shard-00000.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    return ["--training.dataset_path", str(folder)]
+
+
+def _mix_weights_sum_to_zero(d: Path) -> list[str]:
+    folder = _prepared(d)
+    return ["--boost.data_mix", f"web={folder}:0,code={folder}:0"]
+
+
 # name -> (writes the case's files into its folder and returns its arguments, fragments)
 FILE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "missing dataset": (_missing_dataset, ["does not exist", "point it at"]),
@@ -155,6 +198,19 @@ FILE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "truncated checkpoint": (_truncated_checkpoint, ["no DCP .metadata", "complete step-N"]),
     "tokenizer.model file path": (_tokenizer_model_file, ["pass the folder that holds"]),
     "unreadable tokenizer": (_unreadable_tokenizer, ["is not", "tiktoken BPE file"]),
+    "prepared by another tokenizer": (
+        _prepared_by_another_tokenizer,
+        ["was prepared with the tokenizer", "other_tokenizer', not model.hf_assets_path"],
+    ),
+    "prepared vocabulary past the model's": (
+        _prepared_vocab_past_the_model,
+        ["50000-token vocabulary but the model has 4096 rows"],
+    ),
+    "prepared shard truncated": (
+        _prepared_truncated_shard,
+        ["shard-00000.bin is", "the manifest says", "prepare"],
+    ),
+    "mix weights sum to zero": (_mix_weights_sum_to_zero, ["weights sum to 0", "positive weight"]),
 }
 
 

@@ -1,0 +1,24 @@
+"""Does a job's prepared training data fit its tokenizer and model (`check`, and each
+worker's dataloader)?"""
+
+from __future__ import annotations
+
+from boost_titan.data.mix import MixedWindows, open_sources, training_sources
+from boost_titan.data.prepared import tokenizer_fingerprint
+from boost_titan.data.tokenizer import tokenizer_files
+
+
+def check_prepared(job_config, vocab: int | None) -> None:
+    """ConfigError (one line) unless every prepared source of the job was made by its
+    tokenizer (`model.hf_assets_path`), holds only ids below the model's vocabulary `vocab`
+    (None: not known here), has whole shards and at least one window of seq_len + 1 tokens.
+    Nothing to check for raw files or the default corpus."""
+    sources = training_sources(job_config.training, job_config.boost)
+    if sources is None:
+        return
+    assets = job_config.model.hf_assets_path
+    fingerprint = tokenizer_fingerprint(tokenizer_files(assets))
+    datasets = open_sources(sources)
+    for dataset in datasets:
+        dataset.check_tokenizer(fingerprint, assets, vocab)
+    MixedWindows(sources, datasets, job_config.training.seq_len)
