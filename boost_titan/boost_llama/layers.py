@@ -94,27 +94,27 @@ def rope_table(head_dim: int, max_seq_len: int, theta: float, device=None) -> to
     return torch.stack([angles.cos(), angles.sin()], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of x [b, s, heads, head_dim] by the positions' angles."""
-    seq_len = x.shape[1]
+def apply_rope(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of x [b, s, heads, head_dim] by the angles of its tokens'
+    positions: `rows` are the RoPE table's rows for them, [s, ...] or [b, s, ...] (a longer
+    table [n, ...] stands for positions 0..s-1)."""
+    rows = rows[..., : x.shape[1], :, :]
     pairs = x.float().unflatten(-1, (-1, 2))
-    cos = table[:seq_len, None, :, 0]
-    sin = table[:seq_len, None, :, 1]
+    cos = rows[..., None, :, 0]
+    sin = rows[..., None, :, 1]
     even, odd = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
     return rotated.flatten(-2).type_as(x)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal SDPA on [b, s, heads, head_dim] tensors; k/v heads repeat for GQA."""
-    repeats = q.shape[2] // k.shape[2]
-    if repeats > 1:
-        k = k.repeat_interleave(repeats, dim=2)
-        v = v.repeat_interleave(repeats, dim=2)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-    )
-    return out.transpose(1, 2)
+class CausalAttention(nn.Module):
+    """Causal SDPA on [b, heads, s, head_dim] tensors; grouped K/V heads are not repeated
+    (SDPA's `enable_gqa`). A module of its own so that a plan can address the attention
+    op (as TorchTitan's `inner_attention`)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        gqa = q.shape[1] != k.shape[1]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
 def depth_std(layer_id: int) -> float:
