@@ -200,10 +200,19 @@ def _ring_forward_of(module: nn.Module, mesh: DeviceMesh) -> Callable[..., Any]:
     return ring_forward
 
 
-def apply_context_parallel(model: nn.Module, mesh: DeviceMesh, layout: ModelLayout) -> int:
+ROTATE_METHODS = ("allgather", "alltoall")
+"""How the ring moves K/V (torch's `set_rotate_method`): one all-gather of every shard, or
+an all-to-all per step."""
+
+
+def apply_context_parallel(
+    model: nn.Module, mesh: DeviceMesh, layout: ModelLayout, *, rotate: str = "allgather"
+) -> int:
     """Run the SDPA calls in the forward of the attention modules `layout` names in every
-    block (`ModelLayout.attention`) as ring attention over `mesh`; returns how many modules.
-    PlanError when no module matches."""
+    block (`ModelLayout.attention`) as ring attention over `mesh`, moving K/V by `rotate`
+    (one of ROTATE_METHODS); returns how many modules. PlanError when none matches."""
+    if rotate not in ROTATE_METHODS:
+        raise PlanError(f"unknown rotate method {rotate!r}; choose one of {ROTATE_METHODS}")
     names = dict(model.named_modules())
     count = 0
     for pattern in (f"{layout.blocks}.{a}" for a in layout.attention):
@@ -216,6 +225,7 @@ def apply_context_parallel(model: nn.Module, mesh: DeviceMesh, layout: ModelLayo
         for name in matched:
             names[name].forward = _ring_forward_of(names[name], mesh)
         count += len(matched)
+    ring.set_rotate_method(rotate)
     enable_ring_dispatch()
     return count
 

@@ -92,6 +92,7 @@ def _batch(n: int) -> tuple[str, ...]:
 TP2 = ("--parallelism.tensor_parallel_degree", "2")
 DP2 = ("--parallelism.data_parallel_shard_degree", "2")
 LOWRANK_AC = ("--boost.lowrank_ac",)
+CP2 = ("--parallelism.context_parallel_degree", "2")
 REFERENCE = ("--parallelism.tensor_parallel_degree", "1", *_batch(4))
 SAVED = r"saved activations: ([0-9.]+) MiB per step on rank 0 \(step 1\)"
 
@@ -107,6 +108,7 @@ LAYOUTS = {
     "dp2-tp2-pp2": Layout(8, (*TP2, *DP2, *pipeline_args("1F1B", 1), *_batch(2))),
     "lax-pp2-tp2": Layout(4, (*TP2, *pipeline_args("1F1B", 2), *_batch(4)), arch="lax"),
     "lowrank_ac-pp2-tp2": Layout(4, (*TP2, *pipeline_args("1F1B", 2), *_batch(4), *LOWRANK_AC)),
+    "cp2-tp2": Layout(4, (*TP2, *CP2, *_batch(4))),
 }
 
 
