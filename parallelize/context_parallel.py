@@ -41,6 +41,21 @@ CPU_OPS = (
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
 )
+ATTENTION_OPS = frozenset(
+    {
+        CPU_OPS[0],
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+    }
+)
+"""The forward attention ops a ring handler runs (CPU here, CUDA torch's)."""
+
+
+def runs_ring(func: Any, args: Sequence[Any]) -> bool:
+    """Whether `func(*args)` is ring attention: an attention op on DTensors (sharded along
+    the sequence), whose forward issues the ring's collectives."""
+    return func in ATTENTION_OPS and any(isinstance(a, DTensor) for a in args)
 
 
 def chunk_order(world_size: int, load_balance: bool) -> list[int]:

@@ -34,6 +34,7 @@ CASES: dict[str, tuple[str, torch.dtype, bool, str | None, bool, str | None]] = 
     "cp2-tp2-vanilla": ("cola-gqa", torch.float32, True, "vanilla", False, None),
     "cp2-tp2-megatron": ("fullrank", torch.float32, True, "megatron", False, None),
     "cp2-fsdp2": ("cola-gqa", torch.float64, True, None, True, None),
+    "cp2-lowrank-ac": ("cola-gqa", torch.float64, True, None, False, None),
     "broken-positions-not-sharded": ("cola-gqa", torch.float64, True, None, False, "positions"),
     "broken-order-not-undone": ("cola-gqa", torch.float64, True, None, False, "order"),
     "broken-kv-chunk-dropped": ("cola-gqa", torch.float64, True, None, False, "kv"),
@@ -113,6 +114,8 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         shard_sequence,
         unshard_sequence,
     )
+    from boost_titan.parallelize.debug import record_collectives
+    from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac
     from boost_titan.runtime.device import force_sum_reductions
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("other", "cp"))
@@ -126,6 +129,8 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         if strategy is not None:
             apply_plan(model, mesh["other"], build_plan(strategy, model.args))
         apply_context_parallel(model, cp, layout)
+        if name.endswith("lowrank-ac"):
+            apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=1)
         tokens, labels = batch()
         positions = torch.arange(SEQ).expand(BATCH, SEQ)
         if fsdp:  # the batch split over "other" (dp_shard), FSDP over dp_shard x cp
@@ -144,10 +149,11 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
             original, dropped = _drop_second_chunk(ring._AllGatherRotater)
             ring._AllGatherRotater.next_buffer = dropped
         try:
-            logits = model(tokens, positions=positions)
-            with loss_parallel():
-                loss = loss_sum(logits, labels) / (BATCH * SEQ)
-                loss.backward()
+            with record_collectives() as log:
+                logits = model(tokens, positions=positions)
+                with loss_parallel():
+                    loss = loss_sum(logits, labels) / (BATCH * SEQ)
+                    loss.backward()
         finally:
             if original is not None:
                 ring._AllGatherRotater.next_buffer = original
@@ -158,7 +164,8 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
                 dist.all_reduce(
                     p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad, group=cp_group
                 )
-        grads = {n: full(p.grad) for n, p in model.named_parameters()}
+        unwrapped = lambda n: n.replace("._checkpoint_wrapped_module", "")  # noqa: E731
+        grads = {unwrapped(n): full(p.grad) for n, p in model.named_parameters()}
         local = full(logits).detach().contiguous()
         shards = [torch.empty_like(local) for _ in range(2)]
         dist.all_gather(shards, local, group=cp_group)
@@ -168,7 +175,7 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
             shards = [torch.cat([pieces[2 * other + c] for other in range(2)], 0) for c in range(2)]
             shards = [s[[0, 1]] for s in shards]
         logits = unshard_sequence(shards, load_balance=balance and broken != "order")
-        results[name] = (logits, loss, grads)
+        results[name] = (logits, loss, grads, log.calls)
     return results
 
 
@@ -192,7 +199,7 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def _errors(name: str, cp_results: dict) -> dict[str, float]:
-    logits, loss, grads = cp_results[name]
+    logits, loss, grads, _ = cp_results[name]
     want_logits, want_loss, want_grads = _reference(name)
     errors = {"logits": _rel_err(logits, want_logits), "loss": _rel_err(loss, want_loss)}
     assert grads.keys() == want_grads.keys()
@@ -212,3 +219,46 @@ def test_matches_single_process(cp_results, name):
 def test_broken_on_purpose_differs(cp_results, name):
     errors = _errors(name, cp_results)
     assert errors["logits"] > BROKEN_MIN, f"{name}: {errors['logits']}"
+
+
+def _kv_elements(name: str, tp: int = 1) -> int:
+    """Elements of one rank's un-repeated K and V shard per block: 2 x b x s/cp x kv heads
+    / tp x head_dim."""
+    _, overrides = MODELS[CASES[name][0]]
+    heads = overrides.get("n_kv_heads", 4) // tp
+    return 2 * BATCH * (SEQ // 2) * heads * (64 // 4)
+
+
+@pytest.mark.parametrize("name, tp", [("cp2", 1), ("cp2-tp2-btp", 2)])
+def test_ring_moves_unrepeated_kv(cp_results, name, tp):
+    """The forward ring (all-gather rotation) moves each block's K/V shard once, at the
+    K/V heads' size (GQA: 2 K/V heads for 4 query heads, not repeated): per block and
+    micro-batch, 2 x b x s/cp x n_kv/tp x head_dim elements per rank."""
+    calls = cp_results[name][3]
+    # the ring's payloads are flat (K and V concatenated); TP's all-gathers are not
+    gathers = [c for c in calls if c.kind == "all_gather" and len(c.shape) == 1 and not c.backward]
+    assert [c.numel for c in gathers] == [_kv_elements(name, tp)] * 2  # 2 blocks
+    volume = _kv_elements(name, tp) * CASES[name][1].itemsize
+    assert all(c.nbytes == volume for c in gathers)
+    print(f"{name}: K/V ring bytes per block and micro-batch per rank {volume}")
+
+
+def test_lowrank_ac_replays_no_cp_collective(cp_results):
+    """Low-rank AC under CP issues exactly the collectives of the run without it (backward
+    recomputes no ring attention: its output and log-sum-exp are kept)."""
+    plain, checkpointed = cp_results["cp2"][3], cp_results["cp2-lowrank-ac"][3]
+    assert [c for c in plain if c.backward]  # the ring's backward collectives
+    assert checkpointed == plain
+
+
+def test_btp_latent_all_reduces_unchanged_per_token(cp_results):
+    """Under CP 2 x BTP TP 2 every forward latent all-reduce carries the rank's b x s/cp
+    tokens at BTP's widths (3r+1, r, 2r+1, r per block, r = 16): unchanged per token, so
+    its bytes per rank fall by cp."""
+    calls = cp_results["cp2-tp2-btp"][3]
+    latents = [
+        c.shape
+        for c in calls
+        if c.kind == "all_reduce" and not c.backward and len(c.shape) == 3 and c.shape[-1] > 1
+    ]
+    assert latents == [(BATCH, SEQ // 2, w) for w in (49, 16, 33, 16)] * 2
