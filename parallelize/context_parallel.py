@@ -16,6 +16,7 @@ backward, `torch.distributed.tensor.experimental._context_parallel`).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -228,6 +229,11 @@ def apply_context_parallel(
     (one of ROTATE_METHODS); returns how many modules. PlanError when none matches."""
     if rotate not in ROTATE_METHODS:
         raise PlanError(f"unknown rotate method {rotate!r}; choose one of {ROTATE_METHODS}")
+    if "positions" not in inspect.signature(model.forward).parameters:
+        raise PlanError(
+            f"context parallelism needs {type(model).__name__}.forward to take `positions` "
+            "(each token's place in its sequence, for RoPE): a rank holds a shard of it"
+        )
     names = dict(model.named_modules())
     count = 0
     for pattern in (f"{layout.blocks}.{a}" for a in layout.attention):
