@@ -107,13 +107,26 @@ def apply_rope(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return rotated.flatten(-2).type_as(x)
 
 
+def takes_grouped_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether SDPA's kernel for these tensors takes grouped K/V heads as they are
+    (`enable_gqa`): the CPU kernel does; on CUDA only flash attention (fp16/bf16, head_dim
+    <= 256, sm80+), any other CUDA kernel would fall back to the math path."""
+    if q.device.type != "cuda":
+        return True
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, True, True)
+    return torch.backends.cuda.can_use_flash_attention(params)
+
+
 class CausalAttention(nn.Module):
-    """Causal SDPA on [b, heads, s, head_dim] tensors; grouped K/V heads are not repeated
-    (SDPA's `enable_gqa`). A module of its own so that a plan can address the attention
-    op (as TorchTitan's `inner_attention`)."""
+    """Causal SDPA on [b, heads, s, head_dim] tensors; grouped K/V heads are passed as
+    they are where the kernel takes them (else repeated). A module of its own so that a
+    plan can address the attention op (as TorchTitan's `inner_attention`)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        gqa = q.shape[1] != k.shape[1]
+        repeats = q.shape[1] // k.shape[1]
+        gqa = repeats > 1 and takes_grouped_kv(q, k, v)
+        if repeats > 1 and not gqa:
+            k, v = (t.repeat_interleave(repeats, dim=1) for t in (k, v))
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
