@@ -1,6 +1,7 @@
 """Context parallelism equals one process of the same random weights: logits, loss and every
 parameter gradient, on 4 gloo ranks (one launch for every case): CP 2 alone (fp64, load
-balancing on and off, GQA, a foreign torch-native decoder), CP 2 x BTP TP 2 (fp32) and
+balancing on and off, K/V rotated by all-gather and by all-to-all, GQA, a foreign
+torch-native decoder, low-rank AC), CP 2 x TP 2 (btp, vanilla, megatron; fp32) and
 CP 2 x FSDP 2 (fp64). Three runs broken on purpose (positions not sharded, the
 load-balancing order not undone, one K/V chunk of the ring dropped) must differ.
 Unit twin: tests/unit/test_context_parallel.py."""
@@ -27,6 +28,7 @@ BROKEN_MIN = 1e-3
 CASES: dict[str, tuple[str, torch.dtype, bool, str | None, bool, str | None]] = {
     "cp2": ("cola-gqa", torch.float64, True, None, False, None),
     "cp2-no-load-balance": ("cola-gqa", torch.float64, False, None, False, None),
+    "cp2-alltoall": ("cola-gqa", torch.float64, True, None, False, None),
     "cp2-lax": ("lax", torch.float64, True, None, False, None),
     "cp2-fullrank": ("fullrank", torch.float64, True, None, False, None),
     "cp2-foreign": ("foreign", torch.float64, True, None, False, None),
@@ -128,7 +130,8 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         model, layout = build_model(model_name, dtype)
         if strategy is not None:
             apply_plan(model, mesh["other"], build_plan(strategy, model.args))
-        apply_context_parallel(model, cp, layout)
+        rotate = "alltoall" if name.endswith("alltoall") else "allgather"
+        apply_context_parallel(model, cp, layout, rotate=rotate)
         if name.endswith("lowrank-ac"):
             apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=1)
         tokens, labels = batch()
