@@ -37,6 +37,7 @@ CASES: dict[str, tuple[str, torch.dtype, bool, str | None, bool, str | None]] = 
     "cp2-tp2-megatron": ("fullrank", torch.float32, True, "megatron", False, None),
     "cp2-fsdp2": ("cola-gqa", torch.float64, True, None, True, None),
     "cp2-lowrank-ac": ("cola-gqa", torch.float64, True, None, False, None),
+    "cp2-selective-ac": ("cola-gqa", torch.float64, True, None, False, None),
     "broken-positions-not-sharded": ("cola-gqa", torch.float64, True, None, False, "positions"),
     "broken-order-not-undone": ("cola-gqa", torch.float64, True, None, False, "order"),
     "broken-kv-chunk-dropped": ("cola-gqa", torch.float64, True, None, False, "kv"),
@@ -109,6 +110,7 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
     from torch.distributed.tensor.experimental._context_parallel import _attention as ring
     from torch.distributed.tensor.parallel import loss_parallel
 
+    from boost_titan.boost_llama.parallelize import apply_ac_mode
     from boost_titan.boost_llama.strategies import build_plan
     from boost_titan.parallelize import apply_plan
     from boost_titan.parallelize.context_parallel import (
@@ -117,7 +119,6 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         unshard_sequence,
     )
     from boost_titan.parallelize.debug import record_collectives
-    from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac
     from boost_titan.runtime.device import force_sum_reductions
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("other", "cp"))
@@ -132,8 +133,8 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
             apply_plan(model, mesh["other"], build_plan(strategy, model.args))
         rotate = "alltoall" if name.endswith("alltoall") else "allgather"
         apply_context_parallel(model, cp, layout, rotate=rotate)
-        if name.endswith("lowrank-ac"):
-            apply_lowrank_ac(model, rank=model.args.effective_rank, tp_degree=1)
+        if name.endswith("-ac"):
+            apply_ac_mode(model, name.split("-")[1], tp_degree=1)
         tokens, labels = batch()
         positions = torch.arange(SEQ).expand(BATCH, SEQ)
         if fsdp:  # the batch split over "other" (dp_shard), FSDP over dp_shard x cp
@@ -246,10 +247,12 @@ def test_ring_moves_unrepeated_kv(cp_results, name, tp):
     print(f"{name}: K/V ring bytes per block and micro-batch per rank {volume}")
 
 
-def test_lowrank_ac_replays_no_cp_collective(cp_results):
-    """Low-rank AC under CP issues exactly the collectives of the run without it (backward
-    recomputes no ring attention: its output and log-sum-exp are kept)."""
-    plain, checkpointed = cp_results["cp2"][3], cp_results["cp2-lowrank-ac"][3]
+@pytest.mark.parametrize("name", ["cp2-lowrank-ac", "cp2-selective-ac"])
+def test_ac_replays_no_cp_collective(cp_results, name):
+    """Low-rank and (op-level) selective AC under CP issue exactly the collectives of the
+    run without AC (backward recomputes no ring attention: its output and log-sum-exp are
+    kept)."""
+    plain, checkpointed = cp_results["cp2"][3], cp_results[name][3]
     assert [c for c in plain if c.backward]  # the ring's backward collectives
     assert checkpointed == plain
 
