@@ -11,7 +11,9 @@ Modules: `plans` (layouts, plan builders, apply), `styles` (single-module styles
 `groups` (a pre-norm and the consumers it feeds, as one unit), `group_check` (first-forward
 check of how the model uses a group's output), `verify`, `describe`, `norms` (sharded
 RMSNorms, online and sync), `comm` (autograd-aware collectives), `lowrank_ac` (low-rank
-activation checkpointing), `compile_cache` (compile cache keys that name the rank),
+activation checkpointing), `context_parallel` (context parallelism: ring attention on
+the attention modules a layout names, sequence sharding with head-tail load balancing),
+`compile_cache` (compile cache keys that name the rank),
 `float8` (which per-rank GEMMs of an applied plan run in float8: `apply_float8`), `debug`
 (`record_collectives`: every collective a piece of code issues, checked against torch's
 `CommDebugMode`). Hugging Face models (transformers imported lazily): `hf` (`hf_layout`),

@@ -56,6 +56,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from .context_parallel import runs_ring
+
 aten = torch.ops.aten
 GEMMS = frozenset({aten.mm.default, aten.addmm.default})
 # ops whose autograd saves none of their inputs: a residual add may end a skipped chain
@@ -78,9 +80,10 @@ def _is_collective(func: Any) -> bool:
 def lowrank_policy(
     widths: frozenset[int], ctx: SelectiveCheckpointContext, func, *args, **kwargs
 ) -> CheckpointPolicy:
-    """MUST_SAVE collective outputs and down-projection GEMM outputs (of a width in
-    `widths`, not contracting over the rank); recompute the rest."""
-    if _is_collective(func):
+    """MUST_SAVE collective outputs, ring attention's output and log-sum-exp (context
+    parallelism: recomputing it would replay the ring) and down-projection GEMM outputs
+    (of a width in `widths`, not contracting over the rank); recompute the rest."""
+    if _is_collective(func) or runs_ring(func, args):
         return CheckpointPolicy.MUST_SAVE
     if func in GEMMS and widths:
         out, mat2 = ctx.op_output, args[-1]

@@ -110,6 +110,9 @@ class ModelLayout:
             heads are sharded (megatron, btp) each is a `HeadNorm`, whose weight grad is
             all-reduced in backward (one all-reduce of head_dim elements per norm per
             call); under vanilla every rank holds all heads: `Replicated`. Default: ``()``.
+        attention (tuple[str, ...]): modules whose forward calls
+            ``F.scaled_dot_product_attention``: context parallelism runs those calls as ring
+            attention (`apply_context_parallel`). Default: ``("attention.inner_attention",)``.
         defer_latent_grads (bool): BTP: let a group of self-contained pairs reduce its
             ups' input grads in one backward all-reduce (checked on the first forward).
             Turn it off when a pair's latent is also used outside the pair (LaX hands it
@@ -153,6 +156,7 @@ class ModelLayout:
     attention_out: tuple[str, ...] = ("attention.wo",)
     crossing: tuple[str, ...] = ()
     head_norms: tuple[str, ...] = ()
+    attention: tuple[str, ...] = ("attention.inner_attention",)
     defer_latent_grads: bool = True
 
     def projections(self) -> list[str]:

@@ -94,27 +94,40 @@ def rope_table(head_dim: int, max_seq_len: int, theta: float, device=None) -> to
     return torch.stack([angles.cos(), angles.sin()], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of x [b, s, heads, head_dim] by the positions' angles."""
-    seq_len = x.shape[1]
+def apply_rope(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of x [b, s, heads, head_dim] by the angles of its tokens'
+    positions: `rows` are the RoPE table's rows for them, [s, ...] or [b, s, ...] (a longer
+    table [n, ...] stands for positions 0..s-1)."""
+    rows = rows[..., : x.shape[1], :, :]
     pairs = x.float().unflatten(-1, (-1, 2))
-    cos = table[:seq_len, None, :, 0]
-    sin = table[:seq_len, None, :, 1]
+    cos = rows[..., None, :, 0]
+    sin = rows[..., None, :, 1]
     even, odd = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
     return rotated.flatten(-2).type_as(x)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal SDPA on [b, s, heads, head_dim] tensors; k/v heads repeat for GQA."""
-    repeats = q.shape[2] // k.shape[2]
-    if repeats > 1:
-        k = k.repeat_interleave(repeats, dim=2)
-        v = v.repeat_interleave(repeats, dim=2)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-    )
-    return out.transpose(1, 2)
+def takes_grouped_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether SDPA's kernel for these tensors takes grouped K/V heads as they are
+    (`enable_gqa`): the CPU kernel does; on CUDA only flash attention (fp16/bf16, head_dim
+    <= 256, sm80+), any other CUDA kernel would fall back to the math path."""
+    if q.device.type != "cuda":
+        return True
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, True, True)
+    return torch.backends.cuda.can_use_flash_attention(params)
+
+
+class CausalAttention(nn.Module):
+    """Causal SDPA on [b, heads, s, head_dim] tensors; grouped K/V heads are passed as
+    they are where the kernel takes them (else repeated). A module of its own so that a
+    plan can address the attention op (as TorchTitan's `inner_attention`)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        repeats = q.shape[1] // k.shape[1]
+        gqa = repeats > 1 and takes_grouped_kv(q, k, v)
+        if repeats > 1 and not gqa:
+            k, v = (t.repeat_interleave(repeats, dim=1) for t in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
 def depth_std(layer_id: int) -> float:

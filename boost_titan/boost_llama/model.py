@@ -20,9 +20,9 @@ from torch import nn
 
 from .args import BoostModelArgs
 from .layers import (
+    CausalAttention,
     LowRankLinear,
     apply_rope,
-    causal_attention,
     depth_std,
     init_projection,
     make_projection,
@@ -56,15 +56,18 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = args.head_dim
         self.wq, self.wk, self.wv, self.wo = _projections(args, crossing, "q", "k", "v", "o")
+        self.inner_attention = CausalAttention()
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: torch.Tensor
     ) -> torch.Tensor:
-        """Causal attention over however many heads q/k/v carry (all, or a TP rank's)."""
+        """Causal attention over however many heads q/k/v carry (all, or a TP rank's);
+        `rope`: the RoPE rows of the tokens' positions."""
         b, s = q.shape[:2]
         q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q, k, v))
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        return causal_attention(q, k, v).reshape(b, s, -1)
+        out = self.inner_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+        return out.transpose(1, 2).reshape(b, s, -1)
 
 
 class FeedForward(nn.Module):
@@ -145,11 +148,14 @@ class BoostTransformer(nn.Module):
         return rope_table(a.head_dim, a.max_seq_len, a.rope_theta, device=device)
 
     def forward(
-        self, tokens: torch.Tensor, *latents: torch.Tensor
+        self, tokens: torch.Tensor, *latents: torch.Tensor, positions: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """`positions` [b, s] (or [s]): each token's place in its sequence, when the tokens
+        are not 0..s-1 (a shard of the sequence)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        rope = self.rope if positions is None else self.rope[positions]
         for layer in self.layers.values():
-            h, latents = layer(h, self.rope, latents)
+            h, latents = layer(h, rope, latents)
         if self.output is None:
             return (h, *latents) if latents else h
         h = self.norm(h) if self.norm is not None else h

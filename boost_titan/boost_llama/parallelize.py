@@ -1,4 +1,4 @@
-"""The TrainSpec's parallelize function: TP plan -> activation checkpointing -> compile ->
+"""The TrainSpec's parallelize function: TP plan -> CP -> activation checkpointing -> compile ->
 FSDP2 / DDP, in TorchTitan's order, configured from the job's TOML (as TorchTitan's
 `models/llama3/infra/parallelize.py`). `apply_ac_mode` applies the same activation
 checkpointing by mode name, for the measurements (`activation_memory`, `bench memory`)."""
@@ -22,6 +22,7 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan, key_compile_caches_by_rank
 from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, compilable_full_ac
 
+from .context_parallel import apply_cp
 from .data_parallel import apply_data_parallel
 from .job_float8 import apply_job_float8
 from .strategies import build_plan, resolve_strategy
@@ -53,6 +54,9 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
             boost.overlap_chunks > 1
         )
         logger.info(f"Applied {strategy} tensor parallelism (TP={parallel_dims.tp}{details})")
+    if parallel_dims.cp_enabled:
+        count = apply_cp(model, parallel_dims.get_mesh("cp"), job_config)
+        logger.info(f"Applied context parallelism (CP={parallel_dims.cp}) to {count} attentions")
     apply_job_float8(model, job_config)  # on the plan's per-rank GEMMs, before AC and compile
 
     compile_model = job_config.compile.enable and "model" in job_config.compile.components

@@ -23,6 +23,7 @@ from boost_titan.data.prepared_check import check_prepared
 from boost_titan.runtime.held_out_loss import BoostValidator
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
+from .context_parallel import validate_context_parallel
 from .job_float8 import install_converter, validate_float8
 from .model import BoostTransformer
 from .parallelize import parallelize_boost
@@ -150,6 +151,7 @@ def validate_job(job_config, world_size: int) -> None:
     refuse_toy_corpus(job_config)
     args = model_args_for(job_config)
     validate_parallelism(args, job_config.boost, job_config.parallelism)
+    validate_context_parallel(job_config)
     validate_validation(job_config, args)
     if job_config.boost.data_order not in DATA_ORDERS:
         raise ConfigError(
@@ -172,6 +174,7 @@ def _build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config):
 
 def _parallelize(model, parallel_dims, job_config):
     validate_parallelism(model.args, job_config.boost, job_config.parallelism)
+    validate_context_parallel(job_config)
     return parallelize_boost(model, parallel_dims, job_config)
 
 

@@ -21,7 +21,8 @@ TorchTitan's `Validator` would not fit our runs it differs:
   log) get loss, perplexity, tokens and seconds; the time spent is taken out of the next
   training log line's throughput.
 Model parts are put in eval mode and back. The PP path calls the schedule's `eval` as
-TorchTitan does; context parallelism is not supported (nor is it by `boost_llama`).
+TorchTitan does; under context parallelism each CP rank scores its shard of every sequence
+(sharded as the trainer shards training batches).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.components.validate import BaseValidator
 from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.context_parallel import prepare_context_parallel_input
 from torchtitan.tools.logging import logger
 
 from boost_titan.data.held_out import (
@@ -173,10 +175,20 @@ class BoostValidator(BaseValidator):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed loss (zero off the last PP stage) and scored tokens of one batch."""
         inputs = input_dict["input"]
+        kwargs: dict[str, Any] = {}
+        if self.parallel_dims.cp_enabled:  # each CP rank scores its shard of the sequences
+            inputs, labels, kwargs = prepare_context_parallel_input(
+                inputs,
+                labels,
+                kwargs,
+                self.parallel_dims.get_mesh("cp"),
+                labels.device,
+                self.job_config.parallelism.context_parallel_load_balancer,
+            )
         tokens = (labels != IGNORE_INDEX).sum()
         if not self.parallel_dims.pp_enabled:
             with self.validation_context(), self.maybe_enable_amp:
-                return self.loss_fn(model_parts[0](inputs), labels), tokens
+                return self.loss_fn(model_parts[0](inputs, **kwargs), labels), tokens
         assert self.pp_schedule is not None
         targets, losses = (labels, []) if self.pp_has_last_stage else (None, None)
         with self.validation_context():

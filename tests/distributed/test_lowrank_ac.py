@@ -43,6 +43,7 @@ def _parallelize_compiled(model, mesh, ac: str) -> None:
     )
     dims = types.SimpleNamespace(
         tp_enabled=True,
+        cp_enabled=False,
         tp=mesh.size(),
         world_size=mesh.size(),
         get_mesh=lambda name: mesh,

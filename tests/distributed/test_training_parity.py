@@ -92,6 +92,7 @@ def _batch(n: int) -> tuple[str, ...]:
 TP2 = ("--parallelism.tensor_parallel_degree", "2")
 DP2 = ("--parallelism.data_parallel_shard_degree", "2")
 LOWRANK_AC = ("--boost.lowrank_ac",)
+CP2 = ("--parallelism.context_parallel_degree", "2")
 REFERENCE = ("--parallelism.tensor_parallel_degree", "1", *_batch(4))
 SAVED = r"saved activations: ([0-9.]+) MiB per step on rank 0 \(step 1\)"
 
@@ -107,6 +108,7 @@ LAYOUTS = {
     "dp2-tp2-pp2": Layout(8, (*TP2, *DP2, *pipeline_args("1F1B", 1), *_batch(2))),
     "lax-pp2-tp2": Layout(4, (*TP2, *pipeline_args("1F1B", 2), *_batch(4)), arch="lax"),
     "lowrank_ac-pp2-tp2": Layout(4, (*TP2, *pipeline_args("1F1B", 2), *_batch(4), *LOWRANK_AC)),
+    "cp2-tp2": Layout(4, (*TP2, *CP2, *_batch(4))),
 }
 
 
@@ -299,6 +301,7 @@ RESHARDED = {
     "pp2": Layout(
         2, ("--parallelism.tensor_parallel_degree", "1", *pipeline_args("1F1B", 2), *_batch(4))
     ),
+    "cp2-tp2": LAYOUTS["cp2-tp2"],
 }
 
 
@@ -310,28 +313,34 @@ def resharded_losses(runs) -> dict[str, float]:
     The step runs at learning rate 0, so AdamW leaves every weight as loaded (its update
     and weight decay are scaled by the LR) and the model-only checkpoint each layout saves
     after it is the state it loaded, gathered by DCP (`test_resharded_state_dict_is_identical`)."""
-    untrained = runs.layout("tp2-btp").losses[0]
+    losses = {"untrained": runs.layout("tp2-btp").losses[0]}
+    for name, layout in RESHARDED.items():
+        losses[name] = _step_at_lr0(runs, f"resharded-{name}", layout, _trained(runs))
+    return losses
+
+
+def _step_at_lr0(runs: Runs, name: str, layout: Layout, checkpoint: Path) -> float:
+    """The loss of one step at learning rate 0 of `layout` from `checkpoint` (its model
+    saved after the step into `name`'s dump folder)."""
     at = runs.common.index("--training.steps")
     common = runs.common[:at] + runs.common[at + 2 :]
-    losses = {"untrained": untrained}
-    for name, layout in RESHARDED.items():
-        dump = runs.root / f"resharded-{name}"
-        _torchrun(
-            layout.nproc,
-            dump,
-            *common,
-            "--training.steps",
-            "1",
-            "--checkpoint.enable",
-            "--checkpoint.initial_load_path",
-            str(_trained(runs)),
-            "--optimizer.lr",
-            "0",
-            "--checkpoint.last_save_model_only",
-            *layout.args,
-        )
-        [losses[name]] = _losses(dump)
-    return losses
+    dump = runs.root / name
+    _torchrun(
+        layout.nproc,
+        dump,
+        *common,
+        "--training.steps",
+        "1",
+        "--checkpoint.enable",
+        "--checkpoint.initial_load_path",
+        str(checkpoint),
+        "--optimizer.lr",
+        "0",
+        "--checkpoint.last_save_model_only",
+        *layout.args,
+    )
+    [loss] = _losses(dump)
+    return loss
 
 
 def _trained(runs: Runs) -> Path:
@@ -496,3 +505,28 @@ def test_bf16_differs_from_fp32_and_agrees_with_bf16_tp1(runs, layout):
     for titan in ("Mixed precision training", "only supported when FSDP"):  # maybe_enable_amp's
         assert titan not in run.output + fp32.output
     assert max(loss_to_tp1) <= BF16_SPREAD * loss_d and max(grad_to_tp1) <= BF16_SPREAD * grad_d
+
+
+CP_RESUMED = ("cp2-tp2", "tp1", "tp2-btp")
+
+
+@pytest.fixture(scope="module")
+def cp_resumed_losses(runs) -> dict[str, float]:
+    """The next loss (one step at LR 0) of CP 2 x TP 2, one process and BTP TP 2 from the
+    checkpoint cp2-tp2 saved at its last step."""
+    checkpoint = runs.root / "cp2-tp2" / "checkpoint" / f"step-{STEPS}"
+    runs.layout("cp2-tp2")
+    return {
+        name: _step_at_lr0(runs, f"cp-resumed-{name}", RESHARDED[name], checkpoint)
+        for name in CP_RESUMED
+    }
+
+
+@pytest.mark.parametrize("layout", CP_RESUMED[1:])
+def test_cp_checkpoint_resumes_without_cp(runs, cp_resumed_losses, layout):
+    """A CP 2 x TP 2 checkpoint resumes at CP 1 (one process, BTP TP 2) with the next loss
+    CP 2 x TP 2 computes from it."""
+    same = cp_resumed_losses["cp2-tp2"]
+    print(f"{layout}: loss {cp_resumed_losses[layout]} vs cp2-tp2 {same}")
+    assert abs(cp_resumed_losses[layout] - same) <= TOLERANCE
+    assert same < runs.layout("cp2-tp2").losses[0] - 1.0  # the trained weights were loaded

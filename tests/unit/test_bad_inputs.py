@@ -44,6 +44,32 @@ CASES = {
         ["skip_nonfinite_steps -1", "(0: stop at the first)"],
     ),
     "seq_len beyond max": (["--training.seq_len", "100000"], ["seq_len 100000", "2048"]),
+    "cp seq_len not divisible by 2 x cp": (
+        ["--parallelism.context_parallel_degree", "2", "--nproc", "4", "--training.seq_len", "250"],
+        ["training.seq_len 250", "2 x context_parallel_degree (4)"],
+    ),
+    "cp with pipeline parallelism": (
+        [
+            "--parallelism.context_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--nproc",
+            "8",
+        ],
+        ["context_parallel_degree 2", "pipeline parallelism"],
+    ),
+    "cp with the flex load balancer": (
+        [
+            "--parallelism.context_parallel_degree",
+            "2",
+            "--nproc",
+            "4",
+            "--parallelism.context_parallel_load_balancer",
+            "ptrr",
+        ],
+        ["'ptrr'", "flex", "headtail"],
+    ),
     "two AC modes": (
         ["--boost.lowrank_ac", "--activation_checkpoint.mode", "full"],
         ["lowrank_ac", "keep one"],

@@ -159,7 +159,7 @@ def test_parallelize_boost_applies_lowrank_ac():
         job=Job(),
     )
     dims = types.SimpleNamespace(
-        tp_enabled=False, fsdp_enabled=False, dp_replicate_enabled=False, tp=1
+        tp_enabled=False, cp_enabled=False, fsdp_enabled=False, dp_replicate_enabled=False, tp=1
     )
     parallelize_boost(model, dims, job)
     wrapped = [type(b).__name__ for b in model.layers.values()]

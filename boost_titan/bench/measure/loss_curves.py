@@ -35,6 +35,7 @@ class Layout:
 
 _TP = "--parallelism.tensor_parallel_degree"
 _DP = "--parallelism.data_parallel_shard_degree"
+_CP = "--parallelism.context_parallel_degree"
 LAYOUTS = {
     "tp1": Layout(1, 1, (_TP, "1")),
     "tp2": Layout(2, 1, (_TP, "2")),
@@ -57,6 +58,8 @@ LAYOUTS = {
     "dp2-tp2": Layout(4, 2, (_TP, "2", _DP, "2")),
     "pp2-tp2": Layout(4, 1, (_TP, "2", *pipeline_args())),
     "dp2-tp2-pp2": Layout(8, 2, (_TP, "2", _DP, "2", *pipeline_args(microbatch=1))),
+    "cp2": Layout(2, 1, (_TP, "1", _CP, "2")),
+    "cp2-tp2": Layout(4, 1, (_TP, "2", _CP, "2")),
     "tp1-seed1": Layout(1, 1, (_TP, "1"), seed=1),
     "fullrank-tp2": Layout(2, 1, (_TP, "2"), arch="fullrank"),
 }

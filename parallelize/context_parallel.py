@@ -1,0 +1,258 @@
+"""Context parallelism (CP): each rank of a CP group holds a shard of every sequence, and
+attention runs torch's ring algorithm over the group (`_templated_ring_attention` and its
+backward, `torch.distributed.tensor.experimental._context_parallel`).
+
+- `shard_sequence(mesh, tensors, load_balance=True)`: a rank's shard of the tokens,
+  labels and positions along dim 1, head-tail load balanced (rank r of n holds chunks r
+  and 2n-1-r of 2n) as torch's `_HeadTailLoadBalancer`; `unshard_sequence` undoes it.
+- `apply_context_parallel(model, mesh, modules)`: inside the forward of each named module,
+  `F.scaled_dot_product_attention` (causal, no mask) runs on the sequence-sharded q, k, v
+  as DTensors `Shard(2)` on `mesh`, so DTensor dispatches its op to a ring handler: on CUDA
+  torch's own (flash, efficient, cuDNN), on CPU `cpu_ring_handler` registered here for
+  `aten._scaled_dot_product_flash_attention_for_cpu` and its backward. K/V travel as the
+  model made them: grouped (GQA) K/V heads are not repeated, the CPU op takes them as they
+  are. The model stays blind to CP: it takes the positions of its tokens as data.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+from torch.overrides import TorchFunctionMode
+
+from .plans import ModelLayout
+from .styles import PlanError
+
+aten = torch.ops.aten
+SEQ_DIM = 2
+"""The sequence dim of SDPA's [batch, heads, seq, head_dim] tensors (and of its
+log-sum-exp [batch, heads, seq])."""
+
+CPU_OPS = (
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+)
+ATTENTION_OPS = frozenset(
+    {
+        CPU_OPS[0],
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+    }
+)
+"""The forward attention ops a ring handler runs (CPU here, CUDA torch's)."""
+
+
+def runs_ring(func: Any, args: Sequence[Any]) -> bool:
+    """Whether `func(*args)` is ring attention: an attention op on DTensors (sharded along
+    the sequence), whose forward issues the ring's collectives."""
+    return func in ATTENTION_OPS and any(isinstance(a, DTensor) for a in args)
+
+
+def chunk_order(world_size: int, load_balance: bool) -> list[int]:
+    """The 2 * world_size chunks of a sequence in the order of the ranks' shards: rank r
+    holds chunks (r, 2n-1-r) under load balancing, else (2r, 2r+1)."""
+    if not load_balance:
+        return list(range(2 * world_size))
+    return [c for r in range(world_size) for c in (r, 2 * world_size - 1 - r)]
+
+
+def shard_sequence(
+    mesh: DeviceMesh,
+    tensors: Sequence[torch.Tensor],
+    *,
+    load_balance: bool = True,
+    seq_dim: int = 1,
+) -> list[torch.Tensor]:
+    """This rank's shard of each tensor along `seq_dim` (module docstring); the ring's
+    causal masking follows `load_balance` (torch's global CP option)."""
+    world, rank = mesh.size(), mesh.get_local_rank()
+    ring._cp_options.enable_load_balance = load_balance
+    order = chunk_order(world, load_balance)
+    mine = order[2 * rank : 2 * rank + 2]
+    shards = []
+    for t in tensors:
+        if t.shape[seq_dim] % (2 * world):
+            raise PlanError(
+                f"sequence length {t.shape[seq_dim]} is not divisible by 2 x CP degree "
+                f"({2 * world})"
+            )
+        chunks = t.chunk(2 * world, dim=seq_dim)
+        shards.append(torch.cat([chunks[c] for c in mine], dim=seq_dim))
+    return shards
+
+
+def unshard_sequence(
+    shards: Sequence[torch.Tensor], *, load_balance: bool = True, seq_dim: int = 1
+) -> torch.Tensor:
+    """The whole sequence from every rank's shard (in rank order): `shard_sequence` undone."""
+    order = chunk_order(len(shards), load_balance)
+    chunks = [c for s in shards for c in s.chunk(2, dim=seq_dim)]
+    whole = [None] * len(chunks)
+    for position, chunk in zip(order, chunks, strict=True):
+        whole[position] = chunk
+    return torch.cat(whole, dim=seq_dim)
+
+
+def _spec(mesh: DeviceMesh, local: torch.Tensor) -> DTensorSpec:
+    """A tensor sharded along SEQ_DIM over `mesh`, evenly: its global meta from the local."""
+    shape = list(local.shape)
+    shape[SEQ_DIM] *= mesh.size()
+    stride = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    meta = TensorMeta(torch.Size(shape), tuple(stride), local.dtype)
+    return DTensorSpec(mesh, (Shard(SEQ_DIM),), tensor_meta=meta)
+
+
+def _ring_forward(group, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    return ring._templated_ring_attention(
+        group,
+        SEQ_DIM,
+        CPU_OPS[0].overloadpacket,
+        q,
+        k,
+        v,
+        is_causal=is_causal,
+        dropout_p=dropout_p,
+        scale=scale,
+    )
+
+
+def _ring_backward(
+    group, dout, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None
+):
+    return ring._templated_ring_attention_backward(
+        group,
+        SEQ_DIM,
+        CPU_OPS[1].overloadpacket,
+        dout,
+        "grad_out",
+        q,
+        k,
+        v,
+        out,
+        lse,
+        is_causal=is_causal,
+        dropout_p=dropout_p,
+        scale=scale,
+    )
+
+
+def cpu_ring_handler(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    """DTensor's handler for the CPU flash-attention op and its backward on q/k/v sharded
+    along the sequence: torch's ring algorithm on the local shards, merged in fp32 below
+    fp64 (torch's `convert_to_f32`; fp64 stays fp64)."""
+    dtensors = [a for a in args if isinstance(a, DTensor)]
+    mesh = dtensors[0].device_mesh
+    if kwargs.get("attn_mask") is not None or any(
+        d.placements != (Shard(SEQ_DIM),) for d in dtensors
+    ):
+        raise NotImplementedError("context parallel attention takes no mask, q/k/v Shard(2)")
+    local = [a.to_local() if isinstance(a, DTensor) else a for a in args]
+    options = ring._cp_options
+    keep = options.convert_to_f32
+    options.convert_to_f32 = dtensors[0].dtype != torch.float64
+    try:
+        run = _ring_forward if op == CPU_OPS[0] else _ring_backward
+        results = run(mesh.get_group(), *local, **kwargs)
+    finally:
+        options.convert_to_f32 = keep
+    return tuple(DTensor(r, _spec(mesh, r), requires_grad=False) for r in results)
+
+
+def enable_ring_dispatch() -> None:
+    """Route DTensor SDPA to the ring: torch's CUDA handlers, then the CPU ones here (torch's
+    switch rebuilds the handler table, so the CPU ones are added after it)."""
+    ring._enable_context_parallel_dispatcher()
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    DTensor._op_dispatcher._custom_op_handlers = {
+        **handlers,
+        **dict.fromkeys(CPU_OPS, cpu_ring_handler),
+    }
+
+
+class _RingSDPA(TorchFunctionMode):
+    """Within a module's forward: `F.scaled_dot_product_attention` on q, k, v sharded
+    along the sequence over `mesh` (as DTensors, so the op reaches the ring handlers)."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, k, v, *rest = args
+        causal = kwargs.get("is_causal", rest[2] if len(rest) > 2 else False)
+        mask = kwargs.get("attn_mask", rest[0] if rest else None)
+        if mask is not None or not causal:
+            raise PlanError(
+                "context parallelism runs causal scaled_dot_product_attention without "
+                "attn_mask; this model passes "
+                + ("a mask" if mask is not None else "is_causal=False")
+            )
+        placement = [Shard(SEQ_DIM)]
+        q, k, v = (DTensor.from_local(t, self.mesh, placement, run_check=False) for t in (q, k, v))
+        return func(q, k, v, *rest, **kwargs).to_local()
+
+
+def _ring_forward_of(module: nn.Module, mesh: DeviceMesh) -> Callable[..., Any]:
+    forward = module.forward
+
+    def ring_forward(*args: Any, **kwargs: Any) -> Any:
+        with _RingSDPA(mesh):
+            return forward(*args, **kwargs)
+
+    return ring_forward
+
+
+ROTATE_METHODS = ("allgather", "alltoall")
+"""How the ring moves K/V (torch's `set_rotate_method`): one all-gather of every shard, or
+an all-to-all per step."""
+
+
+def apply_context_parallel(
+    model: nn.Module, mesh: DeviceMesh, layout: ModelLayout, *, rotate: str = "allgather"
+) -> int:
+    """Run the SDPA calls in the forward of the attention modules `layout` names in every
+    block (`ModelLayout.attention`) as ring attention over `mesh`, moving K/V by `rotate`
+    (one of ROTATE_METHODS); returns how many modules. PlanError when none matches."""
+    if rotate not in ROTATE_METHODS:
+        raise PlanError(f"unknown rotate method {rotate!r}; choose one of {ROTATE_METHODS}")
+    if "positions" not in inspect.signature(model.forward).parameters:
+        raise PlanError(
+            f"context parallelism needs {type(model).__name__}.forward to take `positions` "
+            "(each token's place in its sequence, for RoPE): a rank holds a shard of it"
+        )
+    names = dict(model.named_modules())
+    count = 0
+    for pattern in (f"{layout.blocks}.{a}" for a in layout.attention):
+        matched = [n for n in names if _matches(pattern, n)]
+        if not matched:
+            raise PlanError(
+                f"context parallelism: no module matches {pattern!r}; name the modules whose "
+                "forward calls F.scaled_dot_product_attention in ModelLayout.attention"
+            )
+        for name in matched:
+            names[name].forward = _ring_forward_of(names[name], mesh)
+        count += len(matched)
+    ring.set_rotate_method(rotate)
+    enable_ring_dispatch()
+    return count
+
+
+def _matches(pattern: str, name: str) -> bool:
+    parts, names = pattern.split("."), name.split(".")
+    if len(parts) != len(names):
+        return False
+    return all(p in ("*", n) for p, n in zip(parts, names, strict=True))
