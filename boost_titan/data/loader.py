@@ -4,7 +4,8 @@ TorchTitan stores each data-parallel rank's loader state in the checkpoint as
 `pickle.dumps` bytes and restores it with `pickle.loads`, which calls whatever a checkpoint
 from elsewhere names. `CheckpointedDataloader` keeps that format (checkpoints stay
 TorchTitan's) and unpickles it through the checkpoint allowlist
-(`boost_titan.parallelize.safe_load`).
+(`boost_titan.parallelize.safe_load`); `guard_titan_dataloader` makes TorchTitan's own
+loader (the one its models, e.g. `llama3`, build) do the same.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.safe_load import loads
+from boost_titan.parallelize.safe_load import UnsafeCheckpoint, loads
 
 
 class CheckpointedDataloader(ParallelAwareDataloader):
@@ -38,4 +39,22 @@ class CheckpointedDataloader(ParallelAwareDataloader):
                 f"this job has {self.dp_world_size}; resume with the same data-parallel "
                 "degree, or add --checkpoint.exclude_from_loading dataloader"
             )
-        StatefulDataLoader.load_state_dict(self, loads(state_dict[self._rank_id]))
+        try:
+            state = loads(state_dict[self._rank_id])
+        except UnsafeCheckpoint as e:
+            raise ConfigError(
+                f"the checkpoint's dataloader state ({self._rank_id}): {e.what}; refusing to "
+                "load it, a checkpoint holds tensors and metadata only"
+            ) from None
+        except Exception as e:  # not a pickle, or a damaged one
+            raise ConfigError(
+                f"the checkpoint's dataloader state ({self._rank_id}) does not unpickle "
+                f"({type(e).__name__}); add --checkpoint.exclude_from_loading dataloader"
+            ) from None
+        StatefulDataLoader.load_state_dict(self, state)
+
+
+def guard_titan_dataloader() -> None:
+    """Make TorchTitan's `ParallelAwareDataloader` (every model's loader, ours subclasses
+    it) unpickle its saved state through the allowlist, in this whole process."""
+    ParallelAwareDataloader.load_state_dict = CheckpointedDataloader.load_state_dict

@@ -20,8 +20,9 @@ import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.data.loader import guard_titan_dataloader
 from boost_titan.parallelize.safe_load import guard_dcp
-from boost_titan.runtime.checkpoint_files import check_loadable
+from boost_titan.runtime.checkpoint_files import check_loadable, misnamed_step
 
 LOADABLE_MARKERS = (".metadata", "model.safetensors.index.json")
 """What TorchTitan's `_find_load_step` accepts as a complete `step-N` folder."""
@@ -71,6 +72,9 @@ def agree_on_checkpoint(checkpointer, load_step: int) -> Choice:
     views: list = [None] * dist.get_world_size()
     own_newest = pick(checkpointer, -1).step
     dist.all_gather_object(views, (disagreement(checkpointer, choice), own_newest))
+    misnamed = choice.step >= 0 and misnamed_step(choice.folder, choice.step)
+    if misnamed:  # every rank sees it alike: a folder name, not a file system that lags
+        raise ConfigError(misnamed)
     problems = [f"rank {r} {problem}" for r, (problem, _) in enumerate(views) if problem]
     if problems:
         plan = (
@@ -113,10 +117,12 @@ def check_checkpoint_to_load(checkpointer, choice: Choice) -> None:
 
 def prepare_to_load(checkpointer, load_step: int) -> Choice:
     """What every rank runs before `checkpointer.load`: DCP's reads through the checkpoint
-    allowlist for the whole process (`guard_dcp`), rank 0's pick made everyone's
+    allowlist for the whole process (`guard_dcp`, and TorchTitan's dataloader state:
+    `guard_titan_dataloader`), rank 0's pick made everyone's
     (`agree_on_checkpoint`), and that checkpoint's pickles read up front
     (`check_checkpoint_to_load`). Collective; raises ConfigError on every rank."""
     guard_dcp()
+    guard_titan_dataloader()
     choice = agree_on_checkpoint(checkpointer, load_step)
     check_checkpoint_to_load(checkpointer, choice)
     return choice
