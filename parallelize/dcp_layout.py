@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .safe_load import shown
+
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
 
@@ -49,7 +51,10 @@ def _is_size(value: Any, dims: int | None = None) -> bool:
 
 def _field(value: Any, name: str) -> Any:
     """A dataclass field as unpickled (BUILD may leave one out): None when missing."""
-    return vars(value).get(name, getattr(type(value), name, None))
+    fields = getattr(value, "__dict__", None)
+    if type(fields) is not dict or type(value) is type:
+        return None
+    return fields.get(name, getattr(type(value), name, None))
 
 
 def check_types(metadata: Metadata) -> None:
@@ -86,7 +91,9 @@ def check_types(metadata: Metadata) -> None:
             or not _is_size(size)
             or type(chunks) is not list
         ):
-            raise BadCheckpoint(f"{where}: {fqn} is not a tensor or byte entry as DCP writes")
+            raise BadCheckpoint(
+                f"{where}: {shown(fqn)} is not a tensor or byte entry as DCP writes"
+            )
         covered = 0
         for chunk in chunks:
             offsets, sizes = _field(chunk, "offsets"), _field(chunk, "sizes")
@@ -96,12 +103,12 @@ def check_types(metadata: Metadata) -> None:
                 or not _is_size(sizes, len(size))
                 or any(o + n > s for o, n, s in zip(offsets, sizes, size, strict=True))
             ):
-                raise BadCheckpoint(f"{where}: a chunk of {fqn} does not lie inside {size}")
+                raise BadCheckpoint(f"{where}: a chunk of {shown(fqn)} does not lie inside {size}")
             covered += math.prod(sizes)
             needed.add(MetadataIndex(fqn, offsets))
         if covered != math.prod(size):
             raise BadCheckpoint(
-                f"{where}: the chunks of {fqn} hold {covered:,} elements, its size {size} "
+                f"{where}: the chunks of {shown(fqn)} hold {covered:,} elements, its size {size} "
                 f"{math.prod(size):,}"
             )
     for index, info in storage.items():
@@ -114,13 +121,14 @@ def check_types(metadata: Metadata) -> None:
             or not _is_int(_field(info, "length"))
         ):
             raise BadCheckpoint(
-                f"{where}: the storage entry of {index.fqn} is not a file name, offset and length"
+                f"{where}: the storage entry of {shown(index.fqn)} is not a file name, offset "
+                "and length"
             )
         if _field(info, "transform_descriptors"):  # none in what this product writes
-            raise BadCheckpoint(f"{where}: {index.fqn} is stored through a transform")
+            raise BadCheckpoint(f"{where}: {shown(index.fqn)} is stored through a transform")
     missing = needed - storage.keys()
     if missing:
-        raise BadCheckpoint(f"{where} stores no bytes for {min(i.fqn for i in missing)}")
+        raise BadCheckpoint(f"{where} stores no bytes for {shown(min(i.fqn for i in missing))}")
 
 
 def check_file(folder: str, name: str) -> int:
@@ -132,13 +140,15 @@ def check_file(folder: str, name: str) -> int:
     root = os.path.realpath(folder)
     path = os.path.realpath(os.path.join(folder, name))
     if os.path.commonpath([root, path]) != root:
-        raise BadCheckpoint(f"{name} resolves to {path}, outside the checkpoint folder")
+        raise BadCheckpoint(
+            f"{shown(name)} resolves to {shown(path)}, outside the checkpoint folder"
+        )
     try:
         info = os.stat(path)
     except OSError:
-        raise BadCheckpoint(f"{name} is missing (its .metadata names it)") from None
+        raise BadCheckpoint(f"{shown(name)} is missing (its .metadata names it)") from None
     if not stat.S_ISREG(info.st_mode):
-        raise BadCheckpoint(f"{name} is not a regular file")
+        raise BadCheckpoint(f"{shown(name)} is not a regular file")
     return info.st_size
 
 
@@ -201,7 +211,7 @@ def check_layout(path: str, metadata: Metadata) -> None:
         end = max(info.offset + info.length for _, info in items)
         if size < end:
             raise BadCheckpoint(
-                f"{name} is truncated ({size:,} bytes, its .metadata needs {end:,})"
+                f"{shown(name)} is truncated ({size:,} bytes, its .metadata needs {end:,})"
             )
         with open(os.path.join(path, name), "rb") as file:
             for index, info in items:
@@ -214,6 +224,6 @@ def check_layout(path: str, metadata: Metadata) -> None:
                 if stored != declared:
                     held = "no tensor" if stored is None else f"{stored:,} bytes"
                     raise BadCheckpoint(
-                        f"{name}: {index.fqn} {tuple(chunk.sizes)} of {entry.properties.dtype} "
-                        f"needs {declared:,} bytes but its entry holds {held}"
+                        f"{shown(name)}: {shown(index.fqn)} {tuple(chunk.sizes)} of "
+                        f"{entry.properties.dtype} needs {declared:,} bytes but its entry holds {held}"
                     )

@@ -83,6 +83,13 @@ class UnsafeCheckpoint(pickle.UnpicklingError):
         return UnsafeCheckpoint(self.what, part)
 
 
+def shown(text: str, limit: int = 120) -> str:
+    """A name from a file, fit for a one-line message: as is when printable, else its repr;
+    cut at `limit` characters."""
+    text = text if text.isprintable() else repr(text)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 def _latin1(text: str, encoding: str) -> bytes:
     """`_codecs.encode` as protocol 2 uses it for bytes: latin-1 text only (another codec
     name would import a codec module)."""
@@ -191,7 +198,7 @@ class CheckpointUnpickler(pickle._Unpickler):
         )
         found = allowed_globals().get(f"{module}.{name}")
         if found is None:
-            raise UnsafeCheckpoint(f"asks for {module}.{name}")
+            raise UnsafeCheckpoint(f"asks for {shown(f'{module}.{name}')}")
         return found
 
     def _call(self, function: Any, args: Any, kwargs: Any = None) -> Any:
@@ -336,7 +343,12 @@ def unpickle(data: bytes) -> Any:
     """One pickle's value through `CheckpointUnpickler`, its nesting checked."""
     if len(data) > MAX_PICKLE_BYTES:
         raise UnsafeCheckpoint(f"is a pickle of {len(data):,} bytes (most: {MAX_PICKLE_BYTES:,})")
-    value = CheckpointUnpickler(io.BytesIO(data)).load()
+    try:
+        value = CheckpointUnpickler(io.BytesIO(data)).load()
+    except pickle.UnpicklingError:
+        raise
+    except Exception as e:  # garbage fails in many ways (EOFError, KeyError, ValueError...)
+        raise pickle.UnpicklingError(f"not a pickle it can read ({type(e).__name__})") from None
     check_nesting(value)
     return value
 
@@ -414,11 +426,15 @@ class _ByteItemVetter:
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         index = read_item.storage_index
+        part = f"{shown(self.files[index])} ({shown(index.fqn)})"
         try:
             loaded = load_saved(value)
             _vet_value(loaded)
         except UnsafeCheckpoint as e:
-            raise e.at(f"{self.files[index]} ({index.fqn})") from None
+            raise e.at(part) from None
+        except Exception as e:  # a damaged archive or pickle fails in many ways
+            reason = shown(str(e)) if isinstance(e, pickle.UnpicklingError) else type(e).__name__
+            raise pickle.UnpicklingError(f"{part} does not unpickle: {reason}") from None
         self.values[index.fqn] = loaded
 
 

@@ -9,6 +9,7 @@ checkpoint.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -114,7 +115,9 @@ def read_metadata(path: str, where: str, fix: str = DAMAGED) -> Metadata:
     except dcp_layout.BadCheckpoint as e:
         raise ConfigError(f"{where}: {e}; {fix}") from None
     except Exception as e:  # unpickling garbage fails in many ways
-        reason = type(e).__name__
+        reason = (
+            safe_load.shown(str(e)) if isinstance(e, pickle.UnpicklingError) else type(e).__name__
+        )
         raise ConfigError(f"{where}: cannot read its .metadata ({reason}); {fix}") from None
     return metadata
 
