@@ -225,5 +225,6 @@ def check_layout(path: str, metadata: Metadata) -> None:
                     held = "no tensor" if stored is None else f"{stored:,} bytes"
                     raise BadCheckpoint(
                         f"{shown(name)}: {shown(index.fqn)} {tuple(chunk.sizes)} of "
-                        f"{entry.properties.dtype} needs {declared:,} bytes but its entry holds {held}"
+                        f"{entry.properties.dtype} needs {declared:,} bytes but its entry holds "
+                        f"{held}"
                     )
