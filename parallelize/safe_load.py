@@ -24,7 +24,8 @@ mutate replaced:
 - BUILD: only on an instance of a DCP metadata class (never on a class or any other
   object), setting only that class's dataclass fields (torch's own weights-only loader
   allows BUILD on tensors, parameters and OrderedDicts alone, for the same reason).
-- Sizes: a pickle is read whole into memory first (at most `MAX_PICKLE_BYTES`), runs at
+- Sizes: a pickle is read whole into memory first (at most `MAX_PICKLE_BYTES`), allocates
+  nothing larger than what it holds (BYTEARRAY8 preallocated its declared length), runs at
   most `MAX_OPCODES` opcodes, builds no tuple nested deeper than `MAX_DEPTH` (a dict key is
   hashed recursively, in C) and, once loaded, is walked without recursion: no container
   deeper than `MAX_DEPTH`, no cycle.
@@ -46,6 +47,7 @@ import io
 import os
 import pickle
 import stat
+import struct
 import zipfile
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
@@ -278,6 +280,14 @@ class CheckpointUnpickler(pickle._Unpickler):
         self._made(frozen)
         self.append(frozen)
 
+    def load_bytearray8(self) -> None:
+        # pickle._Unpickler allocates the declared length first, whatever the data holds
+        (size,) = struct.unpack("<Q", self.read(8))
+        data = self.read(min(size, MAX_PICKLE_BYTES + 1))
+        if len(data) != size:
+            raise pickle.UnpicklingError("BYTEARRAY8 declares more bytes than the pickle holds")
+        self.append(bytearray(data))
+
     def load_persid(self) -> None:
         raise UnsafeCheckpoint("holds a persistent id (a tensor reference)")
 
@@ -292,6 +302,7 @@ class CheckpointUnpickler(pickle._Unpickler):
         (pickle.TUPLE2, "load_tuple2"),
         (pickle.TUPLE3, "load_tuple3"),
         (pickle.FROZENSET, "load_frozenset"),
+        (pickle.BYTEARRAY8, "load_bytearray8"),
         (pickle.PERSID, "load_persid"),
         (pickle.BINPERSID, "load_persid"),
     ):

@@ -51,7 +51,13 @@ class CheckpointedDataloader(ParallelAwareDataloader):
                 f"the checkpoint's dataloader state ({self._rank_id}) does not unpickle "
                 f"({type(e).__name__}); add --checkpoint.exclude_from_loading dataloader"
             ) from None
-        StatefulDataLoader.load_state_dict(self, state)
+        try:
+            StatefulDataLoader.load_state_dict(self, state)
+        except Exception as e:  # a state of another loader, or altered
+            raise ConfigError(
+                f"the checkpoint's dataloader state ({self._rank_id}) does not fit this "
+                f"loader ({type(e).__name__}); add --checkpoint.exclude_from_loading dataloader"
+            ) from None
 
 
 def guard_titan_dataloader() -> None:
