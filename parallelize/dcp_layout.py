@@ -13,6 +13,8 @@ says, since every later read trusts it: `check_layout(path, metadata)` raises
 - every tensor chunk's entry is a torch.save archive whose uncompressed data holds exactly
   the chunk's bytes (shape x dtype size): a `.metadata` cannot make a reader allocate a
   tensor its files do not hold.
+
+`read_checked(path)` is all of it with `safe_load`'s reads: what `load_sharded` runs first.
 """
 
 from __future__ import annotations
@@ -228,3 +230,27 @@ def check_layout(path: str, metadata: Metadata) -> None:
                         f"{entry.properties.dtype} needs {declared:,} bytes but its entry holds "
                         f"{held}"
                     )
+
+
+def read_checked(path: str) -> Metadata:
+    """The `.metadata` of the checkpoint folder `path` once everything a load reads has
+    passed: the file itself (`check_file`), its pickle and every byte item through
+    `safe_load`'s allowlist, and `check_layout`. Raises `safe_load.UnsafeCheckpoint` or
+    `BadCheckpoint` (one line, naming the file) before any load starts."""
+    from . import safe_load
+
+    check_file(path, safe_load.METADATA)
+    try:
+        metadata = safe_load.read_metadata(path)
+    except safe_load.UnsafeCheckpoint:
+        raise
+    except Exception as e:  # garbage fails in many ways
+        raise BadCheckpoint(f".metadata does not unpickle ({type(e).__name__})") from None
+    check_layout(path, metadata)
+    try:
+        safe_load.vet_byte_items(path, metadata)
+    except safe_load.UnsafeCheckpoint:
+        raise
+    except Exception as e:
+        raise BadCheckpoint(safe_load.shown(str(e)) or type(e).__name__) from None
+    return metadata

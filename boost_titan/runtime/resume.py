@@ -21,8 +21,13 @@ from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.loader import guard_titan_dataloader
-from boost_titan.parallelize.safe_load import guard_dcp
-from boost_titan.runtime.checkpoint_files import check_loadable, misnamed_step
+from boost_titan.parallelize.safe_load import guard_dcp, shown
+from boost_titan.runtime.checkpoint_files import (
+    DAMAGED,
+    RESUME_FIX,
+    check_loadable,
+    misnamed_step,
+)
 
 LOADABLE_MARKERS = (".metadata", "model.safetensors.index.json")
 """What TorchTitan's `_find_load_step` accepts as a complete `step-N` folder."""
@@ -125,4 +130,29 @@ def prepare_to_load(checkpointer, load_step: int) -> Choice:
     guard_titan_dataloader()
     choice = agree_on_checkpoint(checkpointer, load_step)
     check_checkpoint_to_load(checkpointer, choice)
+    load_in_one_line(checkpointer, choice)
     return choice
+
+
+def load_in_one_line(checkpointer, choice: Choice) -> None:
+    """Make `checkpointer.load` end a failed read (DCP's CheckpointException, a
+    BaseException that TorchTitan's main reports as a traceback, and the trainer would take
+    for a failed save) in one ConfigError line naming the checkpoint."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    load = checkpointer.load
+    if choice.step >= 0:
+        path, fix = os.path.join(checkpointer.folder, f"step-{choice.step}"), RESUME_FIX
+    else:
+        path, fix = f"checkpoint.initial_load_path {checkpointer.initial_load_path}", DAMAGED
+
+    def load_or_fail(*args, **kwargs):
+        try:
+            return load(*args, **kwargs)
+        except CheckpointException as e:
+            failures = e.failures or {}
+            cause = failures[min(failures)][0] if failures else e
+            reason = f"{type(cause).__name__}: {shown(' '.join(str(cause).split()))}"
+            raise ConfigError(f"cannot load the checkpoint {path} ({reason}); {fix}") from None
+
+    checkpointer.load = load_or_fail

@@ -206,3 +206,24 @@ def test_unpickler_limits(monkeypatch):
     monkeypatch.setattr(safe_load, "MAX_OPCODES", 10)
     with pytest.raises(safe_load.UnsafeCheckpoint, match="more than 10 pickle opcodes"):
         safe_load.loads(pickle.dumps(list(range(20)), protocol=4))
+
+
+def test_a_failed_load_is_one_line(tmp_path):
+    """A read that fails inside TorchTitan's `CheckpointManager.load` (DCP's
+    CheckpointException, a BaseException) is one ConfigError line naming the checkpoint."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from boost_titan.runtime.resume import load_in_one_line
+
+    def load(step: int = -1) -> None:
+        raise CheckpointException("load", {1: (ValueError("bad\nbytes"), None)})
+
+    checkpointer = SimpleNamespace(folder=str(tmp_path), initial_load_path="", load=load)
+    load_in_one_line(checkpointer, Choice(str(tmp_path), True, 3))
+    with pytest.raises(ConfigError) as refusal:
+        checkpointer.load(step=-1)
+    line = str(refusal.value)
+    assert line.startswith(
+        f"cannot load the checkpoint {tmp_path / 'step-3'} (ValueError: bad bytes)"
+    )
+    assert "\n" not in line

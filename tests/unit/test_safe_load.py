@@ -289,7 +289,7 @@ def test_load_sharded_refuses_a_planted_checkpoint(tmp_path, unguarded):
         model = apply_plan(Decoder(), mesh, btp_plan(LAYOUT, loss_parallel=False))
         save_sharded(model, tmp_path / "source")
         folder, marker, name = _planted(tmp_path / "source", tmp_path / "sharded", ".metadata")
-        with pytest.raises(CheckpointException, match=f"asks for {name}"):
+        with pytest.raises(UnsafeCheckpoint, match=f".metadata asks for {name}"):
             load_sharded(model, folder)
     finally:
         end_process_groups(finished=False)
