@@ -190,7 +190,7 @@ def stored_tensor_bytes(file: io.BufferedIOBase, offset: int, length: int) -> in
     try:
         with zipfile.ZipFile(_Window(file, offset, length)) as archive:
             data = [i for i in archive.infolist() if i.filename.endswith("/data/0")]
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+    except Exception:  # zipfile fails in many ways (BadZipFile, NotImplementedError...)
         return None
     if len(data) != 1 or data[0].compress_type != zipfile.ZIP_STORED:
         return None

@@ -115,7 +115,7 @@ def hostile_pickles(marker: Path) -> dict[str, bytes]:
             set_class_attribute("pathlib", "PosixPath", "_str"), pickle.dumps({}, protocol=4)
         ),
         "deep tuple": deep_tuple(1_000_000),
-        "deep list": deep_list(100_000),
+        "deep list": deep_list(20_000),
         "BINBYTES8 2**60": claims(pickle.BINBYTES8, 1 << 60),
         "FRAME 2**60": claims(pickle.FRAME, 1 << 60),
     }
