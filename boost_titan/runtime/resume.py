@@ -77,7 +77,7 @@ def agree_on_checkpoint(checkpointer, load_step: int) -> Choice:
     views: list = [None] * dist.get_world_size()
     own_newest = pick(checkpointer, -1).step
     dist.all_gather_object(views, (disagreement(checkpointer, choice), own_newest))
-    misnamed = choice.step >= 0 and misnamed_step(choice.folder, choice.step)
+    misnamed = choice.step >= 0 and misnamed_step(checkpointer.folder, choice.step)
     if misnamed:  # every rank sees it alike: a folder name, not a file system that lags
         raise ConfigError(misnamed)
     problems = [f"rank {r} {problem}" for r, (problem, _) in enumerate(views) if problem]
