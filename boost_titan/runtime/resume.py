@@ -25,12 +25,10 @@ from boost_titan.parallelize.safe_load import guard_dcp, shown
 from boost_titan.runtime.checkpoint_files import (
     DAMAGED,
     RESUME_FIX,
+    TITAN_MARKERS,
     check_loadable,
     misnamed_step,
 )
-
-LOADABLE_MARKERS = (".metadata", "model.safetensors.index.json")
-"""What TorchTitan's `_find_load_step` accepts as a complete `step-N` folder."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class Choice:
 
 
 def _loadable(path: str) -> bool:
-    return any(os.path.isfile(os.path.join(path, marker)) for marker in LOADABLE_MARKERS)
+    return any(os.path.isfile(os.path.join(path, marker)) for marker in TITAN_MARKERS)
 
 
 def pick(checkpointer, load_step: int) -> Choice:
