@@ -6,7 +6,9 @@ and `generate` on the 1M-token vocabulary. The figures in docs/reliability.md co
 
     ./run_train.sh --training.steps 2 --checkpoint.enable --checkpoint.interval 2 \\
         --job.dump_folder /tmp/fresh
-    python scripts/hostile_checkpoints.py /tmp/fresh/checkpoint/step-2 /tmp/hostile
+    python scripts/hostile_checkpoints.py /tmp/fresh/checkpoint/step-2 /tmp/hostile [PREFIX]
+
+PREFIX: only the cases whose name starts with it (e.g. `0`: the clean checkpoint).
 """
 
 from __future__ import annotations
@@ -151,6 +153,7 @@ def _size_int(m) -> None:
 
 
 CASES: dict[str, Callable[[str, str], None] | None] = {
+    "0 the checkpoint as written (for comparison)": lambda f, m: None,
     "1 protocol-0 os.system in the dataloader state": p0_dataloader,
     "2 BUILD Metadata.__getstate__ before .metadata": lambda f, m: _prefix_build_on_class(
         f, "torch.distributed.checkpoint.metadata", "Metadata", "__getstate__"
@@ -196,7 +199,10 @@ def main() -> None:
     os.makedirs(work, exist_ok=True)
     marker = os.path.join(work, "PAYLOAD-RAN")
     python = [sys.executable, "-W", "ignore", "-m"]
+    only = sys.argv[3] if len(sys.argv) > 3 else ""
     for name, plant in CASES.items():
+        if not name.startswith(only):
+            continue
         dump = os.path.join(work, re.sub(r"\W+", "_", name))
         shutil.rmtree(dump, ignore_errors=True)
         folder = os.path.join(dump, "checkpoint", "step-2" if plant else "step-0002")
