@@ -2,7 +2,7 @@
 in one child interpreter under a memory cap and a per-case alarm, so that a crash shows as
 a failure here rather than a dead pytest. BOOST_FUZZ_CASES (default 1500) and
 BOOST_FUZZ_SEED (default 0) set the budget and the seed: `BOOST_FUZZ_CASES=50000 pytest
-tests/unit/test_checkpoint_fuzz.py -k clean` for a longer run. The hand-built cases of issue
+tests/unit/test_checkpoint_fuzz.py -k fuzzed` for a longer run. The hand-built cases of issue
 39: `test_hostile_checkpoints.py`."""
 
 from __future__ import annotations
