@@ -7,9 +7,9 @@ says, since every later read trusts it: `check_layout(path, metadata)` raises
 - every entry has DCP's types: tensors (dtype, non-negative sizes, chunks inside the
   tensor and covering it), byte items, and storage entries (`relative_path`, `offset`,
   `length` as a name and integers, no storage transforms), one per chunk and byte item;
-- every file an entry names stays inside the checkpoint folder (a relative name without
-  `..`, resolving, symlinks included, under the folder) and is a regular file (a FIFO would
-  block its reader), and every entry's bytes lie inside it;
+- every file an entry names is a relative name without `..` that resolves (symlinks
+  included) inside the checkpoint folder, and is a regular file (a FIFO would block its
+  reader), and every entry's bytes lie inside it;
 - every tensor chunk's entry is a torch.save archive whose uncompressed data holds exactly
   the chunk's bytes (shape x dtype size): a `.metadata` cannot make a reader allocate a
   tensor its files do not hold.
@@ -135,15 +135,18 @@ def check_types(metadata: Metadata) -> None:
 
 def check_file(folder: str, name: str) -> int:
     """The size of the regular file `name` inside `folder`; BadCheckpoint when `name` is
-    absolute, climbs out with `..`, resolves outside `folder` or is not a regular file."""
-    parts = name.replace("\\", "/").split("/")
-    if not name or "\0" in name or os.path.isabs(name) or ".." in parts:
+    absolute, has a `..` part, resolves (through a symlink) outside `folder`, or is not a
+    regular file."""
+    if "\0" in name or os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+        # the kernel resolves `a/../b` through `a` (which may be a symlink, or missing):
+        # realpath's textual `..` would not see what an open does
         raise BadCheckpoint(f"its .metadata names {name!r}, a file outside the checkpoint folder")
     root = os.path.realpath(folder)
     path = os.path.realpath(os.path.join(folder, name))
     if os.path.commonpath([root, path]) != root:
         raise BadCheckpoint(
-            f"{shown(name)} resolves to {shown(path)}, outside the checkpoint folder"
+            f"its .metadata names {shown(name)}, which resolves to {shown(path)}, outside "
+            "the checkpoint folder"
         )
     try:
         info = os.stat(path)
@@ -215,7 +218,11 @@ def check_layout(path: str, metadata: Metadata) -> None:
             raise BadCheckpoint(
                 f"{shown(name)} is truncated ({size:,} bytes, its .metadata needs {end:,})"
             )
-        with open(os.path.join(path, name), "rb") as file:
+        try:
+            file = open(os.path.join(path, name), "rb")  # closed by the with below
+        except OSError as e:
+            raise BadCheckpoint(f"{shown(name)} cannot be opened ({e.strerror})") from None
+        with file:
             for index, info in items:
                 entry = entries[index.fqn]
                 if type(entry) is not TensorStorageMetadata:

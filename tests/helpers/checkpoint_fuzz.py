@@ -20,7 +20,8 @@ outcome, and peak RSS; the file is rewritten as cases run (`started`: the case i
 so a crash of the interpreter names its case.
 
 `--break allowlist` swaps the restricted unpickler for `pickle.loads`, `--break
-confinement` the file checks for a bare size lookup: the fuzzer must then find the hole.
+confinement` the file checks for a bare size lookup: the fuzzer must then find the hole
+(it stops at the first failure). `--case-seconds`: the alarm (default CASE_SECONDS).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class CaseTimeout(Exception):
 
 
 def _alarm(signum: int, frame: Any) -> None:
-    raise CaseTimeout(f"ran past {CASE_SECONDS} s")
+    raise CaseTimeout("ran past its alarm")
 
 
 # ---- the checkpoint -------------------------------------------------------------------------
@@ -362,12 +363,14 @@ def read_case(folder: Path, state: dict) -> str:
     return "ok"
 
 
-def run_case(folder: Path, state: dict, marker: Path, watch: Watch) -> tuple[str, str]:
+def run_case(
+    folder: Path, state: dict, marker: Path, watch: Watch, seconds: float = CASE_SECONDS
+) -> tuple[str, str]:
     """(outcome, detail): outcome "ok", "refused" or "FAIL"."""
     from boost_titan.config.errors import ConfigError
 
     watch.folder, watch.outside = os.path.realpath(folder), []
-    signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         outcome, detail = read_case(folder, state), ""
     except ConfigError as e:
@@ -405,6 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--break", dest="broken", choices=["allowlist", "confinement"])
+    parser.add_argument("--case-seconds", type=float, default=CASE_SECONDS)
     ns = parser.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     signal.signal(signal.SIGALRM, _alarm)
@@ -429,12 +433,14 @@ def main(argv: list[str] | None = None) -> None:
             kind = mutation(rng, folder, marker)
             results["started"] = {"case": case, "kind": kind}
             _write(ns.results, results)
-            outcome, detail = run_case(folder, state, marker, watch)
+            outcome, detail = run_case(folder, state, marker, watch, ns.case_seconds)
             results["outcomes"][outcome] = results["outcomes"].get(outcome, 0) + 1
             family = kind.split(" ")[0]
             results["kinds"][family] = results["kinds"].get(family, 0) + 1
             if outcome == "FAIL":
                 results["failures"].append({"case": case, "kind": kind, "detail": detail})
+                if ns.broken:  # the hole is found
+                    break
         results["started"] = None
         results["seconds"] = round(time.monotonic() - start, 1)
         results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
