@@ -227,3 +227,18 @@ def test_a_failed_load_is_one_line(tmp_path):
         f"cannot load the checkpoint {tmp_path / 'step-3'} (ValueError: bad bytes)"
     )
     assert "\n" not in line
+
+
+def test_file_names_are_relative_without_dot_dot(tmp_path):
+    """A `relative_path` is refused when absolute or with a `..` part, even one that lands
+    inside the folder (what an open resolves through `sub` may differ from the text), and
+    when a symlink takes it out; a plain name inside is its size."""
+    from boost_titan.parallelize.dcp_layout import BadCheckpoint, check_file
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "x").write_bytes(b"123")
+    (tmp_path / "link").symlink_to(tmp_path.parent)
+    assert check_file(str(tmp_path), "x") == 3
+    for name in ("sub/../x", str(tmp_path / "x"), f"link/{tmp_path.name}/../x"):
+        with pytest.raises(BadCheckpoint, match="outside the checkpoint folder"):
+            check_file(str(tmp_path), name)
