@@ -67,6 +67,7 @@ def check_types(metadata: Metadata) -> None:
         ChunkStorageMetadata,
         Metadata,
         MetadataIndex,
+        StorageMeta,
         TensorProperties,
         TensorStorageMetadata,
     )
@@ -77,6 +78,8 @@ def check_types(metadata: Metadata) -> None:
     entries, storage = _field(metadata, "state_dict_metadata"), _field(metadata, "storage_data")
     if type(entries) is not dict or type(storage) is not dict:
         raise BadCheckpoint(f"{where} has no state_dict_metadata and storage_data dicts")
+    if type(_field(metadata, "storage_meta")) not in (StorageMeta, type(None)):
+        raise BadCheckpoint(f"{where} has a storage_meta that is not DCP's")
     needed: set[MetadataIndex] = set()
     for fqn, entry in entries.items():
         if type(fqn) is not str:
