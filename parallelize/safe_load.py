@@ -62,7 +62,8 @@ METADATA = ".metadata"
 MAX_PICKLE_BYTES = 256 << 20
 """The largest pickle read (a `.metadata` or a byte item's `data.pkl`)."""
 MAX_ITEM_BYTES = 256 << 20
-"""The largest byte item (a torch.save archive) read."""
+"""The largest byte item (a torch.save archive) a `.metadata` may declare (`dcp_layout`):
+DCP reads one whole into memory."""
 MAX_OPCODES = 8_000_000
 """Opcodes one pickle may run: each makes at most one small object (about 100 bytes)."""
 MAX_DEPTH = 64

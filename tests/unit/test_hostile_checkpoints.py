@@ -30,7 +30,7 @@ from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.resume import Choice, agree_on_checkpoint, check_checkpoint_to_load
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import debug_args, save_checkpoint, save_model_checkpoint
-from tests.helpers.hostile import CASES, hostile_pickles
+from tests.helpers.hostile import CASES, hostile_pickles, read_metadata
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 READERS = ["check", "trainer", "export", "eval", "generate"]
@@ -242,3 +242,19 @@ def test_file_names_are_relative_without_dot_dot(tmp_path):
     for name in ("sub/../x", str(tmp_path / "x"), f"link/{tmp_path.name}/../x"):
         with pytest.raises(BadCheckpoint, match="outside the checkpoint folder"):
             check_file(str(tmp_path), name)
+
+
+def test_a_byte_item_is_capped_before_it_is_read(sources, tmp_path, monkeypatch):
+    """A byte item declaring more than MAX_ITEM_BYTES (DCP reads one whole into memory) is
+    refused from its `.metadata`, before the file is read."""
+    from boost_titan.parallelize import dcp_layout
+
+    folder = tmp_path / "step-3"
+    shutil.copytree(sources["job"], folder)
+    metadata = read_metadata(folder)
+    size = next(i.length for i in metadata.storage_data.values() if i.length)
+    monkeypatch.setattr(dcp_layout, "MAX_ITEM_BYTES", 100)
+    with pytest.raises(dcp_layout.BadCheckpoint, match=r"declares [\d,]+ bytes \(most: 100\)"):
+        dcp_layout.check_layout(str(folder), metadata)
+    monkeypatch.setattr(dcp_layout, "MAX_ITEM_BYTES", size * 1000)
+    dcp_layout.check_layout(str(folder), metadata)
