@@ -5,8 +5,9 @@ says, since every later read trusts it: `check_layout(path, metadata)` raises
 `BadCheckpoint` (a one-line reason naming the file) unless
 
 - every entry has DCP's types: tensors (dtype, non-negative sizes, chunks inside the
-  tensor and covering it), byte items, and storage entries (`relative_path`, `offset`,
-  `length` as a name and integers, no storage transforms), one per chunk and byte item;
+  tensor and covering it), byte items (at most `safe_load.MAX_ITEM_BYTES`, which a reader
+  holds in memory), and storage entries (`relative_path`, `offset`, `length` as a name and
+  integers, no storage transforms), one per chunk and byte item;
 - every file an entry names is a relative name without `..` that resolves (symlinks
   included) inside the checkpoint folder, and is a regular file (a FIFO would block its
   reader), and every entry's bytes lie inside it;
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .safe_load import shown
+from .safe_load import MAX_ITEM_BYTES, shown
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
@@ -128,6 +129,12 @@ def check_types(metadata: Metadata) -> None:
             raise BadCheckpoint(
                 f"{where}: the storage entry of {shown(index.fqn)} is not a file name, offset "
                 "and length"
+            )
+        is_item = type(entries.get(index.fqn)) is BytesStorageMetadata
+        if is_item and info.length > MAX_ITEM_BYTES:  # a reader holds it whole in memory
+            raise BadCheckpoint(
+                f"{where}: the item {shown(index.fqn)} declares {info.length:,} bytes (most: "
+                f"{MAX_ITEM_BYTES:,})"
             )
         if _field(info, "transform_descriptors"):  # none in what this product writes
             raise BadCheckpoint(f"{where}: {shown(index.fqn)} is stored through a transform")
