@@ -26,9 +26,10 @@ mutate replaced:
   allows BUILD on tensors, parameters and OrderedDicts alone, for the same reason).
 - Sizes: a pickle is read whole into memory first (at most `MAX_PICKLE_BYTES`), allocates
   nothing larger than what it holds (BYTEARRAY8 preallocated its declared length), runs at
-  most `MAX_OPCODES` opcodes, builds no tuple nested deeper than `MAX_DEPTH` (a dict key is
-  hashed recursively, in C) and, once loaded, is walked without recursion: no container
-  deeper than `MAX_DEPTH`, no cycle.
+  most `MAX_OPCODES` opcodes weighted by what they keep (`OPCODE_COST`: a flood of
+  empty sets, dicts or memo entries costs more), builds no tuple nested deeper than
+  `MAX_DEPTH` (a dict key is hashed recursively, in C) and, once loaded, is walked without
+  recursion: no container deeper than `MAX_DEPTH`, no cycle.
 
 - `guard_dcp()`: every later DCP load in this process (`FileSystemReader.read_metadata`,
   `DefaultLoadPlanner.load_bytes` and their subclasses) reads through the allowlist.
@@ -64,8 +65,18 @@ MAX_PICKLE_BYTES = 256 << 20
 MAX_ITEM_BYTES = 256 << 20
 """The largest byte item (a torch.save archive) a `.metadata` may declare (`dcp_layout`):
 DCP reads one whole into memory."""
-MAX_OPCODES = 8_000_000
-"""Opcodes one pickle may run: each makes at most one small object (about 100 bytes)."""
+MAX_OPCODES = 16_000_000
+"""What one pickle may run, in opcodes weighted by what they keep (`OPCODE_COST`); a DCP
+`.metadata` costs about 110 per storage entry (scripts/hostile_checkpoints.py prints it)."""
+OPCODE_COST = {
+    **dict.fromkeys([pickle.EMPTY_SET, pickle.FROZENSET], 16),  # a set: about 220 bytes
+    **dict.fromkeys(
+        [pickle.EMPTY_DICT, pickle.DICT, pickle.EMPTY_LIST, pickle.LIST, pickle.MEMOIZE]
+        + [pickle.BINPUT, pickle.LONG_BINPUT, pickle.PUT],
+        4,  # a dict, list or memo entry: about 60-100 bytes
+    ),
+}
+"""Opcodes that keep more than a small object (an int, a pointer: weight 1)."""
 MAX_DEPTH = 64
 """How deep containers may nest (DCP's metadata nests about 8 deep)."""
 
@@ -165,11 +176,11 @@ def _check_key(value: Any) -> Any:
     return value
 
 
-def _counted(load: Callable) -> Callable:
-    """An opcode's handler that counts against `MAX_OPCODES`."""
+def _counted(load: Callable, cost: int) -> Callable:
+    """An opcode's handler that counts `cost` against `MAX_OPCODES`."""
 
     def run(self: CheckpointUnpickler) -> None:
-        self.opcodes += 1
+        self.opcodes += cost
         if self.opcodes > MAX_OPCODES:
             raise UnsafeCheckpoint(f"runs more than {MAX_OPCODES:,} pickle opcodes")
         load(self)
@@ -310,7 +321,9 @@ class CheckpointUnpickler(pickle._Unpickler):
         dispatch[_op[0]] = locals()[_name]
     dispatch[pickle.INST[0]] = _refuse("calls a class with INST (protocol 0)")
     dispatch[pickle.OBJ[0]] = _refuse("calls a class with OBJ (protocol 1)")
-    dispatch = {op: _counted(load) for op, load in dispatch.items()}
+    dispatch = {
+        op: _counted(load, OPCODE_COST.get(bytes([op]), 1)) for op, load in dispatch.items()
+    }
     del _op, _name
 
 

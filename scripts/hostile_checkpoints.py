@@ -200,6 +200,13 @@ def main() -> None:
     marker = os.path.join(work, "PAYLOAD-RAN")
     python = [sys.executable, "-W", "ignore", "-m"]
     only = sys.argv[3] if len(sys.argv) > 3 else ""
+    from boost_titan.parallelize.safe_load import CheckpointUnpickler
+
+    with open(os.path.join(fresh, ".metadata"), "rb") as f:
+        unpickler = CheckpointUnpickler(io.BytesIO(f.read()))
+    entries = len(unpickler.load().storage_data)
+    cost = unpickler.opcodes
+    print(f"the fresh .metadata: {entries:,} storage entries, opcode cost {cost:,}")
     for name, plant in CASES.items():
         if not name.startswith(only):
             continue
