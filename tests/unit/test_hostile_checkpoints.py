@@ -206,6 +206,10 @@ def test_unpickler_limits(monkeypatch):
     monkeypatch.setattr(safe_load, "MAX_OPCODES", 10)
     with pytest.raises(safe_load.UnsafeCheckpoint, match="more than 10 pickle opcodes"):
         safe_load.loads(pickle.dumps(list(range(20)), protocol=4))
+    monkeypatch.setattr(safe_load, "MAX_OPCODES", 40)  # weighted: a set keeps 16, an int 1
+    assert safe_load.loads(b"\x80\x04(" + b"K\x07" * 20 + b"l.") == [7] * 20
+    with pytest.raises(safe_load.UnsafeCheckpoint, match="more than 40 pickle opcodes"):
+        safe_load.loads(b"\x80\x04(" + b"\x8f" * 3 + b"l.")
 
 
 def test_a_failed_load_is_one_line(tmp_path):
