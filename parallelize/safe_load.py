@@ -19,8 +19,9 @@ mutate replaced:
 - GLOBAL / STACK_GLOBAL / EXT*: only `allowed_globals()` (DCP's metadata classes,
   `torch.Size`, dtypes and layouts, `pathlib.PosixPath`, latin-1 `_codecs.encode`, which
   protocol 2 uses for bytes); anything else raises `UnsafeCheckpoint` naming it.
-- REDUCE / NEWOBJ / NEWOBJ_EX: only on those objects; INST / OBJ (protocol 0/1 calls) and
-  persistent ids (torch.save's tensor references) are refused.
+- REDUCE / NEWOBJ / NEWOBJ_EX call only those objects, as do INST / OBJ (protocol 0/1
+  calls, whose class `find_class` resolves); persistent ids (torch.save's references to
+  tensors, which byte items do not hold) are refused.
 - BUILD: only on an instance of a DCP metadata class (never on a class or any other
   object), setting only that class's dataclass fields (torch's own weights-only loader
   allows BUILD on tensors, parameters and OrderedDicts alone, for the same reason).
@@ -188,13 +189,6 @@ def _counted(load: Callable, cost: int) -> Callable:
     return run
 
 
-def _refuse(what: str) -> Callable:
-    def run(self: CheckpointUnpickler) -> None:
-        raise UnsafeCheckpoint(what)
-
-    return run
-
-
 class CheckpointUnpickler(pickle._Unpickler):
     """CPython's reference unpickler resolving only `allowed_globals()`, calling only them,
     filling only instances of `buildable()` classes, and capped in size and depth (see the
@@ -221,6 +215,11 @@ class CheckpointUnpickler(pickle._Unpickler):
         if type(args) is not tuple or (kwargs is not None and type(kwargs) is not dict):
             raise pickle.UnpicklingError("call arguments are not a tuple")
         return function(*args, **(kwargs or {}))
+
+    def _instantiate(self, klass: Any, args: list) -> None:  # INST and OBJ
+        if id(klass) not in _callables():
+            raise UnsafeCheckpoint(f"calls a {type(klass).__name__}, not an allowed global")
+        super()._instantiate(klass, args)
 
     def load_reduce(self) -> None:
         args = self.stack.pop()
@@ -301,7 +300,7 @@ class CheckpointUnpickler(pickle._Unpickler):
         self.append(bytearray(data))
 
     def load_persid(self) -> None:
-        raise UnsafeCheckpoint("holds a persistent id (a tensor reference)")
+        raise pickle.UnpicklingError("a persistent id (a tensor reference) in a byte item")
 
     dispatch = dict(pickle._Unpickler.dispatch)
     for _op, _name in (
@@ -319,8 +318,6 @@ class CheckpointUnpickler(pickle._Unpickler):
         (pickle.BINPERSID, "load_persid"),
     ):
         dispatch[_op[0]] = locals()[_name]
-    dispatch[pickle.INST[0]] = _refuse("calls a class with INST (protocol 0)")
-    dispatch[pickle.OBJ[0]] = _refuse("calls a class with OBJ (protocol 1)")
     dispatch = {
         op: _counted(load, OPCODE_COST.get(bytes([op]), 1)) for op, load in dispatch.items()
     }

@@ -280,7 +280,7 @@ def _bomb(folder: Path, marker: Path) -> None:
 CASES: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
     # name -> (what the refusal says, plant(folder, marker))
     "dataloader protocol-0 os.system": ("asks for posix.system", _dataloader("posix.system p0")),
-    "dataloader INST eval": ("calls a class with INST", _dataloader("builtins.eval INST")),
+    "dataloader INST eval": ("asks for builtins.eval", _dataloader("builtins.eval INST")),
     ".metadata BUILD Metadata.__getstate__": (
         "sets the state of a type",
         _prefix_metadata("Metadata", "__getstate__", "torch.distributed.checkpoint.metadata"),
