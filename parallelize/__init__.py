@@ -21,8 +21,9 @@ the attention modules a layout names, sequence sharding with head-tail load bala
 `low_rank` (`to_low_rank`: down/up pairs with SVD init), `hf_checkpoint` (`save_hf` /
 `load_hf` as a HF folder, `save_sharded` / `load_sharded` with DCP). Processes and files:
 `safe_load` (a DCP checkpoint's pickles through one allowlist: loading never runs code from
-the files), `teardown` (the orderly end of a process in a process group), `local_ranks`
-(`run_on_ranks`: a function on N local gloo ranks).
+the files), `dcp_layout` (what a checkpoint's `.metadata` says, checked: types, files inside
+the folder, tensor bytes as declared), `teardown` (the orderly end of a process in a process
+group), `local_ranks` (`run_on_ranks`: a function on N local gloo ranks).
 """
 
 from .compile_cache import key_compile_caches_by_rank

@@ -149,9 +149,12 @@ def save_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
 
 def load_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
     """Load a `save_sharded` checkpoint into a model sharded by the same plan, at any TP
-    degree (DCP reshards); every rank calls it. The checkpoint's pickles go through
-    `safe_load`'s allowlist (`guard_dcp`): a pickle asking for anything else raises
-    `UnsafeCheckpoint` (inside DCP's CheckpointException) before it can run.
+    degree (DCP reshards); every rank calls it. The folder is read up front
+    (`dcp_layout.read_checked`): a pickle asking for anything outside `safe_load`'s
+    allowlist raises `UnsafeCheckpoint`, a damaged or altered folder (wrong types, files
+    outside it or not regular, tensors whose bytes are not their shapes') `BadCheckpoint`,
+    each one line naming the file, before anything is loaded; DCP's own reads then go
+    through the same allowlist (`guard_dcp`).
 
     Args:
         model (nn.Module): the model after `apply_plan`; its weights are replaced.
@@ -175,8 +178,10 @@ def load_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    from .dcp_layout import read_checked
     from .safe_load import guard_dcp
 
+    read_checked(str(folder))
     guard_dcp()
     state = get_model_state_dict(model)
     dcp.load(state, checkpoint_id=str(folder))

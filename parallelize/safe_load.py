@@ -5,30 +5,53 @@ A DCP checkpoint folder holds pickles: its `.metadata` (DCP's dataclasses, writt
 counters, optimizer and LR settings, TorchTitan's dataloader state, which is itself a
 `pickle.dumps` string). Unpickling calls whatever the file names, and DCP reads both with
 plain `pickle.load` / `torch.load(weights_only=False)`; only its tensors go through torch's
-weights-only loader. That loader cannot stand in for the rest: it does not parse protocol 4,
-in which `pickle.dump` writes `.metadata`.
+weights-only loader.
 
-`CheckpointUnpickler` resolves only the globals of `allowed_globals()` (DCP's metadata
-classes, `torch.Size`, dtypes and layouts, `pathlib.PosixPath`, and `_codecs.encode`, which
-protocol 2 uses for bytes); any other name raises `UnsafeCheckpoint` before anything is
-called, and the error names it.
+Why not torch's weights-only unpickler (`torch._weights_only_unpickler`, with
+`torch.serialization.safe_globals`) for the rest: on torch 2.13 it implements the opcodes of
+protocol 2 only, and `.metadata` is protocol 4 (`pickle.dump`'s default): it stops at the
+first FRAME ("Unsupported operand 149"), and lacks MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE,
+BINBYTES and the text opcodes of protocols 0/1 that a dataloader state may hold.
+`CheckpointUnpickler` is instead CPython's own reference unpickler (`pickle._Unpickler`:
+its opcode table, iterative, any protocol) with every opcode that can call, import or
+mutate replaced:
+
+- GLOBAL / STACK_GLOBAL / EXT*: only `allowed_globals()` (DCP's metadata classes,
+  `torch.Size`, dtypes and layouts, `pathlib.PosixPath`, latin-1 `_codecs.encode`, which
+  protocol 2 uses for bytes); anything else raises `UnsafeCheckpoint` naming it.
+- REDUCE / NEWOBJ / NEWOBJ_EX call only those objects, as do INST / OBJ (protocol 0/1
+  calls, whose class `find_class` resolves); persistent ids (torch.save's references to
+  tensors, which byte items do not hold) are refused.
+- BUILD: only on an instance of a DCP metadata class (never on a class or any other
+  object), setting only that class's dataclass fields (torch's own weights-only loader
+  allows BUILD on tensors, parameters and OrderedDicts alone, for the same reason).
+- Sizes: a pickle is read whole into memory first (at most `MAX_PICKLE_BYTES`), allocates
+  nothing larger than what it holds (BYTEARRAY8 preallocated its declared length), runs at
+  most `MAX_OPCODES` opcodes weighted by what they keep (`OPCODE_COST`: a flood of
+  empty sets, dicts or memo entries costs more), builds no tuple nested deeper than
+  `MAX_DEPTH` (a dict key is hashed recursively, in C) and, once loaded, is walked without
+  recursion: no container deeper than `MAX_DEPTH`, no cycle.
 
 - `guard_dcp()`: every later DCP load in this process (`FileSystemReader.read_metadata`,
   `DefaultLoadPlanner.load_bytes` and their subclasses) reads through the allowlist.
 - `read_metadata(path)`, `vet_byte_items(path, metadata)`: read a checkpoint's `.metadata`
-  and every byte item (and any pickle inside one) up front, so that a loader can refuse it
-  with one message before any load starts.
+  and every byte item (and the pickle that every bytes value in one holds) up front, so
+  that a loader can refuse it with one message before any load starts.
 - `loads(data)`: one pickle (TorchTitan's dataloader state).
 """
 
 from __future__ import annotations
 
 import _compat_pickle
+import dataclasses
 import functools
 import io
 import os
 import pickle
+import stat
+import struct
 import zipfile
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
@@ -38,59 +61,143 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.planner import ReadItem
 
 METADATA = ".metadata"
-PICKLE_PROTOCOLS = range(2, pickle.HIGHEST_PROTOCOL + 1)
-"""Protocols whose pickles start with the PROTO opcode (0x80) and this byte."""
+MAX_PICKLE_BYTES = 256 << 20
+"""The largest pickle read (a `.metadata` or a byte item's `data.pkl`)."""
+MAX_ITEM_BYTES = 256 << 20
+"""The largest byte item (a torch.save archive) a `.metadata` may declare (`dcp_layout`):
+DCP reads one whole into memory."""
+MAX_OPCODES = 16_000_000
+"""What one pickle may run, in opcodes weighted by what they keep (`OPCODE_COST`); a DCP
+`.metadata` costs about 110 per storage entry (scripts/hostile_checkpoints.py prints it)."""
+OPCODE_COST = {
+    **dict.fromkeys([pickle.EMPTY_SET, pickle.FROZENSET], 16),  # a set: about 220 bytes
+    **dict.fromkeys(
+        [pickle.EMPTY_DICT, pickle.DICT, pickle.EMPTY_LIST, pickle.LIST, pickle.MEMOIZE]
+        + [pickle.BINPUT, pickle.LONG_BINPUT, pickle.PUT],
+        4,  # a dict, list or memo entry: about 60-100 bytes
+    ),
+}
+"""Opcodes that keep more than a small object (an int, a pointer: weight 1)."""
+MAX_DEPTH = 64
+"""How deep containers may nest (DCP's metadata nests about 8 deep)."""
 
 
 class UnsafeCheckpoint(pickle.UnpicklingError):
-    """A checkpoint's pickle asks for `name`, a global outside the allowlist; `part` is the
-    file (and item) that holds it, when known."""
+    """A checkpoint's pickle does `what` (asks for a global outside the allowlist, sets the
+    state of a class, nests too deep...); `part` is the file (and item) that holds it."""
 
-    def __init__(self, name: str, part: str | None = None) -> None:
-        self.name, self.part = name, part
-        super().__init__(f"{part or 'a pickle'} asks for {name}")
+    def __init__(self, what: str, part: str | None = None) -> None:
+        self.what, self.part = what, part
+        super().__init__(f"{part or 'a pickle'} {what}")
 
     def __reduce__(self) -> tuple:  # DCP gathers a rank's exception to the others pickled
-        return UnsafeCheckpoint, (self.name, self.part)
+        return UnsafeCheckpoint, (self.what, self.part)
 
     def at(self, part: str) -> UnsafeCheckpoint:
         """The same refusal, naming the file (and item) that holds it."""
-        return UnsafeCheckpoint(self.name, part)
+        return UnsafeCheckpoint(self.what, part)
+
+
+def shown(text: str, limit: int = 120) -> str:
+    """A name from a file, fit for a one-line message: as is when printable, else its repr;
+    cut at `limit` characters."""
+    text = text if text.isprintable() else repr(text)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def _latin1(text: str, encoding: str) -> bytes:
+    """`_codecs.encode` as protocol 2 uses it for bytes: latin-1 text only (another codec
+    name would import a codec module)."""
+    if type(text) is not str or encoding != "latin1":
+        raise UnsafeCheckpoint(f"asks for _codecs.encode({type(text).__name__}, {encoding!r})")
+    return text.encode("latin1")
+
+
+@functools.cache
+def buildable() -> frozenset[type]:
+    """The classes whose instances BUILD may fill: DCP's metadata dataclasses."""
+    from torch.distributed.checkpoint import metadata as dcp_metadata
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    return frozenset(
+        {
+            dcp_metadata.Metadata,
+            dcp_metadata.MetadataIndex,
+            dcp_metadata.StorageMeta,
+            dcp_metadata.TensorStorageMetadata,
+            dcp_metadata.BytesStorageMetadata,
+            dcp_metadata.ChunkStorageMetadata,
+            dcp_metadata.TensorProperties,
+            _StorageInfo,
+        }
+    )
 
 
 @functools.cache
 def allowed_globals() -> dict[str, Any]:
     """'module.name' -> object: every global the pickles of a DCP checkpoint need."""
-    import _codecs
     import pathlib
 
     from torch.distributed.checkpoint import metadata as dcp_metadata
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
 
     objects = [
-        dcp_metadata.Metadata,
-        dcp_metadata.MetadataIndex,
-        dcp_metadata.StorageMeta,
-        dcp_metadata.TensorStorageMetadata,
-        dcp_metadata.BytesStorageMetadata,
-        dcp_metadata.ChunkStorageMetadata,
-        dcp_metadata.TensorProperties,
+        *buildable(),
         dcp_metadata._MEM_FORMAT_ENCODING,
-        _StorageInfo,
         torch.Size,
         torch.serialization._get_layout,  # how torch.layout pickles
         pathlib.PosixPath,  # StorageMeta.checkpoint_id
-        _codecs.encode,  # how protocol 2 (torch.save's) pickles bytes
     ]
     allowed = {f"{obj.__module__}.{obj.__qualname__}": obj for obj in objects}
+    allowed["_codecs.encode"] = _latin1  # how protocol 2 (torch.save's) pickles bytes
     dtypes = {name: value for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
     allowed.update((f"torch.{name}", dtype) for name, dtype in dtypes.items())
     return allowed
 
 
-class CheckpointUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only `allowed_globals()`: it never reaches a callable the
-    allowlist lacks (REDUCE, NEWOBJ and BUILD act on what `find_class` returned)."""
+@functools.cache
+def _callables() -> frozenset[int]:
+    """ids of the allowlisted objects that REDUCE / NEWOBJ may call."""
+    return frozenset(id(obj) for obj in allowed_globals().values() if callable(obj))
+
+
+def _check_key(value: Any) -> Any:
+    """`value`, refused if it is a dict key (MetadataIndex, hashed through its fields) whose
+    fields are not a name, a torch.Size and an int: a key nested in a key would hash
+    recursively, in C."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    if type(value) is MetadataIndex:
+        fields = vars(value)
+        if (
+            type(fields.get("fqn", "")) is not str
+            or type(fields.get("offset")) not in (torch.Size, type(None))
+            or type(fields.get("index")) not in (int, type(None))
+        ):
+            raise pickle.UnpicklingError("a MetadataIndex that is not (name, offsets, index)")
+    return value
+
+
+def _counted(load: Callable, cost: int) -> Callable:
+    """An opcode's handler that counts `cost` against `MAX_OPCODES`."""
+
+    def run(self: CheckpointUnpickler) -> None:
+        self.opcodes += cost
+        if self.opcodes > MAX_OPCODES:
+            raise UnsafeCheckpoint(f"runs more than {MAX_OPCODES:,} pickle opcodes")
+        load(self)
+
+    return run
+
+
+class CheckpointUnpickler(pickle._Unpickler):
+    """CPython's reference unpickler resolving only `allowed_globals()`, calling only them,
+    filling only instances of `buildable()` classes, and capped in size and depth (see the
+    module docstring). Read a whole pickle with `unpickle`."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        super().__init__(file)
+        self.opcodes = 0
+        self.tuple_depth: dict[int, tuple[Any, int]] = {}  # id -> (tuple, depth), kept alive
 
     def find_class(self, module: str, name: str) -> Any:
         # Python 2 names (protocol 2, torch.save's: __builtin__, commands) as Python 3's
@@ -99,68 +206,264 @@ class CheckpointUnpickler(pickle.Unpickler):
         )
         found = allowed_globals().get(f"{module}.{name}")
         if found is None:
-            raise UnsafeCheckpoint(f"{module}.{name}")
+            raise UnsafeCheckpoint(f"asks for {shown(f'{module}.{name}')}")
         return found
+
+    def _call(self, function: Any, args: Any, kwargs: Any = None) -> Any:
+        if id(function) not in _callables():
+            raise UnsafeCheckpoint(f"calls a {type(function).__name__}, not an allowed global")
+        if type(args) is not tuple or (kwargs is not None and type(kwargs) is not dict):
+            raise pickle.UnpicklingError("call arguments are not a tuple")
+        return function(*args, **(kwargs or {}))
+
+    def _instantiate(self, klass: Any, args: list) -> None:  # INST and OBJ
+        if id(klass) not in _callables():
+            raise UnsafeCheckpoint(f"calls a {type(klass).__name__}, not an allowed global")
+        super()._instantiate(klass, args)
+
+    def load_reduce(self) -> None:
+        args = self.stack.pop()
+        self.stack[-1] = _check_key(self._call(self.stack[-1], args))
+
+    def _new(self, cls: Any, args: Any, kwargs: Any = None) -> Any:
+        if not isinstance(cls, type) or id(cls) not in _callables():
+            raise UnsafeCheckpoint(f"creates a {type(cls).__name__}, not an allowed class")
+        if type(args) is not tuple or (kwargs is not None and type(kwargs) is not dict):
+            raise pickle.UnpicklingError("NEWOBJ arguments are not a tuple")
+        return cls.__new__(cls, *args, **(kwargs or {}))
+
+    def load_newobj(self) -> None:
+        args = self.stack.pop()
+        self.stack[-1] = self._new(self.stack[-1], args)
+
+    def load_newobj_ex(self) -> None:
+        kwargs = self.stack.pop()
+        args = self.stack.pop()
+        self.stack[-1] = self._new(self.stack[-1], args, kwargs)
+
+    def load_build(self) -> None:
+        state = self.stack.pop()
+        inst = self.stack[-1]
+        cls = type(inst)
+        if isinstance(inst, type) or cls not in buildable():
+            raise UnsafeCheckpoint(f"sets the state of a {cls.__qualname__} (BUILD)")
+        if "__setstate__" in vars(cls):  # TensorProperties: a tuple of its fields
+            if type(state) is not tuple or len(state) != len(dataclasses.fields(cls)):
+                raise pickle.UnpicklingError(f"bad state for {cls.__qualname__}")
+            cls.__setstate__(inst, state)
+            return
+        names = {field.name for field in dataclasses.fields(cls)}
+        if type(state) is not dict or not all(type(k) is str and k in names for k in state):
+            raise UnsafeCheckpoint(f"sets other attributes than {cls.__qualname__}'s fields")
+        inst.__dict__.update(state)
+        _check_key(inst)
+
+    def _depth_of(self, value: Any) -> int:
+        """How deep a tuple or frozenset made by this pickle nests (0 for anything else)."""
+        known = self.tuple_depth.get(id(value))
+        return 0 if known is None or known[0] is not value else known[1]
+
+    def _made(self, container: tuple | frozenset) -> None:
+        """Record a new tuple / frozenset's depth; refuse one deeper than MAX_DEPTH."""
+        depth = 1 + max(map(self._depth_of, container), default=0)
+        if depth > MAX_DEPTH:
+            raise UnsafeCheckpoint(f"nests tuples deeper than {MAX_DEPTH}")
+        self.tuple_depth[id(container)] = (container, depth)
+
+    def load_tuple(self) -> None:
+        super().load_tuple()
+        self._made(self.stack[-1])
+
+    def load_tuple1(self) -> None:
+        super().load_tuple1()
+        self._made(self.stack[-1])
+
+    def load_tuple2(self) -> None:
+        super().load_tuple2()
+        self._made(self.stack[-1])
+
+    def load_tuple3(self) -> None:
+        super().load_tuple3()
+        self._made(self.stack[-1])
+
+    def load_frozenset(self) -> None:
+        frozen = frozenset(self.pop_mark())
+        self._made(frozen)
+        self.append(frozen)
+
+    def load_bytearray8(self) -> None:
+        # pickle._Unpickler allocates the declared length first, whatever the data holds
+        (size,) = struct.unpack("<Q", self.read(8))
+        data = self.read(min(size, MAX_PICKLE_BYTES + 1))
+        if len(data) != size:
+            raise pickle.UnpicklingError("BYTEARRAY8 declares more bytes than the pickle holds")
+        self.append(bytearray(data))
+
+    def load_persid(self) -> None:
+        raise pickle.UnpicklingError("a persistent id (a tensor reference) in a byte item")
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+    for _op, _name in (
+        (pickle.REDUCE, "load_reduce"),
+        (pickle.NEWOBJ, "load_newobj"),
+        (pickle.NEWOBJ_EX, "load_newobj_ex"),
+        (pickle.BUILD, "load_build"),
+        (pickle.TUPLE, "load_tuple"),
+        (pickle.TUPLE1, "load_tuple1"),
+        (pickle.TUPLE2, "load_tuple2"),
+        (pickle.TUPLE3, "load_tuple3"),
+        (pickle.FROZENSET, "load_frozenset"),
+        (pickle.BYTEARRAY8, "load_bytearray8"),
+        (pickle.PERSID, "load_persid"),
+        (pickle.BINPERSID, "load_persid"),
+    ):
+        dispatch[_op[0]] = locals()[_name]
+    dispatch = {
+        op: _counted(load, OPCODE_COST.get(bytes([op]), 1)) for op, load in dispatch.items()
+    }
+    del _op, _name
+
+
+def _children(value: Any) -> Any:
+    """What a loaded value holds (none for a leaf)."""
+    kind = type(value)
+    if kind in (tuple, list, set, frozenset):
+        return value
+    if kind is dict:
+        return [*value.keys(), *value.values()]
+    if kind in buildable():
+        return list(vars(value).values())
+    return ()
+
+
+def check_nesting(value: Any) -> None:
+    """Refuse a loaded value that nests containers deeper than MAX_DEPTH or holds a
+    cycle; walks each container once, without recursion."""
+    done: set[int] = set()
+    path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        item, leaving = stack.pop()
+        key = id(item)
+        if leaving:
+            path.discard(key)
+            done.add(key)
+            continue
+        children = _children(item)
+        if not children or key in done:
+            continue
+        if key in path:
+            raise UnsafeCheckpoint("holds a container that contains itself")
+        path.add(key)
+        if len(path) > MAX_DEPTH:
+            raise UnsafeCheckpoint(f"nests containers deeper than {MAX_DEPTH}")
+        stack.append((item, True))
+        stack.extend((child, False) for child in children)
+
+
+def unpickle(data: bytes) -> Any:
+    """One pickle's value through `CheckpointUnpickler`, its nesting checked."""
+    if len(data) > MAX_PICKLE_BYTES:
+        raise UnsafeCheckpoint(f"is a pickle of {len(data):,} bytes (most: {MAX_PICKLE_BYTES:,})")
+    try:
+        value = CheckpointUnpickler(io.BytesIO(data)).load()
+    except pickle.UnpicklingError:
+        raise
+    except Exception as e:  # garbage fails in many ways (EOFError, KeyError, ValueError...)
+        raise pickle.UnpicklingError(f"not a pickle it can read ({type(e).__name__})") from None
+    check_nesting(value)
+    return value
 
 
 def loads(data: bytes) -> Any:
-    """Unpickle `data` through the allowlist."""
-    return CheckpointUnpickler(io.BytesIO(data)).load()
-
-
-def is_pickle(value: Any) -> bool:
-    """Bytes that open like a pickle of protocol 2 or later (TorchTitan's dataloader state)."""
-    return (
-        isinstance(value, bytes)
-        and len(value) > 1
-        and value[0] == 0x80
-        and value[1] in PICKLE_PROTOCOLS
-    )
+    """Unpickle `data` through the allowlist (any protocol)."""
+    if not isinstance(data, bytes):
+        raise pickle.UnpicklingError(f"a {type(data).__name__}, not the bytes of a pickle")
+    return unpickle(data)
 
 
 def load_saved(stream: IO[bytes]) -> Any:
     """A value `torch.save` wrote (a DCP byte item): its archive's `data.pkl` through the
     allowlist. Byte items hold no tensors (DCP stores those apart), so a persistent id,
-    torch.save's reference to a tensor's storage, is refused like any other unknown."""
+    torch.save's reference to a tensor's storage, is refused like any other unknown; a
+    compressed member (torch.save stores them uncompressed) is refused before it is read."""
     with zipfile.ZipFile(stream) as archive:
         # torch.save's zip layout: <archive name>/data.pkl, next to the tensors' records
-        pickles = [name for name in archive.namelist() if name.endswith("/data.pkl")]
+        pickles = [info for info in archive.infolist() if info.filename.endswith("/data.pkl")]
         if len(pickles) != 1:
             raise pickle.UnpicklingError("not a torch.save archive (no single data.pkl)")
-        with archive.open(pickles[0]) as data:
-            return CheckpointUnpickler(data).load()
+        info = pickles[0]
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise UnsafeCheckpoint("is a compressed archive (torch.save writes them stored)")
+        if info.file_size > MAX_PICKLE_BYTES:
+            raise UnsafeCheckpoint(f"holds a pickle of {info.file_size:,} bytes")
+        with archive.open(info) as data:
+            return unpickle(data.read(MAX_PICKLE_BYTES + 1))
+
+
+def read_file(path: str, limit: int) -> bytes:
+    """A regular file's bytes (at most `limit`): opened without blocking (a FIFO would
+    wait for a writer) and checked to be a regular file before it is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeCheckpoint("is not a regular file")
+        if info.st_size > limit:
+            raise UnsafeCheckpoint(f"holds {info.st_size:,} bytes (most: {limit:,})")
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read(limit + 1)
+    finally:
+        os.close(fd)
 
 
 def read_metadata(path: str) -> Metadata:
     """The `.metadata` of the DCP checkpoint folder `path`, through the allowlist
     (UnsafeCheckpoint names the file)."""
-    with open(os.path.join(path, METADATA), "rb") as file:
-        try:
-            return CheckpointUnpickler(file).load()
-        except UnsafeCheckpoint as e:
-            raise e.at(METADATA) from None
+    try:
+        return unpickle(read_file(os.path.join(path, METADATA), MAX_PICKLE_BYTES))
+    except UnsafeCheckpoint as e:
+        raise e.at(METADATA) from None
+
+
+def _vet_value(value: Any) -> None:
+    """Every bytes value a byte item holds is a pickle (TorchTitan's dataloader state,
+    whatever its first byte): it must unpickle through the allowlist too."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is bytes:
+            loads(item)
+        else:
+            stack.extend(_children(item))
 
 
 class _ByteItemVetter:
     """The planner side of `FileSystemReader.read_data` for `vet_byte_items`: each byte item
-    (and a pickle inside one) is unpickled through the allowlist, then dropped."""
+    (and the pickle in each bytes value of one) is unpickled through the allowlist."""
 
     def __init__(self, metadata: Metadata) -> None:
         self.files = {index: info.relative_path for index, info in metadata.storage_data.items()}
+        self.values: dict[str, Any] = {}
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         index = read_item.storage_index
+        part = f"{shown(self.files[index])} ({shown(index.fqn)})"
         try:
             loaded = load_saved(value)
-            if is_pickle(loaded):
-                loads(loaded)
+            _vet_value(loaded)
         except UnsafeCheckpoint as e:
-            raise e.at(f"{self.files[index]} ({index.fqn})") from None
+            raise e.at(part) from None
+        except Exception as e:  # a damaged archive or pickle fails in many ways
+            reason = shown(str(e)) if isinstance(e, pickle.UnpicklingError) else type(e).__name__
+            raise pickle.UnpicklingError(f"{part} does not unpickle: {reason}") from None
+        self.values[index.fqn] = loaded
 
 
-def vet_byte_items(path: str, metadata: Metadata) -> None:
+def vet_byte_items(path: str, metadata: Metadata) -> dict[str, Any]:
     """Unpickle every byte item of the checkpoint at `path` (read with DCP's own reader, as a
-    load would) through the allowlist; UnsafeCheckpoint names the file and item."""
+    load would) through the allowlist; UnsafeCheckpoint names the file and item. Returns
+    fqn -> value."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
     from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
@@ -173,7 +476,9 @@ def vet_byte_items(path: str, metadata: Metadata) -> None:
     ]
     reader = FileSystemReader(path)
     reader.set_up_storage_reader(metadata, is_coordinator=True)
-    reader.read_data(LoadPlan(items), _ByteItemVetter(metadata)).wait()
+    vetter = _ByteItemVetter(metadata)
+    reader.read_data(LoadPlan(items), vetter).wait()
+    return vetter.values
 
 
 # ---- DCP's own loads ---------------------------------------------------------------------
@@ -184,7 +489,7 @@ def _read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
     path = self._get_metadata_path(kwargs.get("rank"))
     with self.fs.create_stream(path, "rb") as file:
         try:
-            metadata = CheckpointUnpickler(file).load()
+            metadata = unpickle(file.read(MAX_PICKLE_BYTES + 1))
         except UnsafeCheckpoint as e:
             raise e.at(str(path)) from None
     if getattr(metadata, "storage_meta", None) is None:

@@ -9,6 +9,7 @@ checkpoint.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ UNSAFE = "refusing to load it; a checkpoint holds tensors and metadata only"
 RESUME_FIX = (
     "move that step-N folder away to resume from the one before it, or pass --checkpoint.load_step"
 )
+TRAIN_STEP = "train_state.step"
+"""The byte item holding the step a checkpoint was saved at."""
 SHORT_WRITE = "unexpected pos"
 """How torch.save's zip writer reports a short write (ENOSPC, EFBIG) in DCP's shard files."""
 
@@ -44,6 +47,51 @@ def step_folders(folder: str) -> list[tuple[int, str]]:
     )
 
 
+TITAN_STEP = re.compile(r"step-(\d+)")
+"""How TorchTitan's `_find_load_step` reads a folder name (`re.search`: `step-0002` and
+`old-step-2` count as step 2, and it then loads `step-2`)."""
+TITAN_MARKERS = (".metadata", "model.safetensors.index.json")
+"""What TorchTitan's `_find_load_step` accepts as a complete `step-N` folder."""
+
+
+def folder_step(path: str) -> int | None:
+    """The step of a folder named as TorchTitan names them (`step-N`), else None."""
+    m = _STEP_DIR.match(os.path.basename(os.path.normpath(path)))
+    return int(m.group(1)) if m and m.group(1) == str(int(m.group(1))) else None
+
+
+def titan_newest_step(folder: str) -> int:
+    """The step TorchTitan resumes from in `folder` (its `_find_load_step`), -1 for none."""
+    if not os.path.isdir(folder):
+        return -1
+    steps = [
+        int(m.group(1))
+        for name in os.listdir(folder)
+        if (m := TITAN_STEP.search(name))
+        and any(os.path.isfile(os.path.join(folder, name, marker)) for marker in TITAN_MARKERS)
+    ]
+    return max(steps, default=-1)
+
+
+def misnamed_step(folder: str, step: int) -> str | None:
+    """Why TorchTitan cannot load `step` from `folder` though it counts a folder there as
+    that step (`step-0002`, `step-2.bak`: it then loads `step-2`, absent), or None."""
+    if not os.path.isdir(folder) or is_complete_checkpoint(os.path.join(folder, f"step-{step}")):
+        return None
+    names = sorted(
+        name
+        for name in os.listdir(folder)
+        if (m := TITAN_STEP.search(name)) and int(m.group(1)) == step
+    )
+    if not names:
+        return None
+    return (
+        f"{os.path.join(folder, names[0])} counts as step {step} for TorchTitan, which then "
+        f"loads {os.path.join(folder, f'step-{step}')}, a complete checkpoint that is not "
+        f"there; rename {names[0]} to step-{step} or move it out of {folder}"
+    )
+
+
 def latest_checkpoint(folder: str) -> str | None:
     """The newest complete `step-N` folder (one with DCP `.metadata`) under `folder`."""
     complete = [path for _, path in step_folders(folder) if is_complete_checkpoint(path)]
@@ -51,64 +99,67 @@ def latest_checkpoint(folder: str) -> str | None:
 
 
 def read_metadata(path: str, where: str, fix: str = DAMAGED) -> Metadata:
-    """The DCP metadata of the checkpoint folder `path`, unpickled through the allowlist. A
-    file that asks for anything else, or does not unpickle into DCP metadata (garbage,
-    truncated, foreign), is a one-line ConfigError that starts with `where` (e.g.
+    """The DCP metadata of the checkpoint folder `path`, unpickled through the allowlist and
+    with DCP's types (`dcp_layout.check_types`). A file that asks for anything else, or does
+    not unpickle into DCP metadata (garbage, truncated, foreign, a FIFO, outside the
+    folder), is a one-line ConfigError that starts with `where` (e.g.
     "checkpoint.initial_load_path X") and ends with `fix` (UNSAFE for the former)."""
-    from torch.distributed.checkpoint.metadata import Metadata
-
-    from boost_titan.parallelize import safe_load
+    from boost_titan.parallelize import dcp_layout, safe_load
 
     try:
+        dcp_layout.check_file(path, safe_load.METADATA)
         metadata = safe_load.read_metadata(path)
+        dcp_layout.check_types(metadata)
     except safe_load.UnsafeCheckpoint as e:
         raise ConfigError(f"{where}: {e}: {UNSAFE}") from None
+    except dcp_layout.BadCheckpoint as e:
+        raise ConfigError(f"{where}: {e}; {fix}") from None
     except Exception as e:  # unpickling garbage fails in many ways
-        reason = type(e).__name__
+        reason = (
+            safe_load.shown(str(e)) if isinstance(e, pickle.UnpicklingError) else type(e).__name__
+        )
         raise ConfigError(f"{where}: cannot read its .metadata ({reason}); {fix}") from None
-    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
-        raise ConfigError(f"{where}: its .metadata is not DCP metadata; {fix}")
     return metadata
 
 
 def check_storage_files(path: str, metadata: Metadata, where: str, fix: str = DAMAGED) -> None:
-    """Every file the metadata names exists under `path` and holds the bytes it points to."""
-    needed: dict[str, int] = {}
-    for info in metadata.storage_data.values():
-        end = info.offset + info.length
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-    for name, end in sorted(needed.items()):
-        file = os.path.join(path, name)
-        try:
-            size = os.path.getsize(file)
-        except OSError:
-            missing = f"{name} is missing (its .metadata names it)"
-            raise ConfigError(f"{where}: {missing}; {fix}") from None
-        if size < end:
-            raise ConfigError(
-                f"{where}: {name} is truncated ({size:,} bytes, its .metadata needs {end:,}); {fix}"
-            )
+    """Every file the metadata names is a regular file inside `path` that holds the bytes
+    it points to, and each tensor chunk's bytes are its shape's (`dcp_layout.check_layout`)."""
+    from boost_titan.parallelize import dcp_layout
+
+    try:
+        dcp_layout.check_layout(path, metadata)
+    except dcp_layout.BadCheckpoint as e:
+        raise ConfigError(f"{where}: {e}; {fix}") from None
 
 
-def check_byte_items(path: str, metadata: Metadata, where: str, fix: str = DAMAGED) -> None:
-    """Every byte item (and a pickle inside one) unpickles through the allowlist."""
+def check_byte_items(
+    path: str, metadata: Metadata, where: str, fix: str = DAMAGED, step: int | None = None
+) -> None:
+    """Every byte item (and the pickle in every bytes value of one) unpickles through the
+    allowlist, and `train_state.step` is a step count (`step`, when given: the folder's)."""
     from boost_titan.parallelize import safe_load
 
     try:
-        safe_load.vet_byte_items(path, metadata)
+        values = safe_load.vet_byte_items(path, metadata)
     except safe_load.UnsafeCheckpoint as e:
         raise ConfigError(f"{where}: {e}: {UNSAFE}") from None
     except Exception as e:  # a damaged archive or pickle fails in many ways
-        reason = type(e).__name__
-        raise ConfigError(f"{where}: cannot read its non-tensor items ({reason}); {fix}") from None
+        raise ConfigError(f"{where}: cannot read its non-tensor items ({e}); {fix}") from None
+    if TRAIN_STEP not in values:
+        return
+    saved = values[TRAIN_STEP]
+    if type(saved) is not int or saved < 0 or step not in (None, saved):
+        expected = "a step count" if step is None else f"{step}, as its folder's name says"
+        raise ConfigError(f"{where}: its {TRAIN_STEP} is {saved!r:.40}, not {expected}; {fix}")
 
 
-def check_readable(path: str, where: str, fix: str = DAMAGED) -> Metadata:
+def check_readable(path: str, where: str, fix: str = DAMAGED, step: int | None = None) -> Metadata:
     """`read_metadata`, `check_storage_files` and `check_byte_items`: what a load needs
     before it starts (and nothing in it runs code)."""
     metadata = read_metadata(path, where, fix)
     check_storage_files(path, metadata, where, fix)
-    check_byte_items(path, metadata, where, fix)
+    check_byte_items(path, metadata, where, fix, step)
     return metadata
 
 
@@ -116,7 +167,8 @@ def check_loadable(path: str, resuming: bool) -> Metadata:
     """`check_readable`, worded for the checkpoint's role in a training job: the one it
     resumes from (`resuming`: its dump folder's) or its `checkpoint.initial_load_path`."""
     if resuming:
-        return check_readable(path, where=f"the checkpoint to resume from, {path}", fix=RESUME_FIX)
+        where, step = f"the checkpoint to resume from, {path}", folder_step(path)
+        return check_readable(path, where, fix=RESUME_FIX, step=step)
     return check_readable(path, where=f"checkpoint.initial_load_path {path}")
 
 

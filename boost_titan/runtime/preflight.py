@@ -29,8 +29,9 @@ from boost_titan.config.world import check_batch, pop_nproc, resolve_world
 from boost_titan.runtime.checkpoint_files import (
     check_loadable,
     is_complete_checkpoint,
-    latest_checkpoint,
+    misnamed_step,
     read_metadata,
+    titan_newest_step,
 )
 from boost_titan.runtime.dump_lock import DumpFolderLock
 from boost_titan.runtime.precision import Precision
@@ -134,9 +135,13 @@ def resume_checkpoint(job) -> str | None:
     folder = os.path.join(job.job.dump_folder, c.folder)
     if not c.enable or not os.path.exists(folder):
         return None
-    if c.load_step == -1:
-        return latest_checkpoint(folder)
-    path = os.path.join(folder, f"step-{c.load_step}")
+    step = titan_newest_step(folder) if c.load_step == -1 else c.load_step
+    if step < 0:
+        return None
+    problem = misnamed_step(folder, step)
+    if problem:
+        raise ConfigError(problem)
+    path = os.path.join(folder, f"step-{step}")
     if not is_complete_checkpoint(path):
         raise ConfigError(
             f"checkpoint.load_step {c.load_step}: {path} is not a complete checkpoint; choose "

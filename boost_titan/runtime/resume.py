@@ -20,11 +20,15 @@ import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.safe_load import guard_dcp
-from boost_titan.runtime.checkpoint_files import check_loadable
-
-LOADABLE_MARKERS = (".metadata", "model.safetensors.index.json")
-"""What TorchTitan's `_find_load_step` accepts as a complete `step-N` folder."""
+from boost_titan.data.loader import guard_titan_dataloader
+from boost_titan.parallelize.safe_load import guard_dcp, shown
+from boost_titan.runtime.checkpoint_files import (
+    DAMAGED,
+    RESUME_FIX,
+    TITAN_MARKERS,
+    check_loadable,
+    misnamed_step,
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class Choice:
 
 
 def _loadable(path: str) -> bool:
-    return any(os.path.isfile(os.path.join(path, marker)) for marker in LOADABLE_MARKERS)
+    return any(os.path.isfile(os.path.join(path, marker)) for marker in TITAN_MARKERS)
 
 
 def pick(checkpointer, load_step: int) -> Choice:
@@ -71,6 +75,9 @@ def agree_on_checkpoint(checkpointer, load_step: int) -> Choice:
     views: list = [None] * dist.get_world_size()
     own_newest = pick(checkpointer, -1).step
     dist.all_gather_object(views, (disagreement(checkpointer, choice), own_newest))
+    misnamed = choice.step >= 0 and misnamed_step(checkpointer.folder, choice.step)
+    if misnamed:  # every rank sees it alike: a folder name, not a file system that lags
+        raise ConfigError(misnamed)
     problems = [f"rank {r} {problem}" for r, (problem, _) in enumerate(views) if problem]
     if problems:
         plan = (
@@ -113,10 +120,37 @@ def check_checkpoint_to_load(checkpointer, choice: Choice) -> None:
 
 def prepare_to_load(checkpointer, load_step: int) -> Choice:
     """What every rank runs before `checkpointer.load`: DCP's reads through the checkpoint
-    allowlist for the whole process (`guard_dcp`), rank 0's pick made everyone's
+    allowlist for the whole process (`guard_dcp`, and TorchTitan's dataloader state:
+    `guard_titan_dataloader`), rank 0's pick made everyone's
     (`agree_on_checkpoint`), and that checkpoint's pickles read up front
     (`check_checkpoint_to_load`). Collective; raises ConfigError on every rank."""
     guard_dcp()
+    guard_titan_dataloader()
     choice = agree_on_checkpoint(checkpointer, load_step)
     check_checkpoint_to_load(checkpointer, choice)
+    load_in_one_line(checkpointer, choice)
     return choice
+
+
+def load_in_one_line(checkpointer, choice: Choice) -> None:
+    """Make `checkpointer.load` end a failed read (DCP's CheckpointException, a
+    BaseException that TorchTitan's main reports as a traceback, and the trainer would take
+    for a failed save) in one ConfigError line naming the checkpoint."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    load = checkpointer.load
+    if choice.step >= 0:
+        path, fix = os.path.join(checkpointer.folder, f"step-{choice.step}"), RESUME_FIX
+    else:
+        path, fix = f"checkpoint.initial_load_path {checkpointer.initial_load_path}", DAMAGED
+
+    def load_or_fail(*args, **kwargs):
+        try:
+            return load(*args, **kwargs)
+        except CheckpointException as e:
+            failures = e.failures or {}
+            cause = failures[min(failures)][0] if failures else e
+            reason = f"{type(cause).__name__}: {shown(' '.join(str(cause).split()))}"
+            raise ConfigError(f"cannot load the checkpoint {path} ({reason}); {fix}") from None
+
+    checkpointer.load = load_or_fail

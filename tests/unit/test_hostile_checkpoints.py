@@ -1,0 +1,264 @@
+"""Issue 39's hostile checkpoints, rebuilt by hand on a checkpoint of the debug.toml model
+(`tests.helpers.hostile.CASES`): each is one `error:` line naming the file and what is
+wrong, the same from `check`, the trainer's check before it loads, `export`, `eval` and
+`generate`; no payload runs, no class changes, no FIFO blocks. Also: TorchTitan's own
+dataloader (`--model.name llama3`) unpickles through the allowlist, step folders are read
+as TorchTitan reads them, and the allowlist's limits in isolation. The fuzzer over the same
+readers: `test_checkpoint_fuzz.py`."""
+
+from __future__ import annotations
+
+import pathlib
+import pickle
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.dataloader import ParallelAwareDataloader
+
+from boost_titan import eval as eval_command
+from boost_titan import export as export_command
+from boost_titan import generate as generate_command
+from boost_titan.check import main as check_main
+from boost_titan.config.errors import ConfigError
+from boost_titan.data.loader import guard_titan_dataloader
+from boost_titan.parallelize import safe_load
+from boost_titan.parallelize.teardown import end_process_groups
+from boost_titan.runtime.resume import Choice, agree_on_checkpoint, check_checkpoint_to_load
+from tests.helpers import DEBUG_TOML
+from tests.helpers.checkpoints import debug_args, save_checkpoint, save_model_checkpoint
+from tests.helpers.hostile import CASES, hostile_pickles, read_metadata
+
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+READERS = ["check", "trainer", "export", "eval", "generate"]
+COMMANDS = {
+    "export": (export_command.main, ["--arch", "cola", "--out", "{tmp}/out"]),
+    "eval": (eval_command.main, ["--arch", "cola"]),
+    "generate": (generate_command.main, ["--arch", "cola", "--prompt", "x"]),
+}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, pathlib.Path]:
+    """Clean checkpoints (with TorchTitan's non-tensor items) of the debug.toml job's model
+    (for `check` and the trainer) and of the cola debug model (for the commands)."""
+    root = tmp_path_factory.mktemp("sources")
+    job = save_model_checkpoint(root / "job", with_state=True)
+    save_checkpoint(root / "cola", debug_args("cola"))
+    return {"job": job, "cola": root / "cola"}
+
+
+def _one_line(capsys, exit_info) -> str:
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, (out, err)
+    assert lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def _read(reader: str, folder: pathlib.Path, dump: pathlib.Path, capsys, tmp) -> str:
+    """What `reader` says of the checkpoint `folder` (a step-3 folder of `dump`)."""
+    if reader == "check":
+        with pytest.raises(SystemExit) as exit_info:
+            check_main(
+                [
+                    "--nproc",
+                    "2",
+                    "--job.config_file",
+                    str(DEBUG_TOML),
+                    "--job.dump_folder",
+                    str(dump),
+                ]
+            )
+        return _one_line(capsys, exit_info)
+    if reader == "trainer":
+        checkpointer = SimpleNamespace(folder=str(folder.parent), initial_load_path="")
+        with pytest.raises(ConfigError) as refusal:
+            check_checkpoint_to_load(checkpointer, Choice(str(folder.parent), True, 3))
+        return f"error: {refusal.value}"
+    main, args = COMMANDS[reader]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--checkpoint", str(folder), *(a.format(tmp=tmp) for a in args)])
+    return _one_line(capsys, exit_info)
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_hostile_checkpoint_is_one_line_from_every_reader(
+    case, reader, sources, capsys, tmp_path
+):
+    said, plant = CASES[case]
+    dump = tmp_path / "dump"
+    folder = dump / "checkpoint" / "step-3"
+    shutil.copytree(sources["job" if reader in ("check", "trainer") else "cola"], folder)
+    marker = tmp_path / "MARKER"
+    plant(folder, marker)
+    getstate, path_str = (
+        Metadata.__dict__.get("__getstate__"),
+        pathlib.PosixPath.__dict__.get("_str"),
+    )
+    line = _read(reader, folder, dump, capsys, tmp_path)
+    assert said in line and str(folder) in line, line
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    assert Metadata.__dict__.get("__getstate__") is getstate
+    assert pathlib.PosixPath.__dict__.get("_str") is path_str
+
+
+def test_titan_dataloader_unpickles_through_the_allowlist(tmp_path):
+    """`--model.name llama3` uses TorchTitan's own `ParallelAwareDataloader`, whose
+    `load_state_dict` calls `pickle.loads`: after `guard_titan_dataloader` (the trainer's
+    `prepare_to_load`) a protocol-0 payload is one line and runs nothing; clean state loads."""
+    marker = tmp_path / "MARKER"
+    loader = ParallelAwareDataloader(list(range(8)), dp_rank=0, dp_world_size=1, batch_size=2)
+    original = ParallelAwareDataloader.load_state_dict
+    try:
+        guard_titan_dataloader()
+        payload = hostile_pickles(marker)["posix.system p0"]
+        with pytest.raises(ConfigError, match=r"dataloader state \(dp_rank_0\): asks for posix"):
+            loader.load_state_dict({"dp_rank_0": payload, "world_size": 1})
+        loader.load_state_dict(loader.state_dict())
+    finally:
+        ParallelAwareDataloader.load_state_dict = original
+    assert not marker.exists()
+
+
+def test_check_refuses_a_llama3_checkpoint_with_a_payload(sources, capsys, tmp_path):
+    """`check` of a TorchTitan llama3 job vets the dataloader state of its resume folder."""
+    dump = tmp_path / "dump"
+    folder = dump / "checkpoint" / "step-3"
+    shutil.copytree(sources["job"], folder)
+    said, plant = CASES["dataloader protocol-0 os.system"]
+    plant(folder, tmp_path / "MARKER")
+    with pytest.raises(SystemExit) as exit_info:
+        check_main(
+            [
+                "--nproc",
+                "2",
+                "--job.config_file",
+                str(DEBUG_TOML),
+                "--job.dump_folder",
+                str(dump),
+                "--model.name",
+                "llama3",
+                "--model.flavor",
+                "debugmodel",
+            ]
+        )
+    line = _one_line(capsys, exit_info)
+    assert said in line and "dataloader.dp_rank_0" in line, line
+    assert not (tmp_path / "MARKER").exists()
+
+
+@pytest.mark.parametrize("name", ["step-0002", "step-2.bak", "old-step-2"])
+def test_step_folders_as_torchtitan_reads_them(name, sources, capsys, tmp_path):
+    """TorchTitan counts `step-0002` (or `step-2.bak`) as step 2, then loads `step-2`:
+    `check` and the trainer's agreement both say so in one line (not "resumes from step 2",
+    not "put the dump folder on a shared file system")."""
+    folder = tmp_path / "dump" / "checkpoint"
+    shutil.copytree(sources["job"], folder / name)
+    with pytest.raises(SystemExit) as exit_info:
+        check_main(
+            [
+                "--nproc",
+                "2",
+                "--job.config_file",
+                str(DEBUG_TOML),
+                "--job.dump_folder",
+                str(tmp_path / "dump"),
+                "--checkpoint.enable",
+            ]
+        )
+    line = _one_line(capsys, exit_info)
+    assert f"{name} counts as step 2 for TorchTitan" in line and "rename" in line, line
+    checkpointer = SimpleNamespace(folder=str(folder))
+    checkpointer._find_load_step = lambda f="": CheckpointManager._find_load_step(checkpointer, f)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ConfigError, match=f"{name} counts as step 2 for TorchTitan"):
+            agree_on_checkpoint(checkpointer, -1)
+    finally:
+        end_process_groups(finished=False)
+
+
+# ---- the allowlist's limits --------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(hostile_pickles(pathlib.Path("M"))))
+def test_unpickler_refuses_each_hostile_pickle(name, tmp_path):
+    """Each hostile pickle is refused by `loads` (protocol 0 included, whatever the first
+    byte), with no payload run and no class changed."""
+    marker = tmp_path / "MARKER"
+    getstate = Metadata.__dict__.get("__getstate__")
+    with pytest.raises(pickle.UnpicklingError):
+        safe_load.loads(hostile_pickles(marker)[name])
+    assert not marker.exists() and Metadata.__dict__.get("__getstate__") is getstate
+
+
+def test_unpickler_limits(monkeypatch):
+    """Depth and opcode caps hold at their limits: MAX_DEPTH nests, one more does not."""
+    ok = pickle.dumps({(((),),): [[[1]]]}, protocol=4)
+    assert safe_load.loads(ok) == {(((),),): [[[1]]]}
+    monkeypatch.setattr(safe_load, "MAX_DEPTH", 3)
+    with pytest.raises(safe_load.UnsafeCheckpoint, match="deeper than 3"):
+        safe_load.loads(ok)
+    monkeypatch.setattr(safe_load, "MAX_DEPTH", 64)
+    monkeypatch.setattr(safe_load, "MAX_OPCODES", 10)
+    with pytest.raises(safe_load.UnsafeCheckpoint, match="more than 10 pickle opcodes"):
+        safe_load.loads(pickle.dumps(list(range(20)), protocol=4))
+    monkeypatch.setattr(safe_load, "MAX_OPCODES", 40)  # weighted: a set keeps 16, an int 1
+    assert safe_load.loads(b"\x80\x04(" + b"K\x07" * 20 + b"l.") == [7] * 20
+    with pytest.raises(safe_load.UnsafeCheckpoint, match="more than 40 pickle opcodes"):
+        safe_load.loads(b"\x80\x04(" + b"\x8f" * 3 + b"l.")
+
+
+def test_a_failed_load_is_one_line(tmp_path):
+    """A read that fails inside TorchTitan's `CheckpointManager.load` (DCP's
+    CheckpointException, a BaseException) is one ConfigError line naming the checkpoint."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from boost_titan.runtime.resume import load_in_one_line
+
+    def load(step: int = -1) -> None:
+        raise CheckpointException("load", {1: (ValueError("bad\nbytes"), None)})
+
+    checkpointer = SimpleNamespace(folder=str(tmp_path), initial_load_path="", load=load)
+    load_in_one_line(checkpointer, Choice(str(tmp_path), True, 3))
+    with pytest.raises(ConfigError) as refusal:
+        checkpointer.load(step=-1)
+    line = str(refusal.value)
+    assert line.startswith(
+        f"cannot load the checkpoint {tmp_path / 'step-3'} (ValueError: bad bytes)"
+    )
+    assert "\n" not in line
+
+
+def test_file_names_are_relative_without_dot_dot(tmp_path):
+    """A `relative_path` is refused when absolute or with a `..` part, even one that lands
+    inside the folder (what an open resolves through `sub` may differ from the text), and
+    when a symlink takes it out; a plain name inside is its size."""
+    from boost_titan.parallelize.dcp_layout import BadCheckpoint, check_file
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "x").write_bytes(b"123")
+    (tmp_path / "link").symlink_to(tmp_path.parent)
+    assert check_file(str(tmp_path), "x") == 3
+    for name in ("sub/../x", str(tmp_path / "x"), f"link/{tmp_path.name}/../x"):
+        with pytest.raises(BadCheckpoint, match="outside the checkpoint folder"):
+            check_file(str(tmp_path), name)
+
+
+def test_a_byte_item_is_capped_before_it_is_read(sources, tmp_path, monkeypatch):
+    """A byte item declaring more than MAX_ITEM_BYTES (DCP reads one whole into memory) is
+    refused from its `.metadata`, before the file is read."""
+    from boost_titan.parallelize import dcp_layout
+
+    folder = tmp_path / "step-3"
+    shutil.copytree(sources["job"], folder)
+    metadata = read_metadata(folder)
+    size = next(i.length for i in metadata.storage_data.values() if i.length)
+    monkeypatch.setattr(dcp_layout, "MAX_ITEM_BYTES", 100)
+    with pytest.raises(dcp_layout.BadCheckpoint, match=r"declares [\d,]+ bytes \(most: 100\)"):
+        dcp_layout.check_layout(str(folder), metadata)
+    monkeypatch.setattr(dcp_layout, "MAX_ITEM_BYTES", size * 1000)
+    dcp_layout.check_layout(str(folder), metadata)
