@@ -37,7 +37,8 @@ def test_activations_per_rank_divide_by_cp(strategy, ac):
     """Every per-token storage a block saves, and what the memory model keeps per block under
     each AC mode, fall by exactly cp; weight-sized items (grouped GEMMs' concatenated
     weights) do not, wo's input is a copy of the ring's output, and low-rank AC adds the
-    ring attention's output and log-sum-exp; the weights and AdamW state are sharded over the cp ranks (FSDP2)."""
+    ring attention's output and log-sum-exp; the weights and AdamW state are sharded over
+    the cp ranks (FSDP2)."""
     args = _args(strategy)
     one = TrainingLayout(strategy, tp=4, seq_len=32768, micro_batch=2, microbatches=2, ac=ac)
     for cp in (2, 4):
