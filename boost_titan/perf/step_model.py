@@ -458,7 +458,8 @@ def end_activations(args: ModelShape, plan: TrainingLayout, stage: int = 0) -> d
     """Bytes one micro-batch's forward keeps outside the blocks on one rank of pipeline
     stage `stage`, by item: first stage, the token ids (the embedding's output is block 0's
     norm input, counted there) and under CP the RoPE table's rows of the shard's positions
-    (fp32 [T, head_dim]); last stage, the final norm as a block's pre-norm (`saved_activations`)
+    (fp32 [T, head_dim]); last stage, the final norm: replicated as a block's pre-norm
+    (`saved_activations`), under BTP TP always sync (`parallelize.styles.ShardedRMSNorm`),
     with its output whole (BTP gathers it for the vocab-parallel lm_head, which keeps it).
     The logits are the loss's (`memory.LOSS_BYTES`), not the forward's."""
     t, b, items = plan.tokens, plan.dtype_bytes, {}
@@ -467,16 +468,13 @@ def end_activations(args: ModelShape, plan: TrainingLayout, stage: int = 0) -> d
         if plan.cp > 1:
             items["rope.rows"] = t * args.head_dim * FP32_BYTES
     if stage == plan.pp - 1:
-        residual, mode = layer_widths(args, plan).residual, _norm_mode(plan)
-        if mode == "sync":  # as a block's: the fp32 upcasts stand for the input
-            items["norm.upcast"] = t * residual * (2 if b != FP32_BYTES else 1) * FP32_BYTES
-            items["norm.rstd"] = t * FP32_BYTES
-            items["norm.normalised"] = t * residual * b
-        else:
+        residual = layer_widths(args, plan).residual
+        if _norm_mode(plan) == "replicated":
             items["norm.input"] = t * residual * b
-            items["norm.statistic" if mode == "online" else "norm.rstd"] = t * (
-                b if mode == "online" else FP32_BYTES
-            )
+        else:  # BTP's `ShardedRMSNorm`, sync whatever `plan.rmsnorm`: the fp32 upcasts
+            items["norm.upcast"] = t * residual * (2 if b != FP32_BYTES else 1) * FP32_BYTES
+            items["norm.normalised"] = t * residual * b
+        items["norm.rstd"] = t * FP32_BYTES
         items["norm.output"] = t * args.dim * b
     return items
 

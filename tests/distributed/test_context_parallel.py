@@ -84,29 +84,34 @@ def build_model(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, object]
 MEMORY_SEQ = 1024
 
 
-def saved_activations_by_cp(cp_mesh) -> dict[int, int]:
+def saved_activations_by_layout(mesh) -> dict[tuple[int, int], int]:
     """Bytes the debug model's forward keeps for backward (`PeakSavedActivations`, RMSNorm
     saving what CUDA's fused kernel saves) on one rank of one sequence of MEMORY_SEQ
-    tokens, fp32: by CP degree, 1 (this rank alone) and cp_mesh's."""
+    tokens, fp32, by (cp, BTP tp): (1, 1) this rank alone, (2, 1) over mesh["cp"], (2, 2)
+    over mesh["cp"] x mesh["other"]."""
     from boost_titan.bench.measure.fake_group import fused_rms_norm_saves
+    from boost_titan.boost_llama.strategies import build_plan
+    from boost_titan.parallelize import apply_plan
     from boost_titan.parallelize.context_parallel import apply_context_parallel, shard_sequence
     from boost_titan.runtime.saved_activations import PeakSavedActivations
 
     args = flavor_args("debug", vocab_size=VOCAB)
     measured = {}
-    for cp in (1, cp_mesh.size()):
+    for cp, tp in ((1, 1), (2, 1), (2, 2)):
         torch.manual_seed(0)
         model = BoostTransformer(args)
         model.init_weights()
         tokens = torch.randint(0, VOCAB, (1, MEMORY_SEQ))
         positions = torch.arange(MEMORY_SEQ).expand(1, MEMORY_SEQ)
+        if tp > 1:
+            apply_plan(model, mesh["other"], build_plan("btp", model.args))
         if cp > 1:
-            apply_context_parallel(model, cp_mesh, boost_layout(args))
-            tokens, positions = shard_sequence(cp_mesh, (tokens, positions))
+            apply_context_parallel(model, mesh["cp"], boost_layout(args))
+            tokens, positions = shard_sequence(mesh["cp"], (tokens, positions))
         counter = PeakSavedActivations([model])
         with fused_rms_norm_saves(), counter.watching():
             model(tokens, positions=positions if cp > 1 else None)
-        measured[cp] = counter.peak
+        measured[cp, tp] = counter.peak
     return measured
 
 
@@ -210,7 +215,7 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
             shards = [s[[0, 1]] for s in shards]
         logits = unshard_sequence(shards, load_balance=balance and broken != "order")
         results[name] = (logits, loss, grads, log.calls)
-    results["saved_activations"] = saved_activations_by_cp(cp)
+    results["saved_activations"] = saved_activations_by_layout(mesh)
     return results
 
 
@@ -306,15 +311,16 @@ def test_saved_activations_per_rank_halve_and_match_the_memory_model(cp_results)
     backward at CP 2 is within 10% of half of CP 1's (each rank holds half the tokens; the
     rest: the ring's head-major output copied for wo, the shard's RoPE rows), and the
     memory model's whole-model figure (`memory.forward_saved_bytes`: blocks and ends)
-    equals the measurement at both degrees."""
+    equals the measurement at CP 1, CP 2 and CP 2 x BTP TP 2."""
     from boost_titan.boost_llama.shapes import flavor_shape
     from boost_titan.perf import memory
     from boost_titan.perf.layout import TrainingLayout
 
     measured = cp_results["saved_activations"]
-    assert abs(measured[2] - measured[1] / 2) <= 0.1 * measured[1] / 2, measured
+    one, two = measured[1, 1], measured[2, 1]
+    assert abs(two - one / 2) <= 0.1 * one / 2, measured
     args = flavor_shape("debug", arch="cola")
-    for cp, nbytes in measured.items():
-        plan = TrainingLayout("btp", cp=cp, seq_len=MEMORY_SEQ, micro_batch=1, dtype="fp32")
-        assert memory.forward_saved_bytes(args, plan) == nbytes, cp
-    print(f"saved activations per rank, seq {MEMORY_SEQ}: {measured} bytes by CP degree")
+    for (cp, tp), nbytes in measured.items():
+        plan = TrainingLayout("btp", tp=tp, cp=cp, seq_len=MEMORY_SEQ, micro_batch=1, dtype="fp32")
+        assert memory.forward_saved_bytes(args, plan) == nbytes, (cp, tp)
+    print(f"saved activations per rank, seq {MEMORY_SEQ}, by (cp, tp): {measured} bytes")

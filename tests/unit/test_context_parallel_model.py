@@ -305,6 +305,6 @@ def test_gqa_block_keeps_unrepeated_kv_as_measured(tp):
         flavor_args("debug", arch="cola", n_kv_heads=2), "none", seq_len=256, tp=tp
     )
     plan = TrainingLayout("btp", tp=tp, seq_len=256, dtype="bf16")
-    assert step_model.kv_repeated(shape, plan) is False
     assert layer.saved_bytes == step_model.activation_bytes(shape, plan)
+    assert step_model.kv_repeated(shape, plan) is False
     assert torch.bfloat16.itemsize == plan.dtype_bytes
