@@ -456,17 +456,17 @@ INDEX_BYTES = 8
 
 def end_activations(args: ModelShape, plan: TrainingLayout, stage: int = 0) -> dict[str, int]:
     """Bytes one micro-batch's forward keeps outside the blocks on one rank of pipeline
-    stage `stage`, by item: first stage, the token ids (the embedding's output is block 0's
-    norm input, counted there) and under CP the RoPE table's rows of the shard's positions
-    (fp32 [T, head_dim]); last stage, the final norm: replicated as a block's pre-norm
+    stage `stage`, by item: under CP the RoPE table's rows of the shard's positions (fp32
+    [T, head_dim], indexed by every stage); first stage, the token ids (the embedding's
+    output is block 0's norm input, counted there); last stage, the final norm: replicated as a block's pre-norm
     (`saved_activations`), under BTP TP always sync (`parallelize.styles.ShardedRMSNorm`),
     with its output whole (BTP gathers it for the vocab-parallel lm_head, which keeps it).
     The logits are the loss's (`memory.LOSS_BYTES`), not the forward's."""
     t, b, items = plan.tokens, plan.dtype_bytes, {}
+    if plan.cp > 1:
+        items["rope.rows"] = t * args.head_dim * FP32_BYTES
     if stage == 0:
         items["embedding.tokens"] = t * INDEX_BYTES
-        if plan.cp > 1:
-            items["rope.rows"] = t * args.head_dim * FP32_BYTES
     if stage == plan.pp - 1:
         residual = layer_widths(args, plan).residual
         if _norm_mode(plan) == "replicated":
