@@ -458,9 +458,10 @@ def end_activations(args: ModelShape, plan: TrainingLayout, stage: int = 0) -> d
     """Bytes one micro-batch's forward keeps outside the blocks on one rank of pipeline
     stage `stage`, by item: under CP the RoPE table's rows of the shard's positions (fp32
     [T, head_dim], indexed by every stage); first stage, the token ids (the embedding's
-    output is block 0's norm input, counted there); last stage, the final norm: replicated as a block's pre-norm
-    (`saved_activations`), under BTP TP always sync (`parallelize.styles.ShardedRMSNorm`),
-    with its output whole (BTP gathers it for the vocab-parallel lm_head, which keeps it).
+    output is block 0's norm input, counted there); last stage, the final norm: replicated
+    as a block's pre-norm (`saved_activations`), under BTP TP always sync
+    (`parallelize.styles.ShardedRMSNorm`), with its output whole (BTP gathers it for the
+    vocab-parallel lm_head, which keeps it).
     The logits are the loss's (`memory.LOSS_BYTES`), not the forward's."""
     t, b, items = plan.tokens, plan.dtype_bytes, {}
     if plan.cp > 1:
