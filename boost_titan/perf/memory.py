@@ -120,6 +120,15 @@ def in_flight(plan: TrainingLayout, stage: int) -> int:
     return min(plan.pp - stage, plan.microbatches)
 
 
+def forward_saved_bytes(args: ModelShape, plan: TrainingLayout, stage: int = 0) -> int:
+    """Bytes one micro-batch's forward keeps for backward on one rank of `stage`: its
+    blocks (`step_model.activation_bytes` each) and the model's ends on it
+    (`step_model.end_activations`): what `runtime.saved_activations` measures of a forward
+    (with RMSNorm saving what CUDA's fused kernel saves)."""
+    blocks = stage_layers(args.n_layers, plan.pp)[stage] * step_model.activation_bytes(args, plan)
+    return blocks + sum(step_model.end_activations(args, plan, stage).values())
+
+
 def _recomputed(args: ModelShape, plan: TrainingLayout) -> int:
     """Bytes a block's backward rebuilds under `plan.ac` (none: nothing)."""
     if plan.ac == "none":

@@ -98,6 +98,7 @@ def evaluate(
         float8_skipped={k: v for k, v in step_model.float8_selection(args, plan, 0).items() if v},
         ring_bytes_per_layer_fwd=ring_fwd,
         ring_bytes_per_layer_bwd=ring_bwd,
+        saved_activations_per_microbatch=memory.forward_saved_bytes(args, plan),
     )
 
 

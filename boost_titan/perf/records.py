@@ -101,6 +101,9 @@ class PerfRecord(LayerRecord):
     ring_bytes_per_layer_bwd: int = 0
     """Bytes a rank receives through CP's K/V ring per block and micro-batch
     (`step_model.ring_bytes`)."""
+    saved_activations_per_microbatch: int = 0
+    """Bytes one micro-batch's forward keeps for backward on a rank of the first stage,
+    blocks and the model's ends (`memory.forward_saved_bytes`)."""
 
 
 def layout_fields(layout: TrainingLayout, record: type[LayerRecord] = LayerRecord) -> dict:

@@ -369,7 +369,9 @@ def saved_activations(args: ModelShape, plan: TrainingLayout) -> dict[str, int]:
       per token): megatron [q+k+v, d] / [2 d_ff, d], low-rank the A's.
     - Attention: RoPE'd q and k, v, the output and the fp32 log-sum-exp (per head). A
       megatron group's q, k, v are views of one GEMM output, which v keeps alive whole.
-      With GQA, the repeated k and v (q wide) instead of k and v.
+      GQA: k and v un-repeated (SDPA's `enable_gqa`) where the kernel takes grouped heads
+      (`kv_repeated`), else repeated to q's width. Under CP the ring's output is head-major,
+      so wo's input is a copy of it (`attention.out_copy`, q wide).
     - MLP: gate and up (megatron grouped: one [2 d_ff] storage), SiLU(gate) when the
       gate has one (fullrank, SVD), and the product (kept by down).
     - Low-rank pairs: each A output (the latent; BTP's first projections after a norm
@@ -409,10 +411,10 @@ def saved_activations(args: ModelShape, plan: TrainingLayout) -> dict[str, int]:
             items[f"{_group_name(members)}.concat_weights"] = rows * cols * b
 
     heads = args.n_heads if plan.strategy == "vanilla" else args.n_heads // tp
-    gqa = args.kv_heads < args.n_heads
+    repeated = kv_repeated(args, plan)
     add("attention.q", w.q)
-    add("attention.k", w.q if gqa else w.kv)
-    if gqa:
+    add("attention.k", w.q if repeated else w.kv)
+    if repeated:
         add("attention.v", w.q)
     elif plan.strategy == "megatron" and grouped:
         add("attention.qkv", w.q + 2 * w.kv)
@@ -420,6 +422,8 @@ def saved_activations(args: ModelShape, plan: TrainingLayout) -> dict[str, int]:
         add("attention.v", w.kv)
     add("attention.out", w.q)
     add("attention.lse", heads, FP32_BYTES)
+    if plan.cp > 1:
+        add("attention.out_copy", w.q)
 
     if plan.strategy == "megatron" and grouped:
         add("mlp.gate_up", 2 * w.ffn)
@@ -434,6 +438,45 @@ def saved_activations(args: ModelShape, plan: TrainingLayout) -> dict[str, int]:
         add("pairs.latents", 7 * lat)
         if w.silu_latents:
             add("pairs.silu", 7 * lat)
+    return items
+
+
+def kv_repeated(args: ModelShape, plan: TrainingLayout) -> bool:
+    """Whether GQA's K/V reach SDPA repeated to n_heads: the model passes grouped heads
+    where the kernel takes them (`boost_llama.layers.takes_grouped_kv`): CUDA's flash
+    attention (fp16/bf16, head_dim <= 256) and CPU's; the GPU priced here runs fp32
+    through another kernel, which takes them repeated."""
+    grouped = args.kv_heads < args.n_heads
+    return grouped and (plan.dtype == "fp32" or args.head_dim > 256)
+
+
+INDEX_BYTES = 8
+"""The int64 token ids the embedding keeps for its backward."""
+
+
+def end_activations(args: ModelShape, plan: TrainingLayout, stage: int = 0) -> dict[str, int]:
+    """Bytes one micro-batch's forward keeps outside the blocks on one rank of pipeline
+    stage `stage`, by item: under CP the RoPE table's rows of the shard's positions (fp32
+    [T, head_dim], indexed by every stage); first stage, the token ids (the embedding's
+    output is block 0's norm input, counted there); last stage, the final norm: replicated
+    as a block's pre-norm (`saved_activations`), under BTP TP always sync
+    (`parallelize.styles.ShardedRMSNorm`), with its output whole (BTP gathers it for the
+    vocab-parallel lm_head, which keeps it).
+    The logits are the loss's (`memory.LOSS_BYTES`), not the forward's."""
+    t, b, items = plan.tokens, plan.dtype_bytes, {}
+    if plan.cp > 1:
+        items["rope.rows"] = t * args.head_dim * FP32_BYTES
+    if stage == 0:
+        items["embedding.tokens"] = t * INDEX_BYTES
+    if stage == plan.pp - 1:
+        residual = layer_widths(args, plan).residual
+        if _norm_mode(plan) == "replicated":
+            items["norm.input"] = t * residual * b
+        else:  # BTP's `ShardedRMSNorm`, sync whatever `plan.rmsnorm`: the fp32 upcasts
+            items["norm.upcast"] = t * residual * (2 if b != FP32_BYTES else 1) * FP32_BYTES
+            items["norm.normalised"] = t * residual * b
+        items["norm.rstd"] = t * FP32_BYTES
+        items["norm.output"] = t * args.dim * b
     return items
 
 

@@ -2,7 +2,8 @@
 parameter gradient, on 4 gloo ranks (one launch for every case): CP 2 alone (fp64, load
 balancing on and off, K/V rotated by all-gather and by all-to-all, GQA, a foreign
 torch-native decoder, low-rank AC), CP 2 x TP 2 (btp, vanilla, megatron; fp32) and
-CP 2 x FSDP 2 (fp64). Three runs broken on purpose (positions not sharded, the
+CP 2 x FSDP 2 (fp64), and the saved activations per rank at CP 1 and 2 against the memory
+model. Three runs broken on purpose (positions not sharded, the
 load-balancing order not undone, one K/V chunk of the ring dropped) must differ.
 Unit twin: tests/unit/test_context_parallel.py."""
 
@@ -78,6 +79,40 @@ def build_model(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, object]
         layout = boost_layout(args)
     randomize(model)
     return model.to(dtype), layout
+
+
+MEMORY_SEQ = 1024
+
+
+def saved_activations_by_layout(mesh) -> dict[tuple[int, int], int]:
+    """Bytes the debug model's forward keeps for backward (`PeakSavedActivations`, RMSNorm
+    saving what CUDA's fused kernel saves) on one rank of one sequence of MEMORY_SEQ
+    tokens, fp32, by (cp, BTP tp): (1, 1) this rank alone, (2, 1) over mesh["cp"], (2, 2)
+    over mesh["cp"] x mesh["other"]."""
+    from boost_titan.bench.measure.fake_group import fused_rms_norm_saves
+    from boost_titan.boost_llama.strategies import build_plan
+    from boost_titan.parallelize import apply_plan
+    from boost_titan.parallelize.context_parallel import apply_context_parallel, shard_sequence
+    from boost_titan.runtime.saved_activations import PeakSavedActivations
+
+    args = flavor_args("debug", vocab_size=VOCAB)
+    measured = {}
+    for cp, tp in ((1, 1), (2, 1), (2, 2)):
+        torch.manual_seed(0)
+        model = BoostTransformer(args)
+        model.init_weights()
+        tokens = torch.randint(0, VOCAB, (1, MEMORY_SEQ))
+        positions = torch.arange(MEMORY_SEQ).expand(1, MEMORY_SEQ)
+        if tp > 1:
+            apply_plan(model, mesh["other"], build_plan("btp", model.args))
+        if cp > 1:
+            apply_context_parallel(model, mesh["cp"], boost_layout(args))
+            tokens, positions = shard_sequence(mesh["cp"], (tokens, positions))
+        counter = PeakSavedActivations([model])
+        with fused_rms_norm_saves(), counter.watching():
+            model(tokens, positions=positions if cp > 1 else None)
+        measured[cp, tp] = counter.peak
+    return measured
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,6 +215,7 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
             shards = [s[[0, 1]] for s in shards]
         logits = unshard_sequence(shards, load_balance=balance and broken != "order")
         results[name] = (logits, loss, grads, log.calls)
+    results["saved_activations"] = saved_activations_by_layout(mesh)
     return results
 
 
@@ -268,3 +304,23 @@ def test_btp_latent_all_reduces_unchanged_per_token(cp_results):
         if c.kind == "all_reduce" and not c.backward and len(c.shape) == 3 and c.shape[-1] > 1
     ]
     assert latents == [(BATCH, SEQ // 2, w) for w in (49, 16, 33, 16)] * 2
+
+
+def test_saved_activations_per_rank_halve_and_match_the_memory_model(cp_results):
+    """The debug model at seq 1024 (one sequence, fp32): what a rank's forward keeps for
+    backward at CP 2 is within 10% of half of CP 1's (each rank holds half the tokens; the
+    rest: the ring's head-major output copied for wo, the shard's RoPE rows), and the
+    memory model's whole-model figure (`memory.forward_saved_bytes`: blocks and ends)
+    equals the measurement at CP 1, CP 2 and CP 2 x BTP TP 2."""
+    from boost_titan.boost_llama.shapes import flavor_shape
+    from boost_titan.perf import memory
+    from boost_titan.perf.layout import TrainingLayout
+
+    measured = cp_results["saved_activations"]
+    one, two = measured[1, 1], measured[2, 1]
+    assert abs(two - one / 2) <= 0.1 * one / 2, measured
+    args = flavor_shape("debug", arch="cola")
+    for (cp, tp), nbytes in measured.items():
+        plan = TrainingLayout("btp", tp=tp, cp=cp, seq_len=MEMORY_SEQ, micro_batch=1, dtype="fp32")
+        assert memory.forward_saved_bytes(args, plan) == nbytes, (cp, tp)
+    print(f"saved activations per rank, seq {MEMORY_SEQ}, by (cp, tp): {measured} bytes")

@@ -36,8 +36,9 @@ def _args(strategy: str, **shape):
 def test_activations_per_rank_divide_by_cp(strategy, ac):
     """Every per-token storage a block saves, and what the memory model keeps per block under
     each AC mode, fall by exactly cp; weight-sized items (grouped GEMMs' concatenated
-    weights) do not, and low-rank AC adds the ring attention's output and log-sum-exp; the
-    weights and AdamW state are sharded over the cp ranks (FSDP2)."""
+    weights) do not, wo's input is a copy of the ring's output, and low-rank AC adds the
+    ring attention's output and log-sum-exp; the weights and AdamW state are sharded over
+    the cp ranks (FSDP2)."""
     args = _args(strategy)
     one = TrainingLayout(strategy, tp=4, seq_len=32768, micro_batch=2, microbatches=2, ac=ac)
     for cp in (2, 4):
@@ -49,8 +50,17 @@ def test_activations_per_rank_divide_by_cp(strategy, ac):
         kept_one, kept_cp = (step_model.activation_bytes(args, p) for p in (one, split))
         weights = sum(v for k, v in whole.items() if k.endswith("concat_weights"))
         fixed = weights if ac == "none" else 0
-        # low-rank AC under CP also keeps the ring attention's output and fp32 log-sum-exp
-        ring = (part["attention.out"] + part["attention.lse"]) * (ac == "lowrank")
+        # without AC, wo's copy of the ring's head-major output; low-rank AC under CP
+        # keeps the ring attention's output and fp32 log-sum-exp
+        ring = {
+            "none": part["attention.out_copy"],
+            "full": 0,
+            "lowrank": part["attention.out"] + part["attention.lse"],
+        }[ac]
+        assert (
+            part["attention.out_copy"] == part["attention.out"]
+            and "attention.out_copy" not in whole
+        )
         assert (kept_cp - fixed - ring) * cp == kept_one - fixed, cp
         state_one, state_cp = (memory.stage_memory(args, p).parts for p in (one, split))
         for part in ("weights", "optimizer"):  # FSDP2 shards over dp_shard x cp
@@ -278,3 +288,23 @@ def test_bench_model_prices_cp():
     assert (one.cp, two.cp) == (1, 2) and one.ring_bytes_per_layer_fwd == 0
     assert two.ring_bytes_per_layer_fwd == 32768 * 2 * 1024 * 2 // 2
     assert two.flops_per_layer * 2 == one.flops_per_layer
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_gqa_block_keeps_unrepeated_kv_as_measured(tp):
+    """A GQA block (8 heads, 2 K/V heads) in bf16 keeps K and V un-repeated (SDPA's
+    enable_gqa, as CUDA's flash attention and CPU's kernel take them): the model's bytes
+    equal `measure_layer`'s on the real block, without TP and under BTP TP2."""
+    import torch
+
+    from boost_titan.bench.measure.activations import measure_layer
+    from boost_titan.boost_llama import flavor_args
+
+    shape = dataclasses.replace(step_model.model_args("debug", "cola", "btp"), n_kv_heads=2)
+    layer = measure_layer(
+        flavor_args("debug", arch="cola", n_kv_heads=2), "none", seq_len=256, tp=tp
+    )
+    plan = TrainingLayout("btp", tp=tp, seq_len=256, dtype="bf16")
+    assert layer.saved_bytes == step_model.activation_bytes(shape, plan)
+    assert step_model.kv_repeated(shape, plan) is False
+    assert torch.bfloat16.itemsize == plan.dtype_bytes

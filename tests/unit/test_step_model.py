@@ -228,11 +228,13 @@ def test_tiny_saved_activations_hand_computed():
     # SVD: one latent per pair (no SiLU), and a SiLU on the MLP gate
     svd = step_model.saved_activations(dataclasses.replace(TINY, arch="svd"), plan("btp"))
     assert "pairs.silu" not in svd and svd["mlp.silu_gate"] == 48
-    # GQA (one kv head of 4 on 2 heads): k and v are repeated to q's width before attention
-    gqa = step_model.saved_activations(
-        dataclasses.replace(TINY_FULL, n_heads=2, n_kv_heads=1), plan("megatron", tp=1)
-    )
-    assert gqa["attention.k"] == gqa["attention.v"] == gqa["attention.q"] == 3 * 8 * 2
+    # GQA (one kv head of 4 on 2 heads): bf16 flash attention takes k and v un-repeated;
+    # fp32 on a GPU runs another kernel, which takes them repeated to q's width
+    gqa_shape = dataclasses.replace(TINY_FULL, n_heads=2, n_kv_heads=1)
+    gqa = step_model.saved_activations(gqa_shape, plan("megatron", tp=1))
+    assert gqa["attention.k"] == gqa["attention.v"] == 3 * 4 * 2 and gqa["attention.q"] == 48
+    gqa = step_model.saved_activations(gqa_shape, plan("megatron", tp=1, dtype="fp32"))
+    assert gqa["attention.k"] == gqa["attention.v"] == gqa["attention.q"] == 3 * 8 * 4
 
 
 def test_tiny_activation_bytes_under_ac():
