@@ -79,14 +79,38 @@ def check_model(job, world: int) -> int | None:
     import boost_titan.data
 
     try:
-        get_train_spec(job.model.name)
+        spec = get_train_spec(job.model.name)
     except ValueError:
         raise ConfigError(f"unknown model.name {job.model.name!r}; use boost_llama") from None
     boost_titan.data.prepare_default_assets()
     boost_titan.boost_llama.spec.validate_job(job, world)
     if job.model.name != boost_titan.boost_llama.spec.SPEC_NAME:
+        check_titan_tokenizer(job, spec)
         return None
     return boost_titan.boost_llama.spec.model_args_for(job).vocab_size
+
+
+def check_titan_tokenizer(job, spec) -> None:
+    """A TorchTitan model's tokenizer loads (its own builder: HF files) and fits the
+    flavor's vocabulary, which TorchTitan's models do not grow (an id past it is an
+    IndexError in the embedding)."""
+    where = f"model.hf_assets_path {job.model.hf_assets_path!r}"
+    if spec.build_tokenizer_fn is None:
+        return
+    try:
+        tokenizer = spec.build_tokenizer_fn(job)
+    except Exception as e:  # TorchTitan raises FileNotFoundError, ValueError, ...
+        reason = " ".join(str(e).split())[:300]
+        raise ConfigError(
+            f"{where}: {job.model.name} cannot load its tokenizer: {reason}"
+        ) from None
+    vocab = getattr(spec.model_args.get(job.model.flavor), "vocab_size", None)
+    if vocab is not None and tokenizer.get_vocab_size() > vocab:
+        raise ConfigError(
+            f"{where}: the tokenizer has {tokenizer.get_vocab_size()} tokens but "
+            f"{job.model.name} {job.model.flavor} embeds {vocab}; use a tokenizer that fits, "
+            "or a flavor with a larger vocabulary"
+        )
 
 
 LARGE_RAW_CORPUS = 1 << 30

@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers import DEBUG_TOML
 from tests.helpers.commands import assert_one_error, check_each
+from tests.helpers.corpus import write_tiktoken
 
 # name -> (arguments after --job.config_file debug.toml, fragments of the message)
 CASES = {
@@ -212,6 +213,27 @@ def _mix_weights_sum_to_zero(d: Path) -> list[str]:
     return ["--boost.data_mix", f"web={folder}:0,code={folder}:0"]
 
 
+LLAMA3 = ["--model.name", "llama3", "--model.flavor", "debugmodel"]
+LLAMA3 += ["--parallelism.tensor_parallel_degree", "1"]
+
+
+def _llama3_with_a_tiktoken_file(d: Path) -> list[str]:
+    """TorchTitan's models read HF tokenizer files only (tokenizer.json, ...)."""
+    tokenizer = d / "llama3-like"
+    write_tiktoken(tokenizer / "tokenizer.model")
+    return [*LLAMA3, "--model.hf_assets_path", str(tokenizer)]
+
+
+def _llama3_tokenizer_past_its_vocabulary(d: Path) -> list[str]:
+    """A 3000-token HF tokenizer for llama3's debugmodel (2048 rows, never grown)."""
+    from tokenizers import Tokenizer, models
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.add_tokens([f"t{i}" for i in range(2999)])
+    tokenizer.save(str(d / "tokenizer.json"))
+    return [*LLAMA3, "--model.hf_assets_path", str(d)]
+
+
 # name -> (writes the case's files into its folder and returns its arguments, fragments)
 FILE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "missing dataset": (_missing_dataset, ["does not exist", "point it at"]),
@@ -237,6 +259,14 @@ FILE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
         ["shard-00000.bin is", "the manifest says", "prepare"],
     ),
     "mix weights sum to zero": (_mix_weights_sum_to_zero, ["weights sum to 0", "positive weight"]),
+    "TorchTitan model with a tiktoken file": (
+        _llama3_with_a_tiktoken_file,
+        ["llama3 cannot load its tokenizer", "tokenizer.json"],
+    ),
+    "TorchTitan model's vocabulary too small": (
+        _llama3_tokenizer_past_its_vocabulary,
+        ["the tokenizer has 3000 tokens but llama3 debugmodel embeds 2048"],
+    ),
 }
 
 
