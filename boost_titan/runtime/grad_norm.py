@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 
 def _groups(grad: torch.Tensor) -> tuple[dist.ProcessGroup, ...]:
@@ -37,6 +37,17 @@ def _groups(grad: torch.Tensor) -> tuple[dist.ProcessGroup, ...]:
 
 CPU_CHUNK = 1 << 16
 """Elements per fp64 chunk of a gradient on CPU."""
+
+
+def reduce_partial_grads(parameters: Iterable[torch.Tensor]) -> None:
+    """Reduce every gradient still Partial (a replicated weight used in a sharded region,
+    e.g. TorchTitan's llama3 norms under sequence parallelism), in place of the optimizer's
+    implicit reduction: its norm needs the sum, and the optimizer then gets it reduced."""
+    for p in parameters:
+        grad = p.grad
+        if isinstance(grad, DTensor) and any(pl.is_partial() for pl in grad.placements):
+            placements = [Replicate() if pl.is_partial() else pl for pl in grad.placements]
+            p.grad = grad.redistribute(grad.device_mesh, placements)
 
 
 def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -93,6 +104,7 @@ def clip_grad_norm_exact_(
     if norm_type != 2.0 or ep_enabled:
         raise ValueError("the exact gradient norm supports the 2-norm without expert parallelism")
     parameters = list(parameters)
+    reduce_partial_grads(parameters)
     norm = total_norm([p.grad for p in parameters if p.grad is not None], pp_mesh)
     if error_if_nonfinite and not torch.isfinite(norm):
         raise RuntimeError(f"the total gradient norm is {norm.item()}")

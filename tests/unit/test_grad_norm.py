@@ -42,3 +42,24 @@ def test_clip_scales_by_the_exact_norm():
     assert clipped == pytest.approx(0.5, rel=1e-5)
     with pytest.raises(ValueError, match="2-norm"):
         clip_grad_norm_exact_(params, 1.0, norm_type=1.0)
+
+
+def test_a_partial_gradient_is_reduced_before_the_norm():
+    """A replicated weight used in a sharded region (TorchTitan's llama3 norms under
+    sequence parallelism) has a Partial gradient: clipping reduces it (the optimizer then
+    gets it reduced) instead of refusing the job."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        grad = _grads()[1]
+        weight = torch.nn.Parameter(DTensor.from_local(torch.zeros_like(grad), mesh, [Replicate()]))
+        weight.grad = DTensor.from_local(grad.clone(), mesh, [Partial()])
+        norm = clip_grad_norm_exact_([weight], max_norm=1e9)
+        assert weight.grad.placements == (Replicate(),)
+        assert norm.item() == pytest.approx(grad.double().norm().item(), rel=1e-15)
+    finally:
+        dist.destroy_process_group()
