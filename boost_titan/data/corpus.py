@@ -1,8 +1,12 @@
 """Training text, offline: this Python's stdlib sources (default) or the user's local files.
 
-Both are registered in torchtitan's `DATASETS` table, so its stock text dataset (packing,
-DP sharding, checkpointable position) and dataloader are reused unchanged (with
-`[boost] data_order = "global"`, its dataset is read whole by every rank: `global_order`).
+Both are registered in torchtitan's `DATASETS` table, so its text dataset (packing, DP
+sharding, checkpointable position) and dataloader are reused (with `[boost] data_order =
+"global"`, its dataset is read whole by every rank: `global_order`). Local files are
+streamed (`datasets`' `streaming=True`): the first step waits for the first documents,
+not for a conversion of the whole corpus. Several files are split between data-parallel
+ranks by file when the ranks divide the file count, else by document (rank r of n reads
+documents r, r + n, ...). A file that does not parse is found when it is read.
 
 The default corpus is split by file: a file is held out for validation when the SHA-256 of
 its path relative to the stdlib root falls in the lowest `HELD_OUT_PERCENT` percent. The
@@ -19,6 +23,7 @@ import os
 import random
 import sysconfig
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -138,20 +143,22 @@ def _reason(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def _load_files(builder: str, files: list[Path], path: str) -> datasets.Dataset:
+def _load_files(builder: str, files: list[Path], path: str) -> datasets.IterableDataset:
     # .txt: one document per blank-line-separated paragraph
     options: dict[str, Any] = {"sample_by": "paragraph"} if builder == "text" else {}
     try:
         ds = datasets.load_dataset(
-            builder, data_files=[str(f) for f in files], split="train", **options
+            builder, data_files=[str(f) for f in files], split="train", streaming=True, **options
         )
     except Exception as e:  # parser errors surface in several types
         raise ConfigError(
             f"cannot read the {builder} files under {path} ({_reason(e)}); fix or remove them"
         ) from e
-    if "text" not in ds.column_names:
+    if ds.features is None:  # known once read: `documents` checks each record
+        return ds
+    if "text" not in ds.features:
         raise ConfigError(
-            f"{builder} data under {path} has no 'text' field (found {ds.column_names}); "
+            f"{builder} data under {path} has no 'text' field (found {list(ds.features)}); "
             'store each document as "text"'
         )
     if getattr(ds.features["text"], "dtype", None) not in ("string", "large_string"):
@@ -162,13 +169,67 @@ def _load_files(builder: str, files: list[Path], path: str) -> datasets.Dataset:
 
 
 @functools.lru_cache(maxsize=4)
-def load_local(path: str) -> datasets.Dataset:
-    """Load .jsonl/.json ("text" field), .parquet ("text" column) or .txt files, offline."""
+def load_local(path: str) -> datasets.IterableDataset:
+    """Stream .jsonl/.json ("text" field), .parquet ("text" column) or .txt files, offline:
+    nothing is converted or read before the first document is asked for."""
     groups: dict[str, list[Path]] = defaultdict(list)
     for f in local_files(path):
         groups[BUILDERS[f.suffix.lower()]].append(f)
     parts = [_load_files(builder, files, path) for builder, files in sorted(groups.items())]
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _text_of(sample: dict[str, Any], where: str) -> str:
+    text = sample.get("text")
+    if not isinstance(text, str):
+        found = f"type {type(text).__name__}" if "text" in sample else f"fields {list(sample)}"
+        raise ConfigError(
+            f"a document under {where} has no string 'text' field (found {found}); "
+            'store each document as a string "text"'
+        )
+    return text
+
+
+def checked_samples(ds: Iterable[dict[str, Any]], where: str) -> Iterator[dict[str, Any]]:
+    """The records of `ds` in order; a file that does not parse or a record without a string
+    "text" is a one-line ConfigError naming `where`, when it is read."""
+    samples = iter(ds)
+    while True:
+        try:
+            sample = next(samples)
+        except StopIteration:
+            return
+        except ConfigError:
+            raise
+        except Exception as e:  # parser errors surface in several types
+            raise ConfigError(
+                f"cannot read the files under {where} ({_reason(e)}); fix or remove them"
+            ) from e
+        _text_of(sample, where)
+        yield sample
+
+
+def documents(ds: Iterable[dict[str, Any]], where: str) -> Iterator[str]:
+    """The texts of `ds` in order, checked as `checked_samples` checks them."""
+    return (sample["text"] for sample in checked_samples(ds, where))
+
+
+class TextDataset(HuggingFaceTextDataset):
+    """TorchTitan's text dataset (packing, DP sharding, saved position) whose unreadable
+    records, met while streaming, are one-line ConfigErrors naming the data's path, and
+    whose stream resumes past a re-loop (torchtitan restores the position, not the epoch)."""
+
+    def __init__(self, name: str, path: str | None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(name, path, *args, **kwargs)
+        self.where = path or DATASETS[name].path
+
+    def _get_data_iter(self) -> Iterator[dict[str, Any]]:
+        return checked_samples(super()._get_data_iter(), self.where)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if "data" in state_dict:  # a stream applies a saved position only in its epoch
+            self._data.set_epoch(state_dict["data"]["epoch"])
 
 
 def _text(sample: dict[str, Any]) -> str:
@@ -202,15 +263,21 @@ def resolve_dataset(name: str, path: str | None) -> tuple[str, str | None]:
     return name, path
 
 
-def check_documents(ds: datasets.Dataset, where: str, dp_world_size: int) -> None:
-    """Refuse data that would starve a rank: too few documents, or no text at all."""
-    if len(ds) < dp_world_size:
+def check_documents(ds: Iterable[dict[str, Any]], where: str, dp_world_size: int) -> None:
+    """Refuse data that would starve a rank: fewer documents than ranks, or no text at all.
+    Reads only until both are ruled out (the first documents, for a real corpus)."""
+    count, text = 0, False
+    for document in documents(ds, where):
+        count += 1
+        text = text or bool(document.strip())
+        if text and count >= dp_world_size:
+            return
+    if count < dp_world_size:
         raise ConfigError(
-            f"{where} has {len(ds)} documents, fewer than the {dp_world_size} data-parallel "
+            f"{where} has {count} documents, fewer than the {dp_world_size} data-parallel "
             "ranks; add documents"
         )
-    if not any(t and t.strip() for batch in ds.iter(batch_size=1024) for t in batch["text"]):
-        raise ConfigError(f"every document in {where} is empty; give it some text")
+    raise ConfigError(f"every document in {where} is empty; give it some text")
 
 
 def separator_warning(tokenizer: BaseTokenizer, assets: str) -> str | None:
@@ -259,10 +326,10 @@ def build_dataloader(
         where = path or config.path
         check_documents(config.loader(where), where, 1 if global_order else dp_world_size)
     if global_order:
-        stream = HuggingFaceTextDataset(name, path, tokenizer, training.seq_len, infinite=True)
+        stream = TextDataset(name, path, tokenizer, training.seq_len, infinite=True)
         dataset = GlobalOrderRows(stream, dp_rank, dp_world_size, training.local_batch_size)
     else:  # as torchtitan's build_text_dataloader
-        dataset = HuggingFaceTextDataset(
+        dataset = TextDataset(
             name,
             path,
             tokenizer,

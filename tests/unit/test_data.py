@@ -146,16 +146,21 @@ def test_stdlib_corpus():
     assert ds.column_names == ["text"] and len(ds) == len(corpus.split_files(root, held_out=False))
 
 
+def _texts(path: Path) -> list[str]:
+    """Every document of the local files at `path`, as the loader streams them."""
+    return list(corpus.documents(corpus.load_local(str(path)), str(path)))
+
+
 def test_local_formats(tmp_path):
     jsonl = write_jsonl(tmp_path / "a.jsonl", ["one", "two"])
     txt = tmp_path / "b.txt"
     txt.write_text("para one\nline two\n\npara two\n")
     parquet = tmp_path / "c.parquet"
     datasets.Dataset.from_dict({"text": ["p1", "p2", "p3"], "n": [1, 2, 3]}).to_parquet(parquet)
-    assert corpus.load_local(str(jsonl))["text"] == ["one", "two"]
-    assert corpus.load_local(str(txt))["text"] == ["para one\nline two", "para two\n"]
-    assert corpus.load_local(str(parquet))["text"] == ["p1", "p2", "p3"]
-    assert sorted(corpus.load_local(str(tmp_path))["text"]) == sorted(
+    assert _texts(jsonl) == ["one", "two"]
+    assert _texts(txt) == ["para one\nline two", "para two\n"]
+    assert _texts(parquet) == ["p1", "p2", "p3"]
+    assert sorted(_texts(tmp_path)) == sorted(
         ["one", "two", "para one\nline two", "para two\n", "p1", "p2", "p3"]
     )
 
@@ -172,7 +177,7 @@ def test_dataset_errors(tmp_path):
         ("local", str(tmp_path / "empty")): "holds no",
         ("local", str(tmp_path / "notext.jsonl")): "no 'text' field",
         ("local", str(tmp_path / "zero.jsonl")): "holds no documents",
-        ("local", str(tmp_path / "bad.jsonl")): "cannot read the json files",
+        ("local", str(tmp_path / "bad.jsonl")): "cannot read the files under",
         ("local", str(write_jsonl(tmp_path / "blank.jsonl", ["", "  \n"]))): "empty",
         ("local", str(write_jsonl(tmp_path / "one.jsonl", ["only"]))): "fewer than the 2",
         ("local", ""): "needs a path",
@@ -227,7 +232,7 @@ def test_probe_agrees_with_the_loader(tmp_path, case):
     path = tmp_path / name
     write(path)
     try:
-        corpus.load_local(str(path))
+        _texts(path)
         loaded = None
     except ConfigError as e:
         loaded = str(e)
