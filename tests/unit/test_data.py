@@ -319,6 +319,27 @@ def test_dataloader_resumes_exactly(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
 
 
+def test_raw_files_are_streamed(tmp_path):
+    """The first batch comes before the corpus is read whole (no conversion, no full pass):
+    a damaged file after the first is met later, while training, as one line."""
+    write_jsonl(tmp_path / "a.jsonl", [f"document {i} " + "word " * i for i in range(20)])
+    (tmp_path / "b.jsonl").write_text('{"text": "fine"}\n{not json\n')
+    config = job_config(
+        "--training.dataset_path",
+        str(tmp_path),
+        "--training.local_batch_size",
+        "2",
+        "--training.seq_len",
+        "16",
+    )
+    batches = iter(build_dataloader(1, 0, build_tokenizer(config), config))
+    next(batches)
+    with pytest.raises(ConfigError) as excinfo:
+        for _ in range(100):  # a.jsonl holds about 10 batches
+            next(batches)
+    assert f"cannot read the files under {tmp_path} (" in one_line_error(excinfo)
+
+
 # ---- data order ----------------------------------------------------------------------------
 def _varied_docs(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "d.jsonl", [f"doc {i}: " + "word " * (2 * i) for i in range(12)])
