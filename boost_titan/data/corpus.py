@@ -23,7 +23,7 @@ import os
 import random
 import sysconfig
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,13 +32,14 @@ import datasets
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 from torchtitan.hf_datasets import DatasetConfig
-from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
+from torchtitan.hf_datasets.text_datasets import DATASETS
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.global_order import GlobalOrderRows
 from boost_titan.data.loader import CheckpointedDataloader
 from boost_titan.data.mix import MixedWindows, open_sources, training_sources
+from boost_titan.data.text_stream import TextDataset, documents, reason
 
 if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS_TRUE_VALUES:
     # `datasets` reads the variable at import (see boost_titan.data), maybe before us.
@@ -136,13 +137,6 @@ def local_files(path: str, field: str = "training.dataset_path") -> list[Path]:
     return files
 
 
-def _reason(error: BaseException) -> str:
-    """First line of the innermost cause: `datasets` wraps parser errors."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
 def _load_files(builder: str, files: list[Path], path: str) -> datasets.IterableDataset:
     # .txt: one document per blank-line-separated paragraph
     options: dict[str, Any] = {"sample_by": "paragraph"} if builder == "text" else {}
@@ -152,7 +146,7 @@ def _load_files(builder: str, files: list[Path], path: str) -> datasets.Iterable
         )
     except Exception as e:  # parser errors surface in several types
         raise ConfigError(
-            f"cannot read the {builder} files under {path} ({_reason(e)}); fix or remove them"
+            f"cannot read the {builder} files under {path} ({reason(e)}); fix or remove them"
         ) from e
     if ds.features is None:  # known once read: `documents` checks each record
         return ds
@@ -177,59 +171,6 @@ def load_local(path: str) -> datasets.IterableDataset:
         groups[BUILDERS[f.suffix.lower()]].append(f)
     parts = [_load_files(builder, files, path) for builder, files in sorted(groups.items())]
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-
-
-def _text_of(sample: dict[str, Any], where: str) -> str:
-    text = sample.get("text")
-    if not isinstance(text, str):
-        found = f"type {type(text).__name__}" if "text" in sample else f"fields {list(sample)}"
-        raise ConfigError(
-            f"a document under {where} has no string 'text' field (found {found}); "
-            'store each document as a string "text"'
-        )
-    return text
-
-
-def checked_samples(ds: Iterable[dict[str, Any]], where: str) -> Iterator[dict[str, Any]]:
-    """The records of `ds` in order; a file that does not parse or a record without a string
-    "text" is a one-line ConfigError naming `where`, when it is read."""
-    samples = iter(ds)
-    while True:
-        try:
-            sample = next(samples)
-        except StopIteration:
-            return
-        except ConfigError:
-            raise
-        except Exception as e:  # parser errors surface in several types
-            raise ConfigError(
-                f"cannot read the files under {where} ({_reason(e)}); fix or remove them"
-            ) from e
-        _text_of(sample, where)
-        yield sample
-
-
-def documents(ds: Iterable[dict[str, Any]], where: str) -> Iterator[str]:
-    """The texts of `ds` in order, checked as `checked_samples` checks them."""
-    return (sample["text"] for sample in checked_samples(ds, where))
-
-
-class TextDataset(HuggingFaceTextDataset):
-    """TorchTitan's text dataset (packing, DP sharding, saved position) whose unreadable
-    records, met while streaming, are one-line ConfigErrors naming the data's path, and
-    whose stream resumes past a re-loop (torchtitan restores the position, not the epoch)."""
-
-    def __init__(self, name: str, path: str | None, *args: Any, **kwargs: Any) -> None:
-        super().__init__(name, path, *args, **kwargs)
-        self.where = path or DATASETS[name].path
-
-    def _get_data_iter(self) -> Iterator[dict[str, Any]]:
-        return checked_samples(super()._get_data_iter(), self.where)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        if "data" in state_dict:  # a stream applies a saved position only in its epoch
-            self._data.set_epoch(state_dict["data"]["epoch"])
 
 
 def _text(sample: dict[str, Any]) -> str:

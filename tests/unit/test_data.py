@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
+import time
 from pathlib import Path
 
 import datasets
@@ -338,6 +340,51 @@ def test_raw_files_are_streamed(tmp_path):
         for _ in range(100):  # a.jsonl holds about 10 batches
             next(batches)
     assert f"cannot read the files under {tmp_path} (" in one_line_error(excinfo)
+
+
+def test_text_stream_packs_as_torchtitan(tmp_path):
+    """The tokenize-ahead stream yields torchtitan's windows, in its order, for the default
+    corpus (the losses README quotes) and for a streamed local corpus past a re-loop."""
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+
+    from boost_titan.data.text_stream import TextDataset
+
+    tok = build_tokenizer(job_config())
+    local = str(_varied_docs(tmp_path))
+    for name, path, count in (("stdlib", None, 60), ("local", local, 40)):
+        for rank in (0, 1):
+            args = (name, path, tok, 32, rank, 2, True)
+            ours = itertools.islice(TextDataset(*args), count)
+            theirs = itertools.islice(HuggingFaceTextDataset(*args), count)
+            for (a, x), (b, y) in zip(ours, theirs, strict=True):
+                assert torch.equal(a["input"], b["input"]) and torch.equal(x, y)
+
+
+def test_documents_are_tokenized_ahead(tmp_path):
+    """While the trainer works on a batch, the next documents are tokenized on another
+    thread, so the next `next()` does not wait for them."""
+    from boost_titan.data import text_stream
+
+    config = job_config(
+        "--training.dataset_path",
+        str(_varied_docs(tmp_path)),
+        "--training.seq_len",
+        "8",
+        "--training.local_batch_size",
+        "1",
+    )
+    tok = build_tokenizer(config)
+    threads: list[str] = []
+    encode = tok.encode
+    tok.encode = lambda *a, **k: threads.append(threading.current_thread().name) or encode(*a, **k)
+    loader = build_dataloader(1, 0, tok, config)
+    next(iter(loader))
+    read = loader.dataset._sample_idx + text_stream.AHEAD  # packed, and tokenized ahead
+    deadline = time.monotonic() + 10
+    while len(threads) < read and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(threads) == read
+    assert all(name.startswith("tokenize-ahead") for name in threads)
 
 
 # ---- data order ----------------------------------------------------------------------------
