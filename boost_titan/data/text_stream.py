@@ -4,9 +4,9 @@ ahead.
 `TextDataset` packs documents as torchtitan's `HuggingFaceTextDataset` does (BOS + text +
 EOS, concatenated, cut into windows of seq_len + 1 tokens; the same windows in the same
 order, and the same saved state) with three changes:
-- the next `AHEAD` documents are tokenized on a background thread (the tokenizers release
-  the GIL) while the trainer runs its step, so a step's `next()` rarely waits for the
-  tokenizer; the saved position is that of the documents packed, not of those read ahead;
+- the next `AHEAD` documents are tokenized on a background thread, without the GIL
+  (`encode_document`), while the trainer runs its step, so a step's `next()` rarely waits
+  for the tokenizer; the saved position is that of the documents packed, not of those read ahead;
 - a record that does not parse, or has no string "text", is a one-line ConfigError naming
   the data's path when it is read (raw files are streamed: `corpus`);
 - a streamed corpus resumes past a re-loop (torchtitan restores the position but not the
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
+from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
 from torchtitan.tools.logging import logger
 
@@ -72,6 +73,20 @@ def documents(ds: Iterable[dict[str, Any]], where: str) -> Iterator[str]:
     return (sample["text"] for sample in checked_samples(ds, where))
 
 
+def encode_document(tokenizer: BaseTokenizer, text: str) -> list[int]:
+    """`tokenizer.encode(text, add_bos=True, add_eos=True)`, without holding the GIL where
+    the tokenizer allows: `tokenizers`' `encode` holds it (the trainer's thread would wait
+    for it), its `encode_batch` does not; tiktoken's `encode` does not either."""
+    if type(tokenizer).encode is not HuggingFaceTokenizer.encode:
+        return tokenizer.encode(text, add_bos=True, add_eos=True)
+    ids = tokenizer.tokenizer.encode_batch([text])[0].ids
+    if not tokenizer.hf_adds_bos and tokenizer.bos_id is not None:  # as torchtitan's encode
+        ids.insert(0, tokenizer.bos_id)
+    if not tokenizer.hf_adds_eos and tokenizer.eos_id is not None:
+        ids.append(tokenizer.eos_id)
+    return ids
+
+
 class TextDataset(HuggingFaceTextDataset):
     """TorchTitan's text dataset, checked, resumable and tokenized ahead (module doc)."""
 
@@ -88,7 +103,7 @@ class TextDataset(HuggingFaceTextDataset):
         return None if isinstance(self._data, Dataset) else self._data.state_dict()
 
     def _encode(self, sample: dict[str, Any]) -> list[int]:
-        return self._tokenizer.encode(self._text_processor(sample), add_bos=True, add_eos=True)
+        return encode_document(self._tokenizer, self._text_processor(sample))
 
     def _tokenized(self, pool: ThreadPoolExecutor) -> Iterator[tuple[list[int], Any]]:
         """One pass's documents as tokens, each with the stream's position after it; the

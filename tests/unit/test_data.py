@@ -360,7 +360,7 @@ def test_text_stream_packs_as_torchtitan(tmp_path):
                 assert torch.equal(a["input"], b["input"]) and torch.equal(x, y)
 
 
-def test_documents_are_tokenized_ahead(tmp_path):
+def test_documents_are_tokenized_ahead(tmp_path, monkeypatch):
     """While the trainer works on a batch, the next documents are tokenized on another
     thread, so the next `next()` does not wait for them."""
     from boost_titan.data import text_stream
@@ -373,11 +373,15 @@ def test_documents_are_tokenized_ahead(tmp_path):
         "--training.local_batch_size",
         "1",
     )
-    tok = build_tokenizer(config)
     threads: list[str] = []
-    encode = tok.encode
-    tok.encode = lambda *a, **k: threads.append(threading.current_thread().name) or encode(*a, **k)
-    loader = build_dataloader(1, 0, tok, config)
+    encode = text_stream.encode_document
+
+    def recorded(*args):
+        threads.append(threading.current_thread().name)
+        return encode(*args)
+
+    monkeypatch.setattr(text_stream, "encode_document", recorded)
+    loader = build_dataloader(1, 0, build_tokenizer(config), config)
     next(iter(loader))
     read = loader.dataset._sample_idx + text_stream.AHEAD  # packed, and tokenized ahead
     deadline = time.monotonic() + 10
@@ -385,6 +389,26 @@ def test_documents_are_tokenized_ahead(tmp_path):
         time.sleep(0.01)
     assert len(threads) == read
     assert all(name.startswith("tokenize-ahead") for name in threads)
+
+
+def test_encode_document_agrees_with_the_tokenizer(tmp_path):
+    """The GIL-free encoding gives the tokenizer's own ids (BOS and EOS included) for the
+    default tokenizer, one with only an EOS, one with neither, and tiktoken."""
+    from boost_titan.data.text_stream import encode_document
+
+    eos_only, bare = tmp_path / "eos_only", tmp_path / "bare"
+    default = build_tokenizer(job_config())
+    for folder in (eos_only, bare):
+        folder.mkdir()
+        default.tokenizer.save(str(folder / "tokenizer.json"))
+    (eos_only / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eos|>"}))
+    tokenizers = [default, tk.load_tokenizer(str(eos_only)), tk.load_tokenizer(str(bare))]
+    write_tiktoken(tmp_path / "tiktoken" / "tokenizer.model")
+    tokenizers.append(tk.load_tokenizer(str(tmp_path / "tiktoken")))
+    for tok in tokenizers:
+        assert encode_document(tok, TEXT) == tok.encode(TEXT, add_bos=True, add_eos=True)
+    assert tokenizers[1].bos_id is None and tokenizers[1].eos_id is not None
+    assert tokenizers[2].bos_id is None and tokenizers[2].eos_id is None
 
 
 # ---- data order ----------------------------------------------------------------------------
