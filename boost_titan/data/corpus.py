@@ -1,8 +1,12 @@
 """Training text, offline: this Python's stdlib sources (default) or the user's local files.
 
-Both are registered in torchtitan's `DATASETS` table, so its stock text dataset (packing,
-DP sharding, checkpointable position) and dataloader are reused unchanged (with
-`[boost] data_order = "global"`, its dataset is read whole by every rank: `global_order`).
+Both are registered in torchtitan's `DATASETS` table, so its text dataset (packing, DP
+sharding, checkpointable position) and dataloader are reused (with `[boost] data_order =
+"global"`, its dataset is read whole by every rank: `global_order`). Local files are
+streamed (`datasets`' `streaming=True`): the first step waits for the first documents,
+not for a conversion of the whole corpus. Several files are split between data-parallel
+ranks by file when the ranks divide the file count, else by document (rank r of n reads
+documents r, r + n, ...). A file that does not parse is found when it is read.
 
 The default corpus is split by file: a file is held out for validation when the SHA-256 of
 its path relative to the stdlib root falls in the lowest `HELD_OUT_PERCENT` percent. The
@@ -19,6 +23,7 @@ import os
 import random
 import sysconfig
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,13 +32,14 @@ import datasets
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 from torchtitan.hf_datasets import DatasetConfig
-from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
+from torchtitan.hf_datasets.text_datasets import DATASETS
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.global_order import GlobalOrderRows
 from boost_titan.data.loader import CheckpointedDataloader
 from boost_titan.data.mix import MixedWindows, open_sources, training_sources
+from boost_titan.data.text_stream import TextDataset, documents, reason
 
 if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS_TRUE_VALUES:
     # `datasets` reads the variable at import (see boost_titan.data), maybe before us.
@@ -131,27 +137,22 @@ def local_files(path: str, field: str = "training.dataset_path") -> list[Path]:
     return files
 
 
-def _reason(error: BaseException) -> str:
-    """First line of the innermost cause: `datasets` wraps parser errors."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def _load_files(builder: str, files: list[Path], path: str) -> datasets.Dataset:
+def _load_files(builder: str, files: list[Path], path: str) -> datasets.IterableDataset:
     # .txt: one document per blank-line-separated paragraph
     options: dict[str, Any] = {"sample_by": "paragraph"} if builder == "text" else {}
     try:
         ds = datasets.load_dataset(
-            builder, data_files=[str(f) for f in files], split="train", **options
+            builder, data_files=[str(f) for f in files], split="train", streaming=True, **options
         )
     except Exception as e:  # parser errors surface in several types
         raise ConfigError(
-            f"cannot read the {builder} files under {path} ({_reason(e)}); fix or remove them"
+            f"cannot read the {builder} files under {path} ({reason(e)}); fix or remove them"
         ) from e
-    if "text" not in ds.column_names:
+    if ds.features is None:  # known once read: `documents` checks each record
+        return ds
+    if "text" not in ds.features:
         raise ConfigError(
-            f"{builder} data under {path} has no 'text' field (found {ds.column_names}); "
+            f"{builder} data under {path} has no 'text' field (found {list(ds.features)}); "
             'store each document as "text"'
         )
     if getattr(ds.features["text"], "dtype", None) not in ("string", "large_string"):
@@ -162,8 +163,9 @@ def _load_files(builder: str, files: list[Path], path: str) -> datasets.Dataset:
 
 
 @functools.lru_cache(maxsize=4)
-def load_local(path: str) -> datasets.Dataset:
-    """Load .jsonl/.json ("text" field), .parquet ("text" column) or .txt files, offline."""
+def load_local(path: str) -> datasets.IterableDataset:
+    """Stream .jsonl/.json ("text" field), .parquet ("text" column) or .txt files, offline:
+    nothing is converted or read before the first document is asked for."""
     groups: dict[str, list[Path]] = defaultdict(list)
     for f in local_files(path):
         groups[BUILDERS[f.suffix.lower()]].append(f)
@@ -202,15 +204,21 @@ def resolve_dataset(name: str, path: str | None) -> tuple[str, str | None]:
     return name, path
 
 
-def check_documents(ds: datasets.Dataset, where: str, dp_world_size: int) -> None:
-    """Refuse data that would starve a rank: too few documents, or no text at all."""
-    if len(ds) < dp_world_size:
+def check_documents(ds: Iterable[dict[str, Any]], where: str, dp_world_size: int) -> None:
+    """Refuse data that would starve a rank: fewer documents than ranks, or no text at all.
+    Reads only until both are ruled out (the first documents, for a real corpus)."""
+    count, text = 0, False
+    for document in documents(ds, where):
+        count += 1
+        text = text or bool(document.strip())
+        if text and count >= dp_world_size:
+            return
+    if count < dp_world_size:
         raise ConfigError(
-            f"{where} has {len(ds)} documents, fewer than the {dp_world_size} data-parallel "
+            f"{where} has {count} documents, fewer than the {dp_world_size} data-parallel "
             "ranks; add documents"
         )
-    if not any(t and t.strip() for batch in ds.iter(batch_size=1024) for t in batch["text"]):
-        raise ConfigError(f"every document in {where} is empty; give it some text")
+    raise ConfigError(f"every document in {where} is empty; give it some text")
 
 
 def separator_warning(tokenizer: BaseTokenizer, assets: str) -> str | None:
@@ -259,10 +267,10 @@ def build_dataloader(
         where = path or config.path
         check_documents(config.loader(where), where, 1 if global_order else dp_world_size)
     if global_order:
-        stream = HuggingFaceTextDataset(name, path, tokenizer, training.seq_len, infinite=True)
+        stream = TextDataset(name, path, tokenizer, training.seq_len, infinite=True)
         dataset = GlobalOrderRows(stream, dp_rank, dp_world_size, training.local_batch_size)
     else:  # as torchtitan's build_text_dataloader
-        dataset = HuggingFaceTextDataset(
+        dataset = TextDataset(
             name,
             path,
             tokenizer,

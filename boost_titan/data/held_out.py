@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
 import torch
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
@@ -35,6 +34,7 @@ from boost_titan.data.corpus import (
     STDLIB,
     STDLIB_VALIDATION,
     check_documents,
+    documents,
     local_files,
     resolve_dataset,
 )
@@ -60,10 +60,9 @@ class ValidationData:
 
     def texts(self) -> Iterator[str]:
         """The documents' texts in the loader's (fixed) order; ConfigError if all are empty."""
-        config = DATASETS[self.name]
-        documents: datasets.Dataset = config.loader(self.path)
-        check_documents(documents, self.describe(), 1)
-        return (config.sample_processor(sample) for sample in documents)
+        records = DATASETS[self.name].loader(self.path)
+        check_documents(records, self.describe(), 1)
+        return documents(records, self.describe())
 
 
 def data_at(path: str | None, field: str) -> ValidationData:

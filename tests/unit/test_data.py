@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
+import time
 from pathlib import Path
 
 import datasets
@@ -146,16 +148,21 @@ def test_stdlib_corpus():
     assert ds.column_names == ["text"] and len(ds) == len(corpus.split_files(root, held_out=False))
 
 
+def _texts(path: Path) -> list[str]:
+    """Every document of the local files at `path`, as the loader streams them."""
+    return list(corpus.documents(corpus.load_local(str(path)), str(path)))
+
+
 def test_local_formats(tmp_path):
     jsonl = write_jsonl(tmp_path / "a.jsonl", ["one", "two"])
     txt = tmp_path / "b.txt"
     txt.write_text("para one\nline two\n\npara two\n")
     parquet = tmp_path / "c.parquet"
     datasets.Dataset.from_dict({"text": ["p1", "p2", "p3"], "n": [1, 2, 3]}).to_parquet(parquet)
-    assert corpus.load_local(str(jsonl))["text"] == ["one", "two"]
-    assert corpus.load_local(str(txt))["text"] == ["para one\nline two", "para two\n"]
-    assert corpus.load_local(str(parquet))["text"] == ["p1", "p2", "p3"]
-    assert sorted(corpus.load_local(str(tmp_path))["text"]) == sorted(
+    assert _texts(jsonl) == ["one", "two"]
+    assert _texts(txt) == ["para one\nline two", "para two\n"]
+    assert _texts(parquet) == ["p1", "p2", "p3"]
+    assert sorted(_texts(tmp_path)) == sorted(
         ["one", "two", "para one\nline two", "para two\n", "p1", "p2", "p3"]
     )
 
@@ -172,7 +179,7 @@ def test_dataset_errors(tmp_path):
         ("local", str(tmp_path / "empty")): "holds no",
         ("local", str(tmp_path / "notext.jsonl")): "no 'text' field",
         ("local", str(tmp_path / "zero.jsonl")): "holds no documents",
-        ("local", str(tmp_path / "bad.jsonl")): "cannot read the json files",
+        ("local", str(tmp_path / "bad.jsonl")): "cannot read the files under",
         ("local", str(write_jsonl(tmp_path / "blank.jsonl", ["", "  \n"]))): "empty",
         ("local", str(write_jsonl(tmp_path / "one.jsonl", ["only"]))): "fewer than the 2",
         ("local", ""): "needs a path",
@@ -227,7 +234,7 @@ def test_probe_agrees_with_the_loader(tmp_path, case):
     path = tmp_path / name
     write(path)
     try:
-        corpus.load_local(str(path))
+        _texts(path)
         loaded = None
     except ConfigError as e:
         loaded = str(e)
@@ -312,6 +319,96 @@ def test_dataloader_resumes_exactly(tmp_path):
     resumed.load_state_dict(state)
     got = [labels for _, labels in itertools.islice(resumed, 6)]
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+def test_raw_files_are_streamed(tmp_path):
+    """The first batch comes before the corpus is read whole (no conversion, no full pass):
+    a damaged file after the first is met later, while training, as one line."""
+    write_jsonl(tmp_path / "a.jsonl", [f"document {i} " + "word " * i for i in range(20)])
+    (tmp_path / "b.jsonl").write_text('{"text": "fine"}\n{not json\n')
+    config = job_config(
+        "--training.dataset_path",
+        str(tmp_path),
+        "--training.local_batch_size",
+        "2",
+        "--training.seq_len",
+        "16",
+    )
+    batches = iter(build_dataloader(1, 0, build_tokenizer(config), config))
+    next(batches)
+    with pytest.raises(ConfigError) as excinfo:
+        for _ in range(100):  # a.jsonl holds about 10 batches
+            next(batches)
+    assert f"cannot read the files under {tmp_path} (" in one_line_error(excinfo)
+
+
+def test_text_stream_packs_as_torchtitan(tmp_path):
+    """The tokenize-ahead stream yields torchtitan's windows, in its order, for the default
+    corpus (the losses README quotes) and for a streamed local corpus past a re-loop."""
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+
+    from boost_titan.data.text_stream import TextDataset
+
+    tok = build_tokenizer(job_config())
+    local = str(_varied_docs(tmp_path))
+    for name, path, count in (("stdlib", None, 60), ("local", local, 40)):
+        for rank in (0, 1):
+            args = (name, path, tok, 32, rank, 2, True)
+            ours = itertools.islice(TextDataset(*args), count)
+            theirs = itertools.islice(HuggingFaceTextDataset(*args), count)
+            for (a, x), (b, y) in zip(ours, theirs, strict=True):
+                assert torch.equal(a["input"], b["input"]) and torch.equal(x, y)
+
+
+def test_documents_are_tokenized_ahead(tmp_path, monkeypatch):
+    """While the trainer works on a batch, the next documents are tokenized on another
+    thread, so the next `next()` does not wait for them."""
+    from boost_titan.data import text_stream
+
+    config = job_config(
+        "--training.dataset_path",
+        str(_varied_docs(tmp_path)),
+        "--training.seq_len",
+        "8",
+        "--training.local_batch_size",
+        "1",
+    )
+    threads: list[str] = []
+    encode = text_stream.encode_document
+
+    def recorded(*args):
+        threads.append(threading.current_thread().name)
+        return encode(*args)
+
+    monkeypatch.setattr(text_stream, "encode_document", recorded)
+    loader = build_dataloader(1, 0, build_tokenizer(config), config)
+    next(iter(loader))
+    read = loader.dataset._sample_idx + text_stream.AHEAD  # packed, and tokenized ahead
+    deadline = time.monotonic() + 10
+    while len(threads) < read and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(threads) == read
+    assert all(name.startswith("tokenize-ahead") for name in threads)
+
+
+def test_encode_document_agrees_with_the_tokenizer(tmp_path):
+    """The GIL-free encoding gives the tokenizer's own ids (BOS and EOS included) for the
+    default tokenizer, one with only an EOS, one with neither, and tiktoken."""
+    from boost_titan.data.text_stream import encode_document
+
+    eos_only, bare = tmp_path / "eos_only", tmp_path / "bare"
+    default = build_tokenizer(job_config())
+    for folder in (eos_only, bare):
+        folder.mkdir()
+        default.tokenizer.save(str(folder / "tokenizer.json"))
+    (eos_only / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eos|>"}))
+    tokenizers = [default, tk.load_tokenizer(str(eos_only)), tk.load_tokenizer(str(bare))]
+    write_tiktoken(tmp_path / "tiktoken" / "tokenizer.model")
+    tokenizers.append(tk.load_tokenizer(str(tmp_path / "tiktoken")))
+    for tok in tokenizers:
+        assert encode_document(tok, TEXT) == tok.encode(TEXT, add_bos=True, add_eos=True)
+    assert tokenizers[1].bos_id is None and tokenizers[1].eos_id is not None
+    assert tokenizers[2].bos_id is None and tokenizers[2].eos_id is None
 
 
 # ---- data order ----------------------------------------------------------------------------
