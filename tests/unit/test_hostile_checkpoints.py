@@ -59,21 +59,18 @@ def _one_line(capsys, exit_info) -> str:
     return lines[0]
 
 
+def _check(capsys, dump: pathlib.Path, *args: str) -> str:
+    """The one `error:` line of `check` on debug.toml, 2 processes, dump folder `dump`."""
+    argv = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(dump)]
+    with pytest.raises(SystemExit) as exit_info:
+        check_main([*argv, *args])
+    return _one_line(capsys, exit_info)
+
+
 def _read(reader: str, folder: pathlib.Path, dump: pathlib.Path, capsys, tmp) -> str:
     """What `reader` says of the checkpoint `folder` (a step-3 folder of `dump`)."""
     if reader == "check":
-        with pytest.raises(SystemExit) as exit_info:
-            check_main(
-                [
-                    "--nproc",
-                    "2",
-                    "--job.config_file",
-                    str(DEBUG_TOML),
-                    "--job.dump_folder",
-                    str(dump),
-                ]
-            )
-        return _one_line(capsys, exit_info)
+        return _check(capsys, dump)
     if reader == "trainer":
         checkpointer = SimpleNamespace(folder=str(folder.parent), initial_load_path="")
         with pytest.raises(ConfigError) as refusal:
@@ -132,22 +129,7 @@ def test_check_refuses_a_llama3_checkpoint_with_a_payload(sources, capsys, tmp_p
     shutil.copytree(sources["job"], folder)
     said, plant = CASES["dataloader protocol-0 os.system"]
     plant(folder, tmp_path / "MARKER")
-    with pytest.raises(SystemExit) as exit_info:
-        check_main(
-            [
-                "--nproc",
-                "2",
-                "--job.config_file",
-                str(DEBUG_TOML),
-                "--job.dump_folder",
-                str(dump),
-                "--model.name",
-                "llama3",
-                "--model.flavor",
-                "debugmodel",
-            ]
-        )
-    line = _one_line(capsys, exit_info)
+    line = _check(capsys, dump, "--model.name", "llama3", "--model.flavor", "debugmodel")
     assert said in line and "dataloader.dp_rank_0" in line, line
     assert not (tmp_path / "MARKER").exists()
 
@@ -159,19 +141,7 @@ def test_step_folders_as_torchtitan_reads_them(name, sources, capsys, tmp_path):
     not "put the dump folder on a shared file system")."""
     folder = tmp_path / "dump" / "checkpoint"
     shutil.copytree(sources["job"], folder / name)
-    with pytest.raises(SystemExit) as exit_info:
-        check_main(
-            [
-                "--nproc",
-                "2",
-                "--job.config_file",
-                str(DEBUG_TOML),
-                "--job.dump_folder",
-                str(tmp_path / "dump"),
-                "--checkpoint.enable",
-            ]
-        )
-    line = _one_line(capsys, exit_info)
+    line = _check(capsys, tmp_path / "dump", "--checkpoint.enable")
     assert f"{name} counts as step 2 for TorchTitan" in line and "rename" in line, line
     checkpointer = SimpleNamespace(folder=str(folder))
     checkpointer._find_load_step = lambda f="": CheckpointManager._find_load_step(checkpointer, f)

@@ -24,6 +24,7 @@ import argparse
 import json
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from boost_titan.config.errors import ConfigError
@@ -242,23 +243,21 @@ def run_data(ns: argparse.Namespace, trainer_args: list[str]) -> int:
     report = measure(ns, trainer_args)
     if "data_wait_ms" not in report:
         raise ConfigError("the trainer reported no data waits (an earlier checkout?)")
-    if ns.json == "-":
-        print(json.dumps(report, indent=1))
-        return 0
-    if ns.json:
-        Path(ns.json).write_text(json.dumps(report, indent=1))
-    print(format_data_report(report))
-    return 0
+    return _emit(ns, report, format_data_report)
 
 
 def run(ns: argparse.Namespace, trainer_args: list[str]) -> int:
-    report = measure(ns, trainer_args)
+    return _emit(ns, measure(ns, trainer_args), format_report)
+
+
+def _emit(ns: argparse.Namespace, report: dict, text: Callable[[dict], str]) -> int:
+    """`--json -`: the report as JSON only; `--json PATH`: written there too; else `text`."""
     if ns.json == "-":
         print(json.dumps(report, indent=1))
         return 0
     if ns.json:
         Path(ns.json).write_text(json.dumps(report, indent=1))
-    print(format_report(report))
+    print(text(report))
     return 0
 
 
