@@ -195,7 +195,7 @@ def test_run_train_ends_on_a_worker_error(tmp_path):
     lines = output.strip().splitlines()
     assert result.returncode == 2, output[-3000:]
     assert lines[0].startswith("config ok"), output[-3000:]
-    assert lines[-1].startswith(f"error: cannot read the text files under {data} ("), output[-3000:]
+    assert lines[-1].startswith(f"error: cannot read the files under {data} ("), output[-3000:]
     assert "Traceback" not in output and "ChildFailedError" not in output
     assert not (tmp_path / "dump" / "checkpoint").exists()
 
