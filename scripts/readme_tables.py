@@ -102,13 +102,12 @@ def trace_rows(configs: list[tuple[str, str, int]]) -> list[str]:
     """Lines of `bench trace --compare` (without the wall-clock column) for (flavor,
     strategy, tp) configurations at the command's defaults (cola, micro-batch 1, seq 4096)."""
     from boost_titan.bench.measure import trace
-    from boost_titan.perf import step_model
-    from boost_titan.perf.layout import TrainingLayout
+    from boost_titan.perf.layout import TrainingLayout, trained_shape
 
     records = [
         trace.trace_compared(
             flavor,
-            step_model.model_args(flavor, "cola", strategy),
+            trained_shape(flavor, "cola", strategy),
             TrainingLayout(strategy=strategy, tp=tp),
             "a100",
         )
@@ -136,8 +135,8 @@ def lowrank_ac_table() -> str:
     from boost_titan.bench.measure.activations import measure_layer
     from boost_titan.boost_llama import flavor_args
     from boost_titan.config import AC_MODES
-    from boost_titan.perf import step_model
-    from boost_titan.perf.layout import TrainingLayout
+    from boost_titan.perf import block
+    from boost_titan.perf.layout import TrainingLayout, trained_shape
 
     args = flavor_args(AC_FLAVOR, arch="cola")
     runs = {
@@ -178,11 +177,9 @@ def lowrank_ac_table() -> str:
         full = run["full"].backward_flops - run["none"].backward_flops
         low = run["lowrank"].backward_flops - run["none"].backward_flops
         plan = TrainingLayout(strategy="btp", tp=tp, seq_len=AC_SEQ)
-        shape = step_model.model_args(AC_FLAVOR, "cola", "btp")
-        ups = {
-            g.name: g.flops for g in step_model.layer_gemms(shape, plan) if g.name.endswith(".B")
-        }
-        attention = step_model.attention_flops(shape, plan)
+        shape = trained_shape(AC_FLAVOR, "cola", "btp")
+        ups = {g.name: g.flops for g in block.layer_gemms(shape, plan) if g.name.endswith(".B")}
+        attention = block.attention_flops(shape, plan)
         without_down = sum(ups.values()) - ups["down.B"] + attention
         verdict = {
             without_down: "every up-projection but B_down",

@@ -15,14 +15,14 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
+from boost_titan.boost_llama.strategies import STRATEGIES
 from boost_titan.config import AC_MODES, ARCHS, OVERLAP_CHUNKS, RMSNORM_MODES
 from boost_titan.config.cli import OneLineParser
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import measured, paper, precision_table, predict, records
-from boost_titan.perf.float8_costs import CASTS
 from boost_titan.perf.gpus import GPUS
 from boost_titan.perf.job import job_plan, process_count
-from boost_titan.perf.layout import DTYPE_ALIASES, DTYPE_BYTES, STRATEGIES
+from boost_titan.perf.layout import DTYPE_ALIASES, DTYPE_BYTES, FLOAT8_CASTS
 from boost_titan.perf.paper import PAPER_GPU
 from boost_titan.perf.plots import write_plot, write_validation_plot
 from boost_titan.perf.records import format_breakdown, format_memory_kernels, format_records
@@ -186,7 +186,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--float8-casts",
-        choices=CASTS,
+        choices=FLOAT8_CASTS,
         default="eager",
         help="float8 casts as torchao runs them eagerly, or fused by torch.compile",
     )

@@ -9,21 +9,25 @@ grad in high precision) and whether scales are rounded to powers of two. Both mo
 import torch, so they load only when a plan has float8 on.
 
 Every float8 GEMM casts both of its operands (`kernels/float8.py`): forward x and W,
-input grad dY and W, weight grad dY and x. `CASTS` names how a cast is priced: eager (the
-kernels torchao dispatches, `streams.FLOAT8_CAST`) or fused (torch.compile's amax + cast,
-`streams.FLOAT8_CAST_FUSED`).
+input grad dY and W, weight grad dY and x. `layout.FLOAT8_CASTS` names how a cast is priced:
+eager (the kernels torchao dispatches, `streams.FLOAT8_CAST`) or fused (torch.compile's
+amax + cast, `streams.FLOAT8_CAST_FUSED`).
+
+`float8_selection` applies the selection to each GEMM of a block (`block.layer_gemms`);
+`float8_cast_streams` lists the casts of a block's selected GEMMs.
 """
 
 from __future__ import annotations
 
 import functools
 
+from boost_titan.boost_llama.shapes import ModelShape
 from boost_titan.config.errors import ConfigError
+from boost_titan.perf.block import GROUP_MEMBERS, layer_gemms
+from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.streams import FLOAT8_CAST, FLOAT8_CAST_FUSED, FLOAT8_POW2_KERNELS
 from boost_titan.perf.work import Gemm, Stream
 
-CASTS = ("eager", "fused")
-"""How float8 casts run: torchao's eager kernels, or fused by torch.compile."""
 CONVERTER = "quantize.linear.float8"
 """TorchTitan's `model.converters` entry that turns float8 on."""
 PROJECTION_MODULES = {
@@ -89,3 +93,44 @@ def cast_streams(g: Gemm, recipe: str, casts: str, b: int) -> tuple[list[Stream]
 
     backward = (dy, w) + ((dy, x) if gemms == 3 else ())
     return [cast((x, w), "")], [cast(backward, ".bwd")]
+
+
+def float8_selection(args: ModelShape, plan: TrainingLayout, layer: int) -> dict[str, str | None]:
+    """Each forward GEMM of block `layer` (`layer_gemms`' names) -> None when the runtime
+    runs it in float8, else why not; {} with float8 off."""
+    if not plan.float8:
+        return {}
+    reasons = {}
+    for g in layer_gemms(args, plan):
+        base, _, factor = g.name.partition(".")
+        fqns = module_fqns(layer, GROUP_MEMBERS.get(base, (base,)), factor)
+        reasons[g.name] = skip_reason(g.n, g.k, tuple(fqns), plan.float8, plan.float8_filter)
+    return reasons
+
+
+def _selected(args: ModelShape, plan: TrainingLayout, layer: int) -> frozenset[str]:
+    reasons = float8_selection(args, plan, layer)
+    return frozenset(name for name, why in reasons.items() if why is None)
+
+
+def selection_counts(
+    args: ModelShape, plan: TrainingLayout, blocks: range
+) -> dict[frozenset[str], int]:
+    """How many of `blocks` run each set of float8 GEMMs (one empty set without float8)."""
+    counts: dict[frozenset[str], int] = {}
+    for layer in blocks:
+        selected = _selected(args, plan, layer)
+        counts[selected] = counts.get(selected, 0) + 1
+    return counts
+
+
+def float8_cast_streams(
+    args: ModelShape, plan: TrainingLayout, selected: frozenset[str]
+) -> dict[str, tuple[list[Stream], list[Stream]]]:
+    """The float8 casts of one block per micro-batch, (forward, backward) kernels for each
+    forward GEMM named in `selected`."""
+    return {
+        g.name: cast_streams(g, plan.float8, plan.float8_casts, plan.dtype_bytes)
+        for g in layer_gemms(args, plan)
+        if g.name in selected
+    }

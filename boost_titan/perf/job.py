@@ -10,7 +10,7 @@ else the fewest the degrees allow), the precision from `runtime.precision.Precis
 (what the trainer applies), float8 from `model.converters` and `[quantize.linear.float8]`.
 Anything the model does not price is a one-line ConfigError naming the key; a data-parallel
 degree > 1 is priced per replica, with a notice (FSDP / DDP traffic is not modelled);
-context parallelism is priced per rank (`TrainingLayout.cp`, `step_model.ring_times`).
+context parallelism is priced per rank (`TrainingLayout.cp`, `timing.ring_times`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from boost_titan.config import Boost
 from boost_titan.config.cli import load_toml
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import float8_costs, memory
-from boost_titan.perf.layout import TrainingLayout
-from boost_titan.perf.step_model import check, model_args
+from boost_titan.perf.layout import TrainingLayout, check, trained_shape
 
 TITAN_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"name": "llama3", "flavor": "debugmodel", "converters": []},
@@ -249,7 +248,7 @@ def plan_of(
         cuda_graphs=job.boost.cuda_graphs,
     )
     flavor = job.model.flavor
-    args = model_args(flavor, job.boost.arch, strategy)
+    args = trained_shape(flavor, job.boost.arch, strategy)
     vocab = vocab_size or args.vocab_size
     if job.boost.rank or job.boost.lax_base != args.lax_base or vocab != args.vocab_size:
         args = flavor_shape(

@@ -1,20 +1,26 @@
-"""How one model is trained, as the analytic model sees it: `TrainingLayout`.
+"""How one model is trained, as the analytic model sees it: `TrainingLayout`, the model
+shape a strategy trains (`trained_shape`) and whether the model can price the pair (`check`).
 
 The parallel strategy and degrees (TP, PP, CP), the batch shape, the dtypes, recomputation,
-float8 and how kernels are launched; the lists of choices the model prices (`STRATEGIES`,
-`DTYPE_BYTES`; `AC_MODES` is `boost_titan.config`'s).
+float8 and how kernels are launched; the lists of choices the model prices (`DTYPE_BYTES`,
+`FLOAT8_CASTS`; strategies are `boost_llama.strategies`', `AC_MODES` and `RMSNORM_MODES`
+`boost_titan.config`'s).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boost_titan.boost_llama.strategies import STRATEGIES as REGISTRY
+from boost_titan.boost_llama.shapes import PAPER_VOCAB, ModelShape, flavor_shape
+from boost_titan.boost_llama.strategies import STRATEGIES, sizes, strategy_names
+from boost_titan.config import AC_MODES, RMSNORM_MODES
+from boost_titan.config.errors import ConfigError
 
-STRATEGIES = tuple(REGISTRY)
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32"}
 """TorchTitan's spellings (`training.mixed_precision_param`) of the DTYPE_BYTES names."""
+FLOAT8_CASTS = ("eager", "fused")
+"""How float8 casts run: torchao's eager kernels, or fused by torch.compile."""
 BF16_WEIGHTS = "bf16-weights"
 """State of bf16 training without master weights (`training.dtype = "bfloat16"`)."""
 
@@ -28,7 +34,7 @@ class TrainingLayout:
     pp: int = 1
     cp: int = 1
     """Context parallelism: each sequence split over `cp` ranks (head-tail load balanced),
-    K/V all-gathered per block (`step_model.ring_bytes`)."""
+    K/V all-gathered per block (`block.ring_bytes`)."""
     seq_len: int = 4096
     micro_batch: int = 1
     microbatches: int = 4
@@ -45,7 +51,7 @@ class TrainingLayout:
     float8_filter: tuple[str, ...] = ()
     """TorchTitan's `filter_fqns` (with `auto_filter_small_kn`: torchao's size filter)."""
     float8_casts: str = "eager"
-    """How the float8 casts run (`float8_costs.CASTS`): eager, or fused by torch.compile."""
+    """How the float8 casts run (`FLOAT8_CASTS`): eager, or fused by torch.compile."""
     compiled: bool = False
     """Blocks under torch.compile (`[compile] enable`, off by TorchTitan's default): each
     memory-bound operation one fused kernel (`host.stream_kernels`); False: eager, as
@@ -67,7 +73,7 @@ class TrainingLayout:
 
     @property
     def state(self) -> str:
-        """Key of `step.STATE_BYTES`: the dtype, or BF16_WEIGHTS for bf16 without master
+        """Key of `timing.STATE_BYTES`: the dtype, or BF16_WEIGHTS for bf16 without master
         weights."""
         return BF16_WEIGHTS if self.dtype == "bf16" and not self.master_weights else self.dtype
 
@@ -77,3 +83,64 @@ class TrainingLayout:
         text = {"fp32": "fp32", "bf16": "bf16, fp32 master", BF16_WEIGHTS: "bf16, no master"}
         suffix = f", float8 {self.float8} ({self.float8_casts} casts)" if self.float8 else ""
         return text[self.state] + suffix
+
+
+def trained_shape(flavor: str, arch: str, strategy: str) -> ModelShape:
+    """The flavor's arguments as `strategy` trains them: megatron always trains the fullrank
+    twin; a flavor without a vocabulary gets the paper's 32000."""
+    args = flavor_shape(flavor, arch="fullrank" if strategy == "megatron" else arch)
+    if not args.vocab_size:
+        args.vocab_size = PAPER_VOCAB
+    args.validate()
+    return args
+
+
+def check(args: ModelShape, plan: TrainingLayout) -> None:
+    """Raise ConfigError (one line, with the fix) for a plan the model cannot describe."""
+    choices = {
+        "strategy": (plan.strategy, strategy_names()),
+        "ac": (plan.ac, AC_MODES),
+        "dtype": (plan.dtype, tuple(DTYPE_BYTES)),
+        "rmsnorm": (plan.rmsnorm, RMSNORM_MODES),
+        "float8 casts": (plan.float8_casts, FLOAT8_CASTS),
+    }
+    for option, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"unknown {option} {value!r}; choose one of {', '.join(allowed)}")
+    if args.arch == "lax":
+        raise ConfigError(
+            "the perf model covers fullrank, svd and cola; LaX's crossing is not modelled, "
+            "use --arch cola"
+        )
+    if plan.strategy != "megatron" and not args.low_rank:
+        raise ConfigError(
+            f"strategy {plan.strategy} needs a low-rank arch (svd or cola); "
+            "fullrank trains with megatron"
+        )
+    if plan.ac == "lowrank" and plan.strategy == "megatron":
+        raise ConfigError(
+            "ac lowrank keeps bottleneck latents, which megatron's fullrank model lacks; "
+            "use --ac full or selective"
+        )
+    if not 1 <= plan.tp <= 8:
+        raise ConfigError(
+            f"tp {plan.tp} must be 1..8: tensor parallelism stays inside one NVLink node"
+        )
+    if not 1 <= plan.pp <= args.n_layers:
+        raise ConfigError(f"pp {plan.pp} must be 1..{args.n_layers} (the number of layers)")
+    if min(plan.seq_len, plan.micro_batch, plan.microbatches) < 1:
+        raise ConfigError("seq_len, micro_batch and microbatches must be positive")
+    if plan.cp < 1:
+        raise ConfigError(f"cp {plan.cp} must be >= 1")
+    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
+        raise ConfigError(
+            f"seq_len {plan.seq_len} is not divisible by 2 x cp {plan.cp} (head-tail load "
+            "balancing gives each rank two chunks); pick a cp that divides seq_len / 2"
+        )
+    strategy_sizes = sizes(args)
+    for name in STRATEGIES[plan.strategy].divisible:
+        if strategy_sizes[name] % plan.tp:
+            size = strategy_sizes[name]
+            raise ConfigError(
+                f"{name} {size} is not divisible by tp {plan.tp}; pick a tp that divides it"
+            )

@@ -10,7 +10,7 @@ bf16 with fp32 master weights; on float8 GPUs also torchao's tensorwise float8).
 feasible when TorchTitan can build it (TP divides every sharded size and stays in a node,
 PP splits the layers with at least as many micro-batches as stages, DP divides the global
 batch) and `memory.peak_memory` fits `USABLE` of the GPU. Feasible layouts are ranked by
-`step_model.step_time` plus the data-parallel traffic FSDP2 does not hide (`dp_exposed`).
+`timing.step_time` plus the data-parallel traffic FSDP2 does not hide (`dp_exposed`).
 Pure Python: a few thousand layouts take a second or two.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from boost_titan.boost_llama.shapes import FLAVORS, ModelShape
 from boost_titan.config import AC_MODES, OVERLAP_CHUNKS
 from boost_titan.config.errors import ConfigError
-from boost_titan.perf import memory, step_model
+from boost_titan.perf import layout, memory, timing
 from boost_titan.perf.gpus import GPUS, GpuProfile, gpu_profile
 from boost_titan.perf.job import job_plan
 from boost_titan.perf.layout import TrainingLayout
@@ -140,7 +140,7 @@ def _structural(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> str:
     if plan.tp > gpu.gpus_per_node:
         return f"tp {plan.tp} exceeds the {gpu.gpus_per_node} GPUs of a node"
     try:
-        step_model.check(args, replace(plan, pp=1))
+        layout.check(args, replace(plan, pp=1))
     except ConfigError as e:
         return str(e).split(";")[0]
     return memory.split_error(args.n_layers, plan.pp) or ""
@@ -203,7 +203,7 @@ def _variants(plan: TrainingLayout, gpu: GpuProfile, overlap: bool) -> list[Trai
 
 
 def _timed(args: ModelShape, plan: TrainingLayout, dp: int, peak, gpu: GpuProfile) -> Candidate:
-    compute = step_model.step_time(args, plan, gpu)["step"]
+    compute = timing.step_time(args, plan, gpu)["step"]
     return Candidate(plan, dp, peak, step_s=compute + dp_exposed(args, plan, dp, compute, gpu))
 
 
@@ -212,7 +212,7 @@ def plan_layouts(request: Request) -> Result:
     their overlap-chunk and float8 variants; ConfigError (one line) when none fits."""
     check_request(request)
     gpu = gpu_profile(request.gpu)
-    args = step_model.model_args(request.flavor, request.arch, strategies(request.arch)[0])
+    args = layout.trained_shape(request.flavor, request.arch, strategies(request.arch)[0])
     usable = USABLE * request.gpu_memory_gib * memory.GIB
     ranked, oom, structural = [], [], []
     for plan, dp, why in _plans(request, args, gpu):
@@ -547,7 +547,7 @@ def paper_rows(gpu: str = "a100") -> list[list[str]]:
         job = job_plan(f"train_configs/{flavor}.toml", gpus)
         dp = gpus // (job.plan.tp * job.plan.pp)
         profile = gpu_profile(gpu)
-        compute = step_model.step_time(job.args, job.plan, profile)["step"]
+        compute = timing.step_time(job.args, job.plan, profile)["step"]
         step = compute + dp_exposed(job.args, job.plan, dp, compute, profile)
         peak = job.peak_memory()
         paper = Candidate(job.plan, dp, peak, step_s=step)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from boost_titan.perf import step_model
+from boost_titan.perf import layout, timing
 from boost_titan.perf.gpus import GpuProfile, gpu_profile
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.records import _render
@@ -70,8 +70,8 @@ HOST_FIT = H100_ROWS[0]
 
 
 def predicted_step(row: MeasuredRow, gpu: GpuProfile, **changes) -> float:
-    args = step_model.model_args(FLAVOR, row.arch, row.strategy)
-    return step_model.step_time(args, row.plan(**changes), gpu)["step"]
+    args = layout.trained_shape(FLAVOR, row.arch, row.strategy)
+    return timing.step_time(args, row.plan(**changes), gpu)["step"]
 
 
 def fit_host_launch(gpu: str = "h100", row: MeasuredRow = HOST_FIT) -> float:

@@ -15,7 +15,7 @@ FSDP shard degree:
   TorchTitan's policy for PP); with FSDP (d > 1) a
   block's copy lives during its forward and again during its backward, the final norm +
   lm_head's from forward to backward (TorchTitan does not reshard them).
-- activations: `step_model.activation_bytes` per block (exact against `bench trace`) x the
+- activations: `activations.activation_bytes` per block (exact against `bench trace`) x the
   stage's blocks x the micro-batches 1F1B keeps in flight on it (pp - s, at most all).
   Under context parallelism a rank holds T / cp tokens of each micro-batch, so every
   per-token term (activations, loss) falls by cp, and FSDP shards over dp_shard x cp.
@@ -45,7 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from boost_titan.boost_llama.shapes import ModelShape
-from boost_titan.perf import step_model
+from boost_titan.perf.activations import activation_bytes, end_activations
+from boost_titan.perf.block import kv_width, layer_params
 from boost_titan.perf.layout import BF16_WEIGHTS, TrainingLayout
 
 GIB = 2**30
@@ -111,7 +112,7 @@ def _end_params(args: ModelShape, plan: TrainingLayout) -> tuple[int, int]:
 def stage_params(args: ModelShape, plan: TrainingLayout, stage: int) -> int:
     """Parameters on one rank of pipeline stage `stage`."""
     embedding, head = _end_params(args, plan)
-    blocks = stage_layers(args.n_layers, plan.pp)[stage] * step_model.layer_params(args, plan)
+    blocks = stage_layers(args.n_layers, plan.pp)[stage] * layer_params(args, plan)
     return blocks + embedding * (stage == 0) + head * (stage == plan.pp - 1)
 
 
@@ -122,19 +123,19 @@ def in_flight(plan: TrainingLayout, stage: int) -> int:
 
 def forward_saved_bytes(args: ModelShape, plan: TrainingLayout, stage: int = 0) -> int:
     """Bytes one micro-batch's forward keeps for backward on one rank of `stage`: its
-    blocks (`step_model.activation_bytes` each) and the model's ends on it
-    (`step_model.end_activations`): what `runtime.saved_activations` measures of a forward
+    blocks (`activations.activation_bytes` each) and the model's ends on it
+    (`activations.end_activations`): what `runtime.saved_activations` measures of a forward
     (with RMSNorm saving what CUDA's fused kernel saves)."""
-    blocks = stage_layers(args.n_layers, plan.pp)[stage] * step_model.activation_bytes(args, plan)
-    return blocks + sum(step_model.end_activations(args, plan, stage).values())
+    blocks = stage_layers(args.n_layers, plan.pp)[stage] * activation_bytes(args, plan)
+    return blocks + sum(end_activations(args, plan, stage).values())
 
 
 def _recomputed(args: ModelShape, plan: TrainingLayout) -> int:
     """Bytes a block's backward rebuilds under `plan.ac` (none: nothing)."""
     if plan.ac == "none":
         return 0
-    none = step_model.activation_bytes(args, TrainingLayout(**{**plan.__dict__, "ac": "none"}))
-    return max(0, none - step_model.activation_bytes(args, plan))
+    none = activation_bytes(args, TrainingLayout(**{**plan.__dict__, "ac": "none"}))
+    return max(0, none - activation_bytes(args, plan))
 
 
 def ring_buffers(args: ModelShape, plan: TrainingLayout) -> int:
@@ -143,7 +144,7 @@ def ring_buffers(args: ModelShape, plan: TrainingLayout) -> int:
     CP)."""
     if plan.cp == 1:
         return 0
-    kv_local = 2 * plan.tokens * step_model.kv_width(args, plan)
+    kv_local = 2 * plan.tokens * kv_width(args, plan)
     return kv_local * (plan.cp * plan.dtype_bytes + 2 * FP32)
 
 
@@ -166,7 +167,7 @@ def stage_memory(
     dp_shard *= plan.cp  # TorchTitan's FSDP mesh is dp_shard x cp
     state, last = plan.state, stage == plan.pp - 1
     n = stage_params(args, plan, stage)
-    block = step_model.layer_params(args, plan)
+    block = layer_params(args, plan)
     _, head = _end_params(args, plan)
     copy = COPY_BYTES[state]
     one_copy = copy * (head + block)  # FSDP: one block's and the final norm + lm_head's
@@ -175,7 +176,7 @@ def stage_memory(
     # the last micro-batch's backward frees each unit's copy after its backward
     end_copy = copy * n if kept and plan.microbatches > 1 else one_copy
     layers = stage_layers(args.n_layers, plan.pp)[stage]
-    activations = step_model.activation_bytes(args, plan) * layers * in_flight(plan, stage)
+    activations = activation_bytes(args, plan) * layers * in_flight(plan, stage)
     t, vocab = plan.tokens, args.vocab_size // plan.tp
     residual = args.dim // plan.tp if plan.strategy == "btp" else args.dim
     per_logit = LOSS_PARALLEL_BYTES if plan.tp > 1 else LOSS_BYTES

@@ -24,9 +24,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from boost_titan.perf import costs, measured, predict, step_model
+from boost_titan.boost_llama.strategies import STRATEGIES
+from boost_titan.perf import block, costs, layout, measured, predict, timing
 from boost_titan.perf.gpus import GEMM_TILES, NCCL, gpu_profile
-from boost_titan.perf.layout import STRATEGIES, TrainingLayout
+from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.records import (
     CommAblationRow,
     ConstantRow,
@@ -102,7 +103,7 @@ def validation_rows(gpu: str = PAPER_GPU, ac: str = "none") -> list[ValidationRo
         records = {
             s: predict.evaluate(
                 row.flavor,
-                step_model.model_args(row.flavor, "cola", s),
+                layout.trained_shape(row.flavor, "cola", s),
                 paper_plan(row, s, ac),
                 [gpu],
                 gpu_work_only=True,
@@ -127,7 +128,7 @@ def validation_rows(gpu: str = PAPER_GPU, ac: str = "none") -> list[ValidationRo
 def low_rank_pair(strategy: str, part: str, flavor: str = "7B") -> list[Gemm]:
     """The authors' GEMM benchmark: one low-rank pair's forward on one of TP4's GPUs,
     batch 4 x seq 4096 tokens; attention d -> r -> d, MLP d -> r -> d_ff."""
-    args = step_model.model_args(flavor, "cola", strategy)
+    args = layout.trained_shape(flavor, "cola", strategy)
     tokens, tp, d, r = (
         ABLATION_PLAN["micro_batch"] * ABLATION_PLAN["seq_len"],
         ABLATION_PLAN["tp"],
@@ -166,7 +167,7 @@ def comm_ablation(gpu: str = PAPER_GPU) -> list[CommAblationRow]:
     profile, rows = gpu_profile(gpu), []
     for strategy, (paper_bytes, paper_s) in COMM_ABLATION.items():
         plan = TrainingLayout(strategy=strategy, **ABLATION_PLAN)
-        fwd, _ = step_model.layer_collectives(step_model.model_args("7B", "cola", strategy), plan)
+        fwd, _ = block.layer_collectives(layout.trained_shape("7B", "cola", strategy), plan)
         nbytes = [c.bytes(plan.tokens, plan.dtype_bytes) for c in fwd]
         seconds = sum(
             costs.collective_time(c.kind, n, plan.tp, profile)
@@ -186,7 +187,7 @@ def switch_rows(gpu: str = PAPER_GPU) -> list[SwitchRow]:
     """Grouping and online RMSNorm as predicted speedups of BTP, in every paper row with TP."""
     rows = []
     for row in (r for r in PAPER_ROWS if r.tp > 1):
-        args = step_model.model_args(row.flavor, "cola", "btp")
+        args = layout.trained_shape(row.flavor, "cola", "btp")
         default = paper_plan(row, "btp")
         base = predict.evaluate(row.flavor, args, default, [gpu]).predicted_step_s[gpu]
         for switch, change in SWITCHES.items():
@@ -270,8 +271,8 @@ def constant_rows(gpu: str = PAPER_GPU) -> list[ConstantRow]:
         ),
         ConstantRow(
             "AdamW + clipping",
-            f"{step_model.ADAMW_BYTES_PER_PARAM['bf16']} + "
-            f"{step_model.CLIP_GRAD_PASSES} x grad bytes per parameter",
+            f"{timing.ADAMW_BYTES_PER_PARAM['bf16']} + "
+            f"{timing.CLIP_GRAD_PASSES} x grad bytes per parameter",
             "counted",
         ),
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boost_titan.perf import predict, step_model
+from boost_titan.perf import layout, predict
 from boost_titan.perf.gpus import gpu_profile
 from boost_titan.perf.job import job_plan
 from boost_titan.perf.layout import TrainingLayout
@@ -51,7 +51,7 @@ class PrecisionRow:
 def precision_rows(gpus: tuple[str, ...] = GPUS) -> list[PrecisionRow]:
     rows = []
     for paper in PAPER_ROWS:
-        args = step_model.model_args(paper.flavor, "cola", "btp")
+        args = layout.trained_shape(paper.flavor, "cola", "btp")
         for gpu in gpus:
             seconds: dict[str, float | None] = {}
             counts = {}

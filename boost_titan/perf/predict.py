@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from boost_titan.boost_llama.shapes import ModelShape, param_count
 from boost_titan.config.errors import ConfigError
-from boost_titan.perf import memory, step_model
+from boost_titan.perf import activations, block, float8_costs, layout, memory, timing
 from boost_titan.perf.gpus import GPUS, gpu_profile
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.records import PerfRecord, layout_fields
@@ -35,7 +35,7 @@ def evaluate(
     first of which `add_speedups` compares on. `gpu_work_only`: the GPU's work alone, no
     host term (for code whose host cost the model does not know). `dp_shard`: FSDP's shard
     degree, which divides the weights, gradients and optimizer state in memory."""
-    step_model.check(args, plan)
+    layout.check(args, plan)
     profiles = {g: gpu_profile(g) for g in gpus}
     if gpu_work_only:
         profiles = {g: replace(p, host_launch_s=0.0) for g, p in profiles.items()}
@@ -53,12 +53,12 @@ def evaluate(
                 f"SM89+); pick a --gpu among {able}"
             )
     t, db = plan.tokens, plan.dtype_bytes
-    selections = step_model.selection_counts(args, plan, range(args.n_layers))
-    fwd, bwd = step_model.layer_collectives(args, plan)
-    step_fwd, step_bwd = step_model.step_collectives(args, plan)
-    flops = step_model.layer_flops(args, plan)
-    times = {g: step_model.step_time(args, plan, profile) for g, profile in profiles.items()}
-    ring_fwd, ring_bwd = step_model.ring_bytes(args, plan)
+    selections = float8_costs.selection_counts(args, plan, range(args.n_layers))
+    fwd, bwd = block.layer_collectives(args, plan)
+    step_fwd, step_bwd = block.step_collectives(args, plan)
+    flops = block.layer_flops(args, plan)
+    times = {g: timing.step_time(args, plan, profile) for g, profile in profiles.items()}
+    ring_fwd, ring_bwd = block.ring_bytes(args, plan)
     return PerfRecord(
         flavor=flavor,
         arch=args.arch,
@@ -73,29 +73,29 @@ def evaluate(
         step_collectives_bwd=[c.to_json(t, db) for c in step_bwd],
         flops_per_layer=flops,
         flops_per_layer_bwd=2 * flops,
-        recompute_flops_per_layer=step_model.recompute_flops(args, plan),
-        gemms=[g.to_json(db) for g in step_model.layer_gemms(args, plan)],
-        activation_bytes_per_layer=step_model.activation_bytes(args, plan),
+        recompute_flops_per_layer=block.recompute_flops(args, plan),
+        gemms=[g.to_json(db) for g in block.layer_gemms(args, plan)],
+        activation_bytes_per_layer=activations.activation_bytes(args, plan),
         params_total=param_count(args),
-        params_per_rank=step_model.params_per_rank(args, plan),
+        params_per_rank=block.params_per_rank(args, plan),
         memory_bytes_per_rank=memory_per_rank(args, plan, dp_shard),
         predicted_step_s={g: parts["step"] for g, parts in times.items()},
         time_breakdown_s={
-            g: {k: parts[k] for k in step_model.TIME_PARTS} for g, parts in times.items()
+            g: {k: parts[k] for k in timing.TIME_PARTS} for g, parts in times.items()
         },
         hidden_comm_s={g: parts["comm_hidden"] for g, parts in times.items()},
         memory_kernels_s={
-            g: step_model.memory_kernels(args, plan, profile) for g, profile in profiles.items()
+            g: timing.memory_kernels(args, plan, profile) for g, profile in profiles.items()
         },
         speedup_gpu=gpus[0],
         precision=plan.precision,
         float8_gemms={
             "float8": sum(len(s) * n for s, n in selections.items()),
-            "total": len(step_model.layer_gemms(args, plan)) * args.n_layers,
+            "total": len(block.layer_gemms(args, plan)) * args.n_layers,
         }
         if plan.float8
         else {},
-        float8_skipped={k: v for k, v in step_model.float8_selection(args, plan, 0).items() if v},
+        float8_skipped={k: v for k, v in float8_costs.float8_selection(args, plan, 0).items() if v},
         ring_bytes_per_layer_fwd=ring_fwd,
         ring_bytes_per_layer_bwd=ring_bwd,
         saved_activations_per_microbatch=memory.forward_saved_bytes(args, plan),
@@ -137,7 +137,7 @@ def sweep(
     with speedups."""
     records = [
         evaluate(
-            f, step_model.model_args(f, arch, s), TrainingLayout(strategy=s, tp=tp, **plan), gpus
+            f, layout.trained_shape(f, arch, s), TrainingLayout(strategy=s, tp=tp, **plan), gpus
         )
         for f in flavors
         for tp in tps

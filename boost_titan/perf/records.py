@@ -15,7 +15,7 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
   collective; behind lists the GEMMs whose weight grads run while it is in flight.
 - step_collectives_fwd / _bwd: the same for the model-level extras (final norm, gather,
   lm_head, loss parallel), once per micro-batch and pipeline, not per layer.
-- flops_per_layer: forward FLOPs of a block per rank (GEMMs + attention, see step_model);
+- flops_per_layer: forward FLOPs of a block per rank (GEMMs + attention, see block);
   flops_per_layer_bwd = 2x; recompute_flops_per_layer: extra backward work of `ac`.
 - gemms: forward GEMMs of a block per rank: {name, m, n, k, flops, intensity}, the
   product [m, k] x [k, n], intensity = FLOPs per byte of the three operands.
@@ -100,7 +100,7 @@ class PerfRecord(LayerRecord):
     ring_bytes_per_layer_fwd: int = 0
     ring_bytes_per_layer_bwd: int = 0
     """Bytes a rank receives through CP's K/V ring per block and micro-batch
-    (`step_model.ring_bytes`)."""
+    (`block.ring_bytes`)."""
     saved_activations_per_microbatch: int = 0
     """Bytes one micro-batch's forward keeps for backward on a rank of the first stage,
     blocks and the model's ends (`memory.forward_saved_bytes`)."""

@@ -1,5 +1,5 @@
 """What one rank runs in a training step, as plain records: GEMMs, collectives and
-memory-bound kernels. `step_model` lists them for a configuration, `costs` prices them.
+memory-bound kernels. `block` lists them for a configuration, `costs` prices them.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from boost_titan.parallelize.debug import (
     collective_kind,
     record_collectives,
 )
-from boost_titan.perf import step_model
+from boost_titan.perf import block
 from boost_titan.perf.layout import TrainingLayout
 
 BATCH, SEQ = 2, 8
@@ -148,7 +148,7 @@ def test_block_collectives_match_step_model(mesh, case):
         rmsnorm=rmsnorm,
         group_linears=grouped,
     )
-    model_fwd, model_bwd = step_model.layer_collectives(small_args(arch), plan)
+    model_fwd, model_bwd = block.layer_collectives(small_args(arch), plan)
     for recorded, modelled in ((fwd.calls, model_fwd), (bwd.calls, model_bwd)):
         assert per_token(recorded) == sorted((c.kind, c.elements_per_token) for c in modelled)
         assert sorted(c.nbytes for c in recorded) == sorted(c.bytes(TOKENS, 4) for c in modelled)
@@ -167,7 +167,7 @@ def test_online_statistic_in_activation_dtype(mesh, grouped):
         dtype="bf16",
         group_linears=grouped,
     )
-    model_fwd, model_bwd = step_model.layer_collectives(small_args("cola"), plan)
+    model_fwd, model_bwd = block.layer_collectives(small_args("cola"), plan)
     assert {c.dtype for c in fwd.calls + bwd.calls} == {torch.bfloat16}
     for recorded, modelled in ((fwd.calls, model_fwd), (bwd.calls, model_bwd)):
         assert sorted(c.nbytes for c in recorded) == sorted(c.bytes(TOKENS, 2) for c in modelled)
@@ -195,7 +195,7 @@ def test_model_level_collectives(mesh, arch, strategy):
     else:
         assert per_token(extra_fwd) == stats
         assert per_token(extra_bwd) == [("all_reduce", D)]  # lm_head input grad
-    model_fwd, model_bwd = step_model.step_collectives(
+    model_fwd, model_bwd = block.step_collectives(
         small_args(arch), TrainingLayout(strategy=strategy, tp=tp, seq_len=SEQ, micro_batch=BATCH)
     )
     assert per_token(extra_fwd) == sorted((c.kind, c.elements_per_token) for c in model_fwd)

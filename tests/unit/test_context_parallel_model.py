@@ -9,7 +9,7 @@ import pytest
 
 from boost_titan.boost_llama.shapes import flavor_shape
 from boost_titan.config.errors import ConfigError
-from boost_titan.perf import costs, layout_search, memory, step_model
+from boost_titan.perf import activations, block, costs, layout, layout_search, memory, timing
 from boost_titan.perf.gpus import gpu_profile
 from boost_titan.perf.layout import TrainingLayout
 from tests.helpers import DEBUG_TOML
@@ -43,11 +43,11 @@ def test_activations_per_rank_divide_by_cp(strategy, ac):
     one = TrainingLayout(strategy, tp=4, seq_len=32768, micro_batch=2, microbatches=2, ac=ac)
     for cp in (2, 4):
         split = dataclasses.replace(one, cp=cp)
-        whole, part = (step_model.saved_activations(args, p) for p in (one, split))
+        whole, part = (activations.saved_activations(args, p) for p in (one, split))
         for item, nbytes in whole.items():
             expected = nbytes if item.endswith("concat_weights") else nbytes // cp
             assert part[item] == expected, (item, cp)
-        kept_one, kept_cp = (step_model.activation_bytes(args, p) for p in (one, split))
+        kept_one, kept_cp = (activations.activation_bytes(args, p) for p in (one, split))
         weights = sum(v for k, v in whole.items() if k.endswith("concat_weights"))
         fixed = weights if ac == "none" else 0
         # without AC, wo's copy of the ring's head-major output; low-rank AC under CP
@@ -82,10 +82,10 @@ def test_ring_bytes_are_the_unrepeated_kv_volume(strategy, tp, n_kv_heads, cp):
     heads = args.n_kv_heads or args.n_heads
     per_rank_heads = heads if strategy == "vanilla" else heads // tp
     kv_volume = 2 * micro * seq * per_rank_heads * 128  # K and V elements, head_dim 128
-    forward, backward = step_model.ring_bytes(args, plan)
+    forward, backward = block.ring_bytes(args, plan)
     assert forward * cp == (cp - 1) * kv_volume * 2
     assert backward == forward + kv_volume * 4
-    assert step_model.ring_bytes(args, dataclasses.replace(plan, cp=1)) == (0, 0)
+    assert block.ring_bytes(args, dataclasses.replace(plan, cp=1)) == (0, 0)
 
 
 def test_ring_hides_behind_attention_inside_a_node():
@@ -93,11 +93,11 @@ def test_ring_hides_behind_attention_inside_a_node():
     exposed in forward, and the hidden time is the whole gather (`costs.gather_time`)."""
     args = _args("btp")
     plan = TrainingLayout("btp", tp=4, cp=2, seq_len=32768)
-    attention = step_model.attention_flops(args, plan)
+    attention = block.attention_flops(args, plan)
     attn_fwd = costs.attention_time(attention, plan.dtype, H100)
     attn_bwd = costs.attention_time(attention, plan.dtype, H100, backward=True)
-    (exposed, hidden), _ = step_model.ring_times(args, plan, H100, attn_fwd, attn_bwd)
-    gather_bytes = step_model.ring_bytes(args, plan)[0] // (plan.cp - 1)
+    (exposed, hidden), _ = timing.ring_times(args, plan, H100, attn_fwd, attn_bwd)
+    gather_bytes = block.ring_bytes(args, plan)[0] // (plan.cp - 1)
     assert exposed == 0.0
     assert hidden == pytest.approx(costs.gather_time(gather_bytes, 2, H100, in_node=True))
 
@@ -110,23 +110,23 @@ def test_lowrank_ac_under_cp_replays_no_ring(strategy):
     full AC replays both."""
     args = _args(strategy)
     base = TrainingLayout(strategy, tp=4, cp=2, seq_len=32768)
-    _, none = step_model.block_phases(args, base, H100)
-    _, lowrank = step_model.block_phases(args, dataclasses.replace(base, ac="lowrank"), H100)
-    _, full = step_model.block_phases(args, dataclasses.replace(base, ac="full"), H100)
-    replayed_b = sum(g.flops for g in step_model.layer_gemms(args, base) if g.name.endswith(".B"))
+    _, none = timing.block_phases(args, base, H100)
+    _, lowrank = timing.block_phases(args, dataclasses.replace(base, ac="lowrank"), H100)
+    _, full = timing.block_phases(args, dataclasses.replace(base, ac="full"), H100)
+    replayed_b = sum(g.flops for g in block.layer_gemms(args, base) if g.name.endswith(".B"))
     lowrank_plan = dataclasses.replace(base, ac="lowrank")
-    assert step_model.recompute_flops(args, lowrank_plan) == replayed_b
+    assert block.recompute_flops(args, lowrank_plan) == replayed_b
     assert lowrank["attention"] == none["attention"] < full["attention"]
     if strategy == "btp":  # (vanilla's low-rank AC replays its own TP all-reduces)
         assert lowrank["comm"] == pytest.approx(none["comm"])
     # full AC replays the forward's communication, the ring's exposed all-gather included
     # (exposed when the CP pair spans two nodes, tp 8 x cp 2, at 8192 tokens)
     across = dataclasses.replace(base, tp=8, seq_len=8192)
-    forward, none = step_model.block_phases(args, across, H100)
-    _, full = step_model.block_phases(args, dataclasses.replace(across, ac="full"), H100)
-    attention = step_model.attention_flops(args, across)
+    forward, none = timing.block_phases(args, across, H100)
+    _, full = timing.block_phases(args, dataclasses.replace(across, ac="full"), H100)
+    attention = block.attention_flops(args, across)
     attn = [costs.attention_time(attention, "bf16", H100, backward=b) for b in (False, True)]
-    ring_fwd = step_model.ring_times(args, across, H100, *attn)[0][0]
+    ring_fwd = timing.ring_times(args, across, H100, *attn)[0][0]
     assert 0 < ring_fwd < forward["comm"]
     assert full["comm"] - none["comm"] == pytest.approx(forward["comm"])
 
@@ -138,9 +138,9 @@ def test_ring_across_nodes_costs_the_network():
     args = _args("btp")
     inside = TrainingLayout("btp", tp=4, cp=2, seq_len=32768)
     across = dataclasses.replace(inside, tp=8)
-    in_node = step_model.ring_times(args, inside, H100, 0.0, 0.0)[0][0]
-    net = step_model.ring_times(args, across, H100, 0.0, 0.0)[0][0]
-    gather = step_model.ring_bytes(args, across)[0]
+    in_node = timing.ring_times(args, inside, H100, 0.0, 0.0)[0][0]
+    net = timing.ring_times(args, across, H100, 0.0, 0.0)[0][0]
+    gather = block.ring_bytes(args, across)[0]
     assert in_node == costs.gather_time(2 * gather, 2, H100, in_node=True)
     assert net == costs.gather_time(gather, 2, H100, in_node=False) > gather / H100.net_bw
 
@@ -154,13 +154,13 @@ def test_attention_share_rises_and_btp_gain_falls_with_sequence_length():
     for seq in (4096, 32768, 131072):
         step = {}
         for strategy in ("megatron", "btp"):
-            args = step_model.model_args("7B", "cola", strategy)
+            args = layout.trained_shape("7B", "cola", strategy)
             plan = TrainingLayout(strategy, tp=4, cp=2, seq_len=seq, compiled=True)
-            attention = step_model.attention_flops(args, plan)
-            whole = step_model.attention_flops(args, dataclasses.replace(plan, cp=1))
+            attention = block.attention_flops(args, plan)
+            whole = block.attention_flops(args, dataclasses.replace(plan, cp=1))
             assert attention * plan.cp == whole  # load balanced: 1/cp of the work each
-            shares.setdefault(strategy, []).append(attention / step_model.layer_flops(args, plan))
-            step[strategy] = step_model.step_time(args, plan, H100)["step"]
+            shares.setdefault(strategy, []).append(attention / block.layer_flops(args, plan))
+            step[strategy] = timing.step_time(args, plan, H100)["step"]
         gains.append(step["megatron"] / step["btp"])
     for strategy, share in shares.items():
         assert share[0] < share[1] < share[2] and share[2] > 0.5, (strategy, share)
@@ -300,11 +300,11 @@ def test_gqa_block_keeps_unrepeated_kv_as_measured(tp):
     from boost_titan.bench.measure.activations import measure_layer
     from boost_titan.boost_llama import flavor_args
 
-    shape = dataclasses.replace(step_model.model_args("debug", "cola", "btp"), n_kv_heads=2)
+    shape = dataclasses.replace(layout.trained_shape("debug", "cola", "btp"), n_kv_heads=2)
     layer = measure_layer(
         flavor_args("debug", arch="cola", n_kv_heads=2), "none", seq_len=256, tp=tp
     )
     plan = TrainingLayout("btp", tp=tp, seq_len=256, dtype="bf16")
-    assert layer.saved_bytes == step_model.activation_bytes(shape, plan)
-    assert step_model.kv_repeated(shape, plan) is False
+    assert layer.saved_bytes == activations.activation_bytes(shape, plan)
+    assert activations.kv_repeated(shape, plan) is False
     assert torch.bfloat16.itemsize == plan.dtype_bytes

@@ -242,24 +242,24 @@ def test_1b_layer_tp4_btp_comm_free():
     assert m["full"].backward_collectives == {"all_reduce": 8}  # full AC replays them
     recompute = {k: v.backward_flops - m["none"].backward_flops for k, v in m.items()}
     assert recompute["lowrank"] < 0.7 * recompute["full"]
-    from boost_titan.perf import step_model
+    from boost_titan.perf import activations, block, layout
     from boost_titan.perf.layout import TrainingLayout
 
     # attention and every up-projection but B_down, whose output only feeds the residual
     # add that leaves the block
-    shape = step_model.model_args("1B", "cola", "btp")
+    shape = layout.trained_shape("1B", "cola", "btp")
     gemms = {
         g.name: g.flops
-        for g in step_model.layer_gemms(shape, TrainingLayout(strategy="btp", tp=4, seq_len=2048))
+        for g in block.layer_gemms(shape, TrainingLayout(strategy="btp", tp=4, seq_len=2048))
     }
     ups = sum(f for name, f in gemms.items() if name.endswith(".B") and name != "down.B")
-    assert recompute["lowrank"] == ups + step_model.attention_flops(
+    assert recompute["lowrank"] == ups + block.attention_flops(
         shape, TrainingLayout(strategy="btp", tp=4, seq_len=2048)
     )
     # the performance model's accounting is this measurement's, to the byte
     for mode in modes:
         plan = TrainingLayout(strategy="btp", tp=4, seq_len=2048, ac=mode)
-        assert m[mode].saved_bytes == step_model.activation_bytes(shape, plan), mode
+        assert m[mode].saved_bytes == activations.activation_bytes(shape, plan), mode
 
 
 def test_cli_rejects_bad_tp(capsys):

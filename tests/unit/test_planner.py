@@ -11,7 +11,7 @@ import shlex
 import pytest
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.perf import layout_search, memory, step_model
+from boost_titan.perf import activations, block, layout, layout_search, memory
 from boost_titan.perf.layout import TrainingLayout
 from tests.helpers import ROOT
 from tests.helpers.corpus import real_data_args
@@ -48,14 +48,14 @@ def test_memory_parts_hand_computed():
     copy (6 bytes per block parameter) and recompute: the backward of the step's only
     micro-batch has freed each block's copy after the block; with 2 micro-batches every
     copy is alive at the end of the first's backward."""
-    args = step_model.model_args("1B", "cola", "btp")
+    args = layout.trained_shape("1B", "cola", "btp")
     plan = TrainingLayout("btp", seq_len=4096, microbatches=1, ac="full")
-    n, block = step_model.params_per_rank(args, plan), step_model.layer_params(args, plan)
+    n, per_block = block.params_per_rank(args, plan), block.layer_params(args, plan)
     head = args.vocab_size * args.dim + args.dim
-    one_copy = 2 * (head + block)
+    one_copy = 2 * (head + per_block)
     at_loss = {
         "grads": 0,
-        "activations": args.n_layers * step_model.activation_bytes(args, plan),
+        "activations": args.n_layers * activations.activation_bytes(args, plan),
         "loss": (memory.LOSS_BYTES * args.vocab_size + 2 * args.dim) * 4096,
         "backward": 0,
     }
@@ -72,7 +72,7 @@ def test_memory_parts_hand_computed():
         **at_loss,
     }
     short = dataclasses.replace(plan, seq_len=512)
-    recompute = step_model.activation_bytes(args, dataclasses.replace(short, ac="none")) - 512 * (
+    recompute = activations.activation_bytes(args, dataclasses.replace(short, ac="none")) - 512 * (
         args.dim * 2
     )
     assert memory.stage_memory(args, short).parts == {
@@ -82,7 +82,7 @@ def test_memory_parts_hand_computed():
         "grads": 4 * n,
         "activations": 0,
         "loss": 0,
-        "backward": 6 * block + recompute,
+        "backward": 6 * per_block + recompute,
     }
     two = memory.stage_memory(args, dataclasses.replace(short, microbatches=2)).parts
     assert two["compute_copy"] == 2 * n and two["grads"] == 4 * n
@@ -91,7 +91,7 @@ def test_memory_parts_hand_computed():
 def test_memory_pipeline_in_flight():
     """13B TP4 x PP2, 4 micro-batches: 1F1B keeps 2 in flight on the first stage, 1 on the
     last; both hold 20 blocks (TorchTitan's split) and the last adds the loss."""
-    args = step_model.model_args("13B", "cola", "btp")
+    args = layout.trained_shape("13B", "cola", "btp")
     plan = TrainingLayout("btp", tp=4, pp=2, seq_len=4096, microbatches=4)
     first, last = (memory.stage_memory(args, plan, s) for s in (0, 1))
     assert memory.stage_layers(40, 2) == [20, 20]
@@ -365,7 +365,7 @@ def test_fit_line_says_fits_or_not():
     from boost_titan.perf.fits import fit_line
     from boost_titan.perf.job import JobPlan
 
-    args = step_model.model_args("7B", "cola", "btp")
+    args = layout.trained_shape("7B", "cola", "btp")
     plan = TrainingLayout(strategy="btp", tp=2, micro_batch=2, microbatches=1)
     job = JobPlan("7B", args, plan, "", (), dp_shard=4)
     peak = job.peak_memory().total / GIB

@@ -16,11 +16,23 @@ from boost_titan.bench.__main__ import main
 from boost_titan.bench.measure.fake_group import fake_tp_mesh
 from boost_titan.boost_llama.layers import apply_rope, rope_table
 from boost_titan.boost_llama.shapes import ModelShape, param_count
+from boost_titan.boost_llama.strategies import STRATEGIES
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize.norms import sync_rmsnorm
-from boost_titan.perf import costs, float8_costs, paper, predict, step_model, streams
+from boost_titan.perf import (
+    activations,
+    block,
+    costs,
+    float8_costs,
+    host,
+    layout,
+    paper,
+    predict,
+    streams,
+    timing,
+)
 from boost_titan.perf.gpus import GPUS, NCCL, GpuProfile, gpu_profile
-from boost_titan.perf.layout import BF16_WEIGHTS, STRATEGIES, TrainingLayout
+from boost_titan.perf.layout import BF16_WEIGHTS, TrainingLayout
 from boost_titan.perf.records import PerfRecord
 from boost_titan.perf.work import Collective, Gemm, Stream
 from tests.helpers import ROOT
@@ -39,12 +51,12 @@ def args_for(strategy: str) -> ModelShape:
     return TINY_FULL if strategy == "megatron" else TINY
 
 
-def sizes(collectives: list[step_model.Collective]) -> list[tuple[str, int]]:
+def sizes(collectives: list[Collective]) -> list[tuple[str, int]]:
     return [(c.name, c.elements_per_token) for c in collectives]
 
 
 def test_tiny_collectives_grouped_online():
-    fwd, bwd = step_model.layer_collectives(TINY, plan("btp"))
+    fwd, bwd = block.layer_collectives(TINY, plan("btp"))
     assert sizes(fwd) == [
         ("qkv.A", 7),
         ("o.A", 2),
@@ -55,12 +67,12 @@ def test_tiny_collectives_grouped_online():
     assert [c.bytes(3, 2) for c in fwd] == [42, 12, 30, 12]
     assert {c.kind for c in fwd + bwd} == {"all_reduce"}
 
-    fwd, bwd = step_model.layer_collectives(TINY, plan("vanilla"))
+    fwd, bwd = block.layer_collectives(TINY, plan("vanilla"))
     assert [n for _, n in sizes(fwd)] == [8, 8, 8, 8, 16, 16, 8]  # q k v o gate up down at d_out
     assert sizes(bwd) == [("down.A", 16), ("gate_up.A", 8), ("o.A", 8), ("qkv.A", 8)]
     assert sum(c.bytes(3, 2) for c in fwd) == 72 * BYTES_PER_ELEMENT
 
-    fwd, bwd = step_model.layer_collectives(TINY_FULL, plan("megatron"))
+    fwd, bwd = block.layer_collectives(TINY_FULL, plan("megatron"))
     assert sizes(fwd) == [("o", 8), ("down", 8)]
     assert sizes(bwd) == [("gate_up", 8), ("qkv", 8)]
 
@@ -71,8 +83,8 @@ def test_backward_all_reduces_hide_behind_weight_grads(strategy, grouped):
     """Each backward input-grad all-reduce names the GEMMs whose weight grads it runs
     behind: grouped, the one GEMM of the group; ungrouped, each member's; forward ones none."""
     p = plan(strategy, group_linears=grouped)
-    fwd, bwd = step_model.layer_collectives(args_for(strategy), p)
-    names = {g.name for g in step_model.layer_gemms(args_for(strategy), p)}
+    fwd, bwd = block.layer_collectives(args_for(strategy), p)
+    names = {g.name for g in block.layer_gemms(args_for(strategy), p)}
     assert all(not c.behind for c in fwd)
     assert all(c.behind and set(c.behind) <= names for c in bwd)
     behind = {c.name: c.behind for c in bwd}
@@ -85,26 +97,26 @@ def test_backward_all_reduces_hide_behind_weight_grads(strategy, grouped):
         assert behind["down.A"] == ("down.A",)
     else:
         assert behind["gate_up"] == (("gate_up",) if grouped else ("gate", "up"))
-    _, step_bwd = step_model.step_collectives(args_for(strategy), p)
+    _, step_bwd = block.step_collectives(args_for(strategy), p)
     assert [c.behind for c in step_bwd] == ([(), ()] if strategy == "btp" else [("lm_head",)])
 
 
 def test_tiny_collectives_sync_and_ungrouped():
-    fwd, bwd = step_model.layer_collectives(TINY, plan("btp", rmsnorm="sync"))
+    fwd, bwd = block.layer_collectives(TINY, plan("btp", rmsnorm="sync"))
     assert [n for _, n in sizes(fwd)] == [1, 6, 2, 1, 4, 2]
     assert sorted(n for _, n in sizes(bwd)) == [1, 1, 2, 2, 4, 6]
-    fwd, bwd = step_model.layer_collectives(TINY, plan("btp", group_linears=False))
+    fwd, bwd = block.layer_collectives(TINY, plan("btp", group_linears=False))
     assert [n for _, n in sizes(fwd)] == [3, 2, 2, 2, 3, 2, 2]  # statistic rides on q and gate
     assert [n for _, n in sizes(bwd)] == [2] * 7
-    fwd, bwd = step_model.layer_collectives(TINY, plan("btp", group_linears=False, rmsnorm="sync"))
+    fwd, bwd = block.layer_collectives(TINY, plan("btp", group_linears=False, rmsnorm="sync"))
     assert (len(fwd), len(bwd)) == (9, 9)
-    _, bwd = step_model.layer_collectives(TINY, plan("vanilla", group_linears=False))
+    _, bwd = block.layer_collectives(TINY, plan("vanilla", group_linears=False))
     assert sizes(bwd) == [("down.A", 16), ("gate_up.A", 8), ("o.A", 8), ("qkv.A", 8)]  # per input
-    assert step_model.layer_collectives(TINY, plan("btp", tp=1)) == ([], [])
+    assert block.layer_collectives(TINY, plan("btp", tp=1)) == ([], [])
 
 
 def test_tiny_step_collectives():
-    fwd, bwd = step_model.step_collectives(TINY, plan("btp"))
+    fwd, bwd = block.step_collectives(TINY, plan("btp"))
     assert [(c.kind, c.elements_per_token) for c in fwd] == [
         ("all_reduce", 1),
         ("all_gather", 4),
@@ -116,54 +128,52 @@ def test_tiny_step_collectives():
         ("reduce_scatter", 8),
         ("all_reduce", 1),
     ]
-    fwd, bwd = step_model.step_collectives(TINY_FULL, plan("megatron"))
+    fwd, bwd = block.step_collectives(TINY_FULL, plan("megatron"))
     assert [c.elements_per_token for c in fwd] == [1, 1, 1]
     assert sizes(bwd) == [("lm_head", 8)]
 
 
 def test_tiny_flops_and_gemms():
     # low-rank GEMMs: 2T * sum r(d_in + d_out) / tp = 6 * 272 / 2; attention 4*T*seq*d/tp = 144
-    assert step_model.layer_flops(TINY, plan("btp")) == 816 + 144
-    assert step_model.layer_flops(TINY, plan("vanilla")) == 816 + 288  # attention replicated
-    assert step_model.layer_flops(TINY_FULL, plan("megatron")) == 6 * 640 // 2 + 144
-    megatron = {
-        g.name: (g.m, g.n, g.k) for g in step_model.layer_gemms(TINY_FULL, plan("megatron"))
-    }
+    assert block.layer_flops(TINY, plan("btp")) == 816 + 144
+    assert block.layer_flops(TINY, plan("vanilla")) == 816 + 288  # attention replicated
+    assert block.layer_flops(TINY_FULL, plan("megatron")) == 6 * 640 // 2 + 144
+    megatron = {g.name: (g.m, g.n, g.k) for g in block.layer_gemms(TINY_FULL, plan("megatron"))}
     assert megatron == {"qkv": (3, 12, 8), "o": (3, 8, 4), "gate_up": (3, 16, 8), "down": (3, 8, 8)}
-    ungrouped = step_model.layer_gemms(TINY_FULL, plan("megatron", group_linears=False))
+    ungrouped = block.layer_gemms(TINY_FULL, plan("megatron", group_linears=False))
     assert [g.name for g in ungrouped] == ["q", "k", "v", "o", "gate", "up", "down"]
     # without TP the model runs one GEMM per projection, grouped or not
-    assert [g.name for g in step_model.layer_gemms(TINY, plan("btp", tp=1))][:3] == [
+    assert [g.name for g in block.layer_gemms(TINY, plan("btp", tp=1))][:3] == [
         "q.A",
         "q.B",
         "k.A",
     ]
-    btp = {g.name: (g.m, g.n, g.k) for g in step_model.layer_gemms(TINY, plan("btp"))}
+    btp = {g.name: (g.m, g.n, g.k) for g in block.layer_gemms(TINY, plan("btp"))}
     assert btp["qkv.A"] == (3, 6, 4) and btp["q.B"] == (3, 4, 2) and btp["down.A"] == (3, 2, 8)
-    vanilla = {g.name: (g.m, g.n, g.k) for g in step_model.layer_gemms(TINY, plan("vanilla"))}
+    vanilla = {g.name: (g.m, g.n, g.k) for g in block.layer_gemms(TINY, plan("vanilla"))}
     assert (
         vanilla["qkv.A"] == (3, 3, 8)
         and vanilla["q.B"] == (3, 8, 1)
         and vanilla["down.A"] == (3, 1, 16)
     )
-    dx, dw = step_model.Gemm("x", 3, 4, 2).backward()
+    dx, dw = Gemm("x", 3, 4, 2).backward()
     assert (dx.m, dx.n, dx.k, dw.m, dw.n, dw.k) == (3, 2, 4, 2, 4, 3)
-    assert step_model.Gemm("x", 2, 2, 2).intensity(2) == 16 / 24
-    assert step_model.recompute_flops(TINY, plan("btp", ac="full")) == 960
+    assert Gemm("x", 2, 2, 2).intensity(2) == 16 / 24
+    assert block.recompute_flops(TINY, plan("btp", ac="full")) == 960
     # lowrank recomputes the B GEMMs (2T r sum(d_out) / tp) and attention
-    assert step_model.recompute_flops(TINY, plan("btp", ac="lowrank")) == 6 * 2 * 72 // 2 + 144
+    assert block.recompute_flops(TINY, plan("btp", ac="lowrank")) == 6 * 2 * 72 // 2 + 144
 
 
 def test_tiny_memory():
-    assert step_model.layer_params(TINY, plan("btp")) == 136 + 8  # r(d_in+d_out)/tp + sharded norms
-    assert step_model.layer_params(TINY, plan("vanilla")) == 136 + 16
-    assert step_model.layer_params(TINY_FULL, plan("megatron")) == 320 + 16
+    assert block.layer_params(TINY, plan("btp")) == 136 + 8  # r(d_in+d_out)/tp + sharded norms
+    assert block.layer_params(TINY, plan("vanilla")) == 136 + 16
+    assert block.layer_params(TINY_FULL, plan("megatron")) == 320 + 16
     for strategy in STRATEGIES:
         args = args_for(strategy)
-        assert step_model.params_per_rank(args, plan(strategy, tp=1)) == param_count(args)
+        assert block.params_per_rank(args, plan(strategy, tp=1)) == param_count(args)
     mem = predict.memory_per_rank(TINY, plan("btp"))  # 4 micro-batches: later ones hold every grad
-    assert mem["grads"] == mem["weights"] == 4 * step_model.params_per_rank(TINY, plan("btp"))
-    assert mem["activations"] == 2 * step_model.activation_bytes(TINY, plan("btp"))
+    assert mem["grads"] == mem["weights"] == 4 * block.params_per_rank(TINY, plan("btp"))
+    assert mem["activations"] == 2 * activations.activation_bytes(TINY, plan("btp"))
     assert mem["optimizer"] == 2 * mem["weights"]  # AdamW's two fp32 moments per master weight
     assert mem["total"] == sum(v for k, v in mem.items() if k != "total")
 
@@ -172,7 +182,7 @@ def test_tiny_saved_activations_hand_computed():
     """Bytes one block keeps for backward, T = 3 tokens, bf16 (2 bytes), TP2: TINY has
     d 8, r 2, d_ff 16 and 2 heads of 4, so per rank btp holds residual 4, q = k = v 4,
     ffn 8, latents 2 and one head; the rstd and log-sum-exp are fp32 (4 bytes)."""
-    btp = step_model.saved_activations(TINY, plan("btp"))
+    btp = activations.saved_activations(TINY, plan("btp"))
     assert btp == {
         "attention_norm.input": 3 * 4 * 2,
         "attention_norm.statistic": 3 * 2,
@@ -194,7 +204,7 @@ def test_tiny_saved_activations_hand_computed():
     assert sum(btp.values()) == 560
     # megatron: replicated norms keep input, fp32 rstd and output (8 wide); q/k/v are views
     # of one [12] GEMM output that v keeps; the MLP keeps gate/up [16], SiLU(gate), product
-    megatron = step_model.saved_activations(TINY_FULL, plan("megatron"))
+    megatron = activations.saved_activations(TINY_FULL, plan("megatron"))
     assert megatron["attention_norm.input"] == megatron["attention_norm.output"] == 48
     assert megatron["attention_norm.rstd"] == 3 * 4
     assert (
@@ -209,31 +219,31 @@ def test_tiny_saved_activations_hand_computed():
     )
     assert sum(megatron.values()) == 2 * 108 + 192 + 256 + (24 + 24 + 72 + 24 + 12) + 192 == 1012
     # vanilla: replicated activations, all heads (lse 2 per token), latents r/tp = 1
-    vanilla = step_model.saved_activations(TINY, plan("vanilla"))
+    vanilla = activations.saved_activations(TINY, plan("vanilla"))
     assert vanilla["qkv.concat_weights"] == 3 * 8 * 2 and vanilla["attention.lse"] == 3 * 2 * 4
     assert vanilla["pairs.latents"] == vanilla["pairs.silu"] == 7 * 3 * 1 * 2
     assert sum(vanilla.values()) == 216 + 80 + 216 + 288 + 84 == 884
     # sync RMSNorm (eager): two fp32 upcasts, fp32 rstd, the normalised product, the output
-    sync = step_model.saved_activations(TINY, plan("btp", rmsnorm="sync"))
+    sync = activations.saved_activations(TINY, plan("btp", rmsnorm="sync"))
     assert (sync["attention_norm.upcast"], sync["attention_norm.rstd"]) == (2 * 3 * 4 * 4, 12)
     assert sync["attention_norm.normalised"] == sync["attention_norm.output"] == 24
-    fp32 = step_model.saved_activations(TINY, plan("btp", rmsnorm="sync", dtype="fp32"))
+    fp32 = activations.saved_activations(TINY, plan("btp", rmsnorm="sync", dtype="fp32"))
     assert fp32["attention_norm.upcast"] == 3 * 4 * 4  # the upcast is the input itself
     # ungrouped, the online norm also keeps each consumer's latent; no weights concatenated
-    ungrouped = step_model.saved_activations(TINY, plan("btp", group_linears=False))
+    ungrouped = activations.saved_activations(TINY, plan("btp", group_linears=False))
     assert (
         ungrouped["attention_norm.latents"] == 3 * 3 * 2 * 2 and ungrouped["ffn_norm.latents"] == 24
     )
     assert not any(k.endswith("concat_weights") for k in ungrouped)
     # SVD: one latent per pair (no SiLU), and a SiLU on the MLP gate
-    svd = step_model.saved_activations(dataclasses.replace(TINY, arch="svd"), plan("btp"))
+    svd = activations.saved_activations(dataclasses.replace(TINY, arch="svd"), plan("btp"))
     assert "pairs.silu" not in svd and svd["mlp.silu_gate"] == 48
     # GQA (one kv head of 4 on 2 heads): bf16 flash attention takes k and v un-repeated;
     # fp32 on a GPU runs another kernel, which takes them repeated to q's width
     gqa_shape = dataclasses.replace(TINY_FULL, n_heads=2, n_kv_heads=1)
-    gqa = step_model.saved_activations(gqa_shape, plan("megatron", tp=1))
+    gqa = activations.saved_activations(gqa_shape, plan("megatron", tp=1))
     assert gqa["attention.k"] == gqa["attention.v"] == 3 * 4 * 2 and gqa["attention.q"] == 48
-    gqa = step_model.saved_activations(gqa_shape, plan("megatron", tp=1, dtype="fp32"))
+    gqa = activations.saved_activations(gqa_shape, plan("megatron", tp=1, dtype="fp32"))
     assert gqa["attention.k"] == gqa["attention.v"] == gqa["attention.q"] == 3 * 8 * 4
 
 
@@ -250,20 +260,20 @@ def test_tiny_activation_bytes_under_ac():
         ("megatron", "full"): 48,
     }
     for (strategy, ac), nbytes in expected.items():
-        assert step_model.activation_bytes(args_for(strategy), plan(strategy, ac=ac)) == nbytes
+        assert activations.activation_bytes(args_for(strategy), plan(strategy, ac=ac)) == nbytes
     assert (
-        step_model.activation_bytes(TINY, plan("btp", ac="lowrank", rmsnorm="sync"))
+        activations.activation_bytes(TINY, plan("btp", ac="lowrank", rmsnorm="sync"))
         == 3 * (4 + 14) * 2 + 2 * 3 * 4
     )
-    assert step_model.activation_bytes(TINY, plan("btp", ac="lowrank", tp=1)) == 3 * (8 + 14) * 2
+    assert activations.activation_bytes(TINY, plan("btp", ac="lowrank", tp=1)) == 3 * (8 + 14) * 2
 
 
 def test_paper_7b_forward_payloads():
     p = TrainingLayout(strategy="btp", tp=4, seq_len=4096, micro_batch=4)
     gib = {}
     for strategy in STRATEGIES:
-        args = step_model.model_args("7B", "cola", strategy)
-        fwd, _ = step_model.layer_collectives(args, dataclasses.replace(p, strategy=strategy))
+        args = layout.trained_shape("7B", "cola", strategy)
+        fwd, _ = block.layer_collectives(args, dataclasses.replace(p, strategy=strategy))
         gib[strategy] = sum(c.bytes(p.tokens, 2) for c in fwd) / 2**30
     assert gib["megatron"] == 0.25
     assert gib["vanilla"] == pytest.approx(1.30, abs=0.005)
@@ -272,21 +282,21 @@ def test_paper_7b_forward_payloads():
 
 def test_btp_keeps_gemm_intensity():
     p = TrainingLayout(strategy="btp", tp=4)
-    btp = step_model.layer_gemms(step_model.model_args("7B", "cola", "btp"), p)
+    btp = block.layer_gemms(layout.trained_shape("7B", "cola", "btp"), p)
     vanilla_plan = dataclasses.replace(p, strategy="vanilla")
-    vanilla = step_model.layer_gemms(step_model.model_args("7B", "cola", "vanilla"), vanilla_plan)
+    vanilla = block.layer_gemms(layout.trained_shape("7B", "cola", "vanilla"), vanilla_plan)
     assert min(g.intensity(2) for g in btp) > min(g.intensity(2) for g in vanilla)
 
 
 def test_check_rejects():
     with pytest.raises(ConfigError):
-        step_model.check(TINY_FULL, plan("btp"))
+        layout.check(TINY_FULL, plan("btp"))
     with pytest.raises(ConfigError):
-        step_model.check(TINY, plan("btp", tp=3))
+        layout.check(TINY, plan("btp", tp=3))
     with pytest.raises(ConfigError):
-        step_model.check(TINY_FULL, plan("megatron", ac="lowrank"))
+        layout.check(TINY_FULL, plan("megatron", ac="lowrank"))
     with pytest.raises(ConfigError):
-        step_model.check(dataclasses.replace(TINY, arch="lax"), plan("btp"))
+        layout.check(dataclasses.replace(TINY, arch="lax"), plan("btp"))
 
 
 def test_record_fields_and_speedups():
@@ -326,7 +336,7 @@ def test_record_fields_and_speedups():
     for parts, step in zip(
         by["btp"].time_breakdown_s.values(), by["btp"].predicted_step_s.values(), strict=True
     ):
-        assert set(parts) == set(step_model.TIME_PARTS)
+        assert set(parts) == set(timing.TIME_PARTS)
         assert sum(parts.values()) == pytest.approx(step)
 
 
@@ -448,18 +458,18 @@ def test_overlap_hides_only_what_weight_grads_cover():
     p = TrainingLayout(strategy="btp", tp=4, seq_len=1000)
     ar = Collective("all_reduce", "x", 10**4, behind=("a", "b"))
     cost = costs.collective_time("all_reduce", 10**4 * 1000 * 2, 4, TOY)
-    assert step_model.overlapped([ar], {"a": cost / 4, "b": cost / 4}, p, TOY) == pytest.approx(
+    assert timing.overlapped([ar], {"a": cost / 4, "b": cost / 4}, p, TOY) == pytest.approx(
         (cost / 2, cost / 2)
     )
-    assert step_model.overlapped([ar], {"a": cost, "b": cost}, p, TOY) == pytest.approx((0.0, cost))
+    assert timing.overlapped([ar], {"a": cost, "b": cost}, p, TOY) == pytest.approx((0.0, cost))
     exposed = dataclasses.replace(ar, behind=())
-    assert step_model.overlapped([exposed], {}, p, TOY) == pytest.approx((cost, 0.0))
+    assert timing.overlapped([exposed], {}, p, TOY) == pytest.approx((cost, 0.0))
 
 
 # ---- memory-bound inventory --------------------------------------------------------------
 def test_tiny_block_streams_hand_computed():
     """megatron, TP2, bf16: residual 8, q = kv = 4, ffn 8 per rank, grouped."""
-    w = step_model.layer_widths(TINY_FULL, plan("megatron"))
+    w = block.layer_widths(TINY_FULL, plan("megatron"))
     fwd, bwd = streams.block_streams(w, "replicated", 2)
     by = {s.name: s.bytes for s in fwd}
     assert (
@@ -476,13 +486,13 @@ def test_tiny_block_streams_hand_computed():
     assert {s.name: s for s in bwd}["ffn_norm.cat_grads"].bytes == 2 * 16 * 2
     assert sum(s.bytes for s in bwd) == 1040
     # ungrouped: the consumers' input grads are summed instead (2 adds of the residual)
-    w = step_model.layer_widths(TINY_FULL, plan("megatron", group_linears=False))
+    w = block.layer_widths(TINY_FULL, plan("megatron", group_linears=False))
     _, bwd = streams.block_streams(w, "replicated", 2)
     assert {s.name: s.bytes for s in bwd}["attention_norm.sum_grads"] == 2 * 3 * 8 * 2
 
 
 def test_btp_online_norm_streams():
-    w = step_model.layer_widths(TINY, plan("btp"))  # residual 4, latents 2 (whole), q/k/v 3 x 2
+    w = block.layer_widths(TINY, plan("btp"))  # residual 4, latents 2 (whole), q/k/v 3 x 2
     assert (w.residual, w.latent, w.q, w.ffn) == (4, 2, 4, 8)
     fwd, bwd = streams.block_streams(w, "online", 2)
     by = {s.name: s.bytes for s in fwd}
@@ -496,9 +506,7 @@ def test_btp_online_norm_streams():
     assert back["attention_norm.grad_dot_out"] == 4 * 6 * 2  # product (3) and row sum (1)
     sync_fwd, _ = streams.block_streams(w, "sync", 2)
     assert {s.name: s.bytes for s in sync_fwd}["attention_norm"] == 4 * 42
-    vanilla = step_model.layer_widths(
-        TINY, plan("vanilla")
-    )  # replicated activations, latents split
+    vanilla = block.layer_widths(TINY, plan("vanilla"))  # replicated activations, latents split
     assert (vanilla.residual, vanilla.q, vanilla.ffn, vanilla.latent) == (8, 8, 16, 1)
 
 
@@ -587,7 +595,7 @@ def test_sync_rmsnorm_eager_cost_measured_on_the_product():
 def test_grouped_output_grads_measured():
     """Three consumers taking their parts of one split group output (as
     `GroupInstance.hand_out` / `take` do): the split's backward concatenates their grads."""
-    w = step_model.layer_widths(TINY, plan("btp"))
+    w = block.layer_widths(TINY, plan("btp"))
     tokens, widths = 16, (w.latent,) * 3
     out = torch.randn(tokens, sum(widths), dtype=torch.bfloat16, requires_grad=True)
     ys = [part.view_as(part) for part in out.split(widths, dim=-1)]
@@ -600,17 +608,17 @@ def test_grouped_output_grads_measured():
 
 # ---- step composition ---------------------------------------------------------------------
 def test_step_parts_add_up_and_the_pipeline_bubble():
-    args = step_model.model_args("1B", "cola", "btp")
+    args = layout.trained_shape("1B", "cola", "btp")
     one = TrainingLayout(strategy="btp", tp=2, seq_len=512, microbatches=4)
-    stages = step_model.stage_times(args, one, TOY)
-    step = step_model.step_time(args, one, TOY)
-    assert sum(step[k] for k in step_model.TIME_PARTS) == pytest.approx(step["step"])
+    stages = timing.stage_times(args, one, TOY)
+    step = timing.step_time(args, one, TOY)
+    assert sum(step[k] for k in timing.TIME_PARTS) == pytest.approx(step["step"])
     per_mb = sum(v for k, v in stages[0].items() if k != "comm_hidden")
     assert step["bubble"] == 0.0
-    params = step_model.params_per_rank(args, one)
+    params = block.params_per_rank(args, one)
     # the compute copies: each weight cast once per step (read fp32, write bf16) and each
     # micro-batch's gradients cast back (read bf16, write fp32)
-    casts = step_model.weight_casts(args, one)
+    casts = host.weight_casts(args, one)
     assert casts.bytes == (1 + 4) * (4 + 2) * params
     accumulate = costs.stream_time([Stream("acc", 3 * 3 * params * 2), casts], TOY)
     optimizer = params * (28 + 3 * 2) / 0.5e12 + 4e-6
@@ -623,31 +631,31 @@ def test_step_parts_add_up_and_the_pipeline_bubble():
     two = dataclasses.replace(one, pp=2, microbatches=1)
     stages = [
         sum(v for k, v in s.items() if k != "comm_hidden")
-        for s in step_model.stage_times(args, two, TOY)
+        for s in timing.stage_times(args, two, TOY)
     ]
-    step = step_model.step_time(args, two, TOY)
+    step = timing.step_time(args, two, TOY)
     assert step["bubble"] == pytest.approx(min(stages))
-    casts = step_model.weight_casts(args, two)  # under PP FSDP2's: read fp32, write + copy bf16
-    assert casts.bytes == (4 + 2 * 2 + 2 * 2) * step_model.params_per_rank(args, two)
+    casts = host.weight_casts(args, two)  # under PP FSDP2's: read fp32, write + copy bf16
+    assert casts.bytes == (4 + 2 * 2 + 2 * 2) * block.params_per_rank(args, two)
     casts = costs.stream_time([casts], TOY)
     assert step["step"] - step["optimizer"] - casts == pytest.approx(sum(stages))
     # the first stage: half the blocks' exposed communication plus receiving the grads of its
     # output (btp sends its d/tp shard), over the network
     send = costs.send_time(two.tokens * args.dim // 2 * 2, TOY)
-    block = step_model.block_time(args, two, TOY)
-    assert step_model.stage_times(args, two, TOY)[0]["comm"] == pytest.approx(
-        12 * block["comm"] + send
+    one_block = timing.block_time(args, two, TOY)
+    assert timing.stage_times(args, two, TOY)[0]["comm"] == pytest.approx(
+        12 * one_block["comm"] + send
     )
 
 
 def test_memory_kernels_add_up_to_the_blocks_memory_time():
     args, p = (
-        step_model.model_args("1B", "cola", "btp"),
+        layout.trained_shape("1B", "cola", "btp"),
         TrainingLayout(strategy="btp", tp=2, seq_len=512),
     )
-    kernels = step_model.memory_kernels(args, p, TOY)
+    kernels = timing.memory_kernels(args, p, TOY)
     assert sum(kernels.values()) == pytest.approx(
-        24 * 4 * step_model.block_time(args, p, TOY)["memory"]
+        24 * 4 * timing.block_time(args, p, TOY)["memory"]
     )
     assert list(kernels.values()) == sorted(kernels.values(), reverse=True)
 
@@ -656,7 +664,7 @@ def test_tp_stays_inside_a_node():
     with pytest.raises(ConfigError, match="4 GPUs per node"):
         predict.evaluate(
             "7B",
-            step_model.model_args("7B", "cola", "btp"),
+            layout.trained_shape("7B", "cola", "btp"),
             TrainingLayout(strategy="btp", tp=8),
             ["a100-hgx4"],
         )
@@ -774,19 +782,19 @@ def test_overlap_chunks_pipeline_hand_computed():
     two = dataclasses.replace(one, overlap_chunks=2)
     full = costs.collective_time("all_reduce", c.bytes(one.tokens, 2), 4, gpu)
     half = costs.collective_time("all_reduce", c.bytes(one.tokens, 2) / 2, 4, gpu)
-    assert step_model.chunked_exposed(1.0, c, one, gpu) == full  # one block: all of it exposed
-    assert step_model.chunked_exposed(1.0, c, two, gpu) == pytest.approx(
+    assert timing.chunked_exposed(1.0, c, one, gpu) == full  # one block: all of it exposed
+    assert timing.chunked_exposed(1.0, c, two, gpu) == pytest.approx(
         half
     )  # GEMM-bound: the last block
-    assert step_model.chunked_exposed(0.0, c, two, gpu) == pytest.approx(
+    assert timing.chunked_exposed(0.0, c, two, gpu) == pytest.approx(
         2 * half
     )  # nothing to hide behind
     g = half / 2  # each GEMM block hides half of an all-reduce block
-    assert step_model.chunked_exposed(2 * g, c, two, gpu) == pytest.approx(half - g + half)
+    assert timing.chunked_exposed(2 * g, c, two, gpu) == pytest.approx(half - g + half)
     # the block model uses it for every forward all-reduce a GEMM produces
-    args = step_model.model_args("7B", "cola", "btp")
+    args = layout.trained_shape("7B", "cola", "btp")
     steps = [
-        step_model.block_time(args, dataclasses.replace(one, overlap_chunks=k), gpu)["comm"]
+        timing.block_time(args, dataclasses.replace(one, overlap_chunks=k), gpu)["comm"]
         for k in (1, 2)
     ]
     assert steps[1] < steps[0]
@@ -809,12 +817,12 @@ def test_float8_reprices_only_the_selected_gemms(recipe, gemms):
     """Selecting one GEMM moves the block's GEMM time by exactly that GEMM's float8 saving
     (its weight grad stays bf16 under rowwise_with_gw_hp) and its memory-bound time by its
     casts; nothing else changes."""
-    args = step_model.model_args("7B", "cola", "btp")
+    args = layout.trained_shape("7B", "cola", "btp")
     plan = TrainingLayout(strategy="btp", tp=4, float8=recipe)
-    base = step_model.block_time(args, plan, H100)
-    assert base == step_model.block_time(args, dataclasses.replace(plan, float8=None), H100)
-    g = {g.name: g for g in step_model.layer_gemms(args, plan)}["gate_up.A"]
-    one = step_model.block_time(args, plan, H100, frozenset({g.name}))
+    base = timing.block_time(args, plan, H100)
+    assert base == timing.block_time(args, dataclasses.replace(plan, float8=None), H100)
+    g = {g.name: g for g in block.layer_gemms(args, plan)}["gate_up.A"]
+    one = timing.block_time(args, plan, H100, frozenset({g.name}))
     assert one["gemm"] - base["gemm"] == pytest.approx(_fp8_delta(g, gemms))
     assert one["gemm"] < base["gemm"]
     fwd, bwd = float8_costs.cast_streams(g, recipe, "eager", 2)
@@ -834,24 +842,24 @@ def test_float8_selection_is_the_runtimes():
     from boost_titan.boost_llama import BoostTransformer
     from boost_titan.parallelize.float8 import gemm_skip_reason, group_skip_reason
 
-    args = step_model.model_args("1B", "cola", "btp")
+    args = layout.trained_shape("1B", "cola", "btp")
     with torch.device("meta"):
         model = BoostTransformer(args)
     modules = dict(model.named_modules())
     tp1 = TrainingLayout(strategy="btp", tp=1, float8="tensorwise")
-    for g in step_model.layer_gemms(args, tp1):
+    for g in block.layer_gemms(args, tp1):
         base, _, factor = g.name.partition(".")
         (fqn,) = float8_costs.module_fqns(3, (base,), factor)
         assert tuple(modules[fqn].weight.shape) == (g.n, g.k), g.name
     for filters in (("auto_filter_small_kn",), ("layers.1.",)):
         plan = dataclasses.replace(tp1, tp=4, float8_filter=filters)
         for layer in (0, 1):
-            reasons = step_model.float8_selection(args, plan, layer)
-            assert set(reasons) == {g.name for g in step_model.layer_gemms(args, plan)}
-            for g in step_model.layer_gemms(args, plan):
+            reasons = float8_costs.float8_selection(args, plan, layer)
+            assert set(reasons) == {g.name for g in block.layer_gemms(args, plan)}
+            for g in block.layer_gemms(args, plan):
                 base, _, factor = g.name.partition(".")
                 fqns = float8_costs.module_fqns(
-                    layer, step_model._MEMBERS.get(base, (base,)), factor
+                    layer, block.GROUP_MEMBERS.get(base, (base,)), factor
                 )
                 judge = (
                     group_skip_reason(g.n, g.k, fqns, "tensorwise", list(filters))
@@ -859,8 +867,8 @@ def test_float8_selection_is_the_runtimes():
                     else gemm_skip_reason(g.n, g.k, fqns[0], "tensorwise", list(filters))
                 )
                 assert reasons[g.name] == judge, (filters, layer, g.name)
-    assert all(step_model.float8_selection(args, plan, 1).values())  # layers.1. is filtered whole
-    first = step_model.float8_selection(args, plan, 0)  # d_ff / 4 = 1368 is no multiple of 16
+    assert all(float8_costs.float8_selection(args, plan, 1).values())  # layers.1. is filtered whole
+    first = float8_costs.float8_selection(args, plan, 0)  # d_ff / 4 = 1368 is no multiple of 16
     assert {name for name, why in first.items() if why} == {"gate.B", "up.B", "down.A"}
     record = predict.evaluate("1B", args, plan, ["h100"])
     assert record.float8_gemms == {"float8": 23 * (len(first) - 3), "total": 24 * len(first)}
@@ -915,7 +923,7 @@ def test_fp32_bf16_float8_ordering():
 
     def step(flavor: str, strategy: str, **kw) -> float:  # the GPU's work: the dtypes' cost
         plan = TrainingLayout(strategy=strategy, tp=4, **kw)
-        args = step_model.model_args(flavor, "cola", strategy)
+        args = layout.trained_shape(flavor, "cola", strategy)
         record = predict.evaluate(flavor, args, plan, ["h100"], gpu_work_only=True)
         return record.predicted_step_s["h100"]
 
@@ -980,7 +988,7 @@ def test_job_toml_is_priced_in_the_runs_precision(tmp_path, capsys):
     )
     step = json.loads(capsys.readouterr().out)[0]["predicted_step_s"]["a100-hgx4"]
     job = job_plan(_job(tmp_path, 'training mixed_precision_param = "float32"'), 4)
-    assert step == step_model.step_time(job.args, fp32, gpu_profile("a100-hgx4"))["step"]
+    assert step == timing.step_time(job.args, fp32, gpu_profile("a100-hgx4"))["step"]
     pure = job_plan(_job(tmp_path, 'training dtype = "bfloat16"'), 4).plan
     assert pure == dataclasses.replace(default, master_weights=False)
     f8 = job_plan(
@@ -1103,6 +1111,6 @@ def test_weight_launches_of_each_path():
     one = host.weight_launches(18, 3, 24, 1, "copies")  # no accumulation: a cast each
     assert (one.block_forward, one.block_backward) == (18, 18)
     plan = TrainingLayout(strategy="btp", tp=2)
-    assert step_model._launch_kind(plan) == "copies"
-    assert step_model._launch_kind(dataclasses.replace(plan, pp=2)) == "product"
-    assert step_model._launch_kind(dataclasses.replace(plan, cuda_graphs=True)) == "graphs"
+    assert host.launch_kind(plan) == "copies"
+    assert host.launch_kind(dataclasses.replace(plan, pp=2)) == "product"
+    assert host.launch_kind(dataclasses.replace(plan, cuda_graphs=True)) == "graphs"

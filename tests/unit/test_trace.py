@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from boost_titan.bench.__main__ import main
 from boost_titan.bench.measure import trace
 from boost_titan.bench.measure.fake_group import fused_rms_norm_saves
-from boost_titan.perf import predict, step_model
+from boost_titan.perf import activations, layout, predict
 from boost_titan.perf.layout import TrainingLayout
 
 GIB = 2**30
@@ -21,7 +21,7 @@ CONFIGS = [("fullrank", "megatron")] + [
 
 
 def traced(flavor: str, arch: str, strategy: str, **plan) -> tuple[trace.TraceRecord, list[str]]:
-    args = step_model.model_args(flavor, arch, strategy)
+    args = layout.trained_shape(flavor, arch, strategy)
     p = TrainingLayout(strategy=strategy, **plan)
     record = trace.trace(flavor, args, p)
     return record, trace.compare(record, predict.evaluate(flavor, args, p, ["a100"]), args, p)
@@ -49,7 +49,7 @@ def test_paper_7b_forward_payloads():
 
 
 def test_compare_reports_disagreement():
-    args = step_model.model_args("1B", "cola", "btp")
+    args = layout.trained_shape("1B", "cola", "btp")
     plan = TrainingLayout(strategy="btp", tp=2, seq_len=128)
     record = trace.trace("1B", args, plan)
     modelled = predict.evaluate("1B", args, plan, ["a100"])
@@ -93,8 +93,8 @@ def test_activation_bytes_agree_off_the_defaults(arch, strategy, plan):
     model, which `compare` reports; only activations are checked here)."""
     record, mismatches = traced("1B", arch, strategy, tp=2, seq_len=128, **plan)
     assert not [m for m in mismatches if m.startswith("activation")]
-    args = step_model.model_args("1B", arch, strategy)
-    modelled = step_model.activation_bytes(
+    args = layout.trained_shape("1B", arch, strategy)
+    modelled = activations.activation_bytes(
         args, TrainingLayout(strategy=strategy, tp=2, seq_len=128, **plan)
     )
     assert record.activation_bytes_per_layer == modelled

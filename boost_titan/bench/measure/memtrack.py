@@ -38,7 +38,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
 from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError
-from boost_titan.perf import memory, step_model
+from boost_titan.perf import layout, memory
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.compute_copies import apply_compute_copies
@@ -131,7 +131,7 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
         shard,
     )
 
-    step_model.check(args, plan)
+    layout.check(args, plan)
     if plan.dtype != "bf16" or not plan.master_weights or plan.float8:
         raise ConfigError("the tracker runs the product's bf16 with fp32 master weights only")
     start = time.perf_counter()
@@ -343,11 +343,11 @@ def run(ns, sweep: dict) -> int:
     for flavor in sweep["flavors"]:
         for tp in sweep["tps"]:
             for strategy in sweep["strategies"]:
-                args = step_model.model_args(flavor, sweep["arch"], strategy)
+                args = layout.trained_shape(flavor, sweep["arch"], strategy)
                 plan = TrainingLayout(
                     strategy, tp=tp, pp=sweep["pp"], **{k: sweep[k] for k in keys}
                 )
-                step_model.check(args, plan)
+                layout.check(args, plan)
                 print(f"{flavor} {args.arch} {strategy} tp {tp} pp {plan.pp}, ac {plan.ac}:")
                 print(format_split(args, plan))
     return 0

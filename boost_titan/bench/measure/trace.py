@@ -1,4 +1,4 @@
-"""Measure what `perf.step_model` predicts by running the real model under the real TP plan.
+"""Measure what `perf.block` predicts by running the real model under the real TP plan.
 
 One CPU process plays rank 0 of a TP group (`fake_group`): a fake process group of world
 size tp (its collectives return garbage of the right shape) and FakeTensorMode (no real
@@ -51,7 +51,7 @@ from boost_titan.parallelize.debug import (
     CollectiveLog,
     record_collectives,
 )
-from boost_titan.perf import predict, step_model
+from boost_titan.perf import block, layout, predict
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.records import LayerRecord, PerfRecord, layout_fields
 
@@ -150,7 +150,7 @@ class TraceRecord(LayerRecord):
     activation_bytes_per_layer: distinct storages saved for backward by one block on
     rank 0 (weights, buffers excluded; the block input included). flops_per_layer_bwd is
     FlopCounterMode's, which counts CPU flash attention's backward as 2.5x its forward
-    (it recomputes QK^T). model_mismatches: None unless compared with `perf.step_model`.
+    (it recomputes QK^T). model_mismatches: None unless compared with the perf model.
     """
 
     trace_s: float
@@ -178,7 +178,7 @@ def _local_numel(params: Iterable[torch.Tensor]) -> int:
 
 def trace(flavor: str, args: BoostModelArgs, plan: TrainingLayout) -> TraceRecord:
     """Measure one configuration (`args.n_layers` only scales params_per_rank)."""
-    step_model.check(args, plan)
+    layout.check(args, plan)
     if plan.pp != 1 or plan.ac != "none":
         raise ConfigError("trace measures one TP group without recomputation: use --pp 1 --ac none")
     if plan.seq_len > args.max_seq_len:
@@ -256,7 +256,7 @@ def compare(
             problems.append(
                 f"{name}: trace-only {dict(traced - modelled)} model-only {dict(modelled - traced)}"
             )
-    recompute = step_model.attention_flops(args, plan) // 2
+    recompute = block.attention_flops(args, plan) // 2
     for name, expected in (
         ("flops_per_layer", model.flops_per_layer),
         ("flops_per_layer_bwd", model.flops_per_layer_bwd + recompute),
@@ -311,7 +311,7 @@ def run(ns: argparse.Namespace, sweep: dict) -> int:
     for flavor in flavors:
         for tp in tps:
             for strategy in strategies:
-                args = step_model.model_args(flavor, arch, strategy)
+                args = layout.trained_shape(flavor, arch, strategy)
                 plan = TrainingLayout(strategy=strategy, tp=tp, **sweep)
                 records.append(
                     trace_compared(flavor, args, plan, gpus[0])
