@@ -18,7 +18,7 @@ from boost_titan.bench.measure.activations import (
     check_layer_args,
     measure_layer,
 )
-from boost_titan.bench.measure.fake_group import DTYPES
+from boost_titan.bench.measure.fake_group import TORCH_DTYPES
 from boost_titan.boost_llama import FLAVORS, flavor_args
 from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1, help="micro-batch size")
-    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    parser.add_argument("--dtype", default="bf16", choices=list(TORCH_DTYPES))
     parser.add_argument("--modes", nargs="+", default=list(AC_MODES), choices=AC_MODES)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ns = parser.parse_args(argv)
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 batch=ns.batch,
                 tp=ns.tp,
                 strategy=ns.strategy,
-                dtype=DTYPES[ns.dtype],
+                dtype=TORCH_DTYPES[ns.dtype],
             )
             for mode in ns.modes
         ]

@@ -58,12 +58,12 @@ def memory_line(args: list[str]) -> str:
     """The job's predicted memory per GPU against this machine's GPU (or the assumed one)."""
     import torch
 
-    from boost_titan.boost_llama.spec import SPEC_NAME, model_args_for
+    from boost_titan.boost_llama.spec import SPEC_NAME, job_args
 
     nproc, rest = pop_nproc(args)
     job = parse_job_config(rest)
     world, _ = resolve_world(job, nproc)
-    vocab = model_args_for(job).vocab_size if job.model.name == SPEC_NAME else None
+    vocab = job_args(job).vocab_size if job.model.name == SPEC_NAME else None
     device = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

@@ -37,9 +37,9 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.models.llama3.infra.parallelize import apply_ddp, apply_fsdp
 from torchtitan.tools.logging import logger
 
+from boost_titan.config.precision import Precision
 from boost_titan.runtime.compute_copies import apply_compute_copies
 from boost_titan.runtime.device import force_sum_reductions, on_cpu
-from boost_titan.runtime.precision import Precision
 
 
 def _one_rank_shard_mesh(parallel_dims: ParallelDims, names: list[str]) -> DeviceMesh:

@@ -47,7 +47,7 @@ class _FreshFlavors(Mapping):
         return len(FLAVORS)
 
 
-def model_args_for(job_config) -> BoostModelArgs:
+def job_args(job_config) -> BoostModelArgs:
     """The flavor's args updated from the job (arch, rank, vocab from the tokenizer...)."""
     args = flavor_args(job_config.model.flavor)
     args.update_from_config(job_config)
@@ -149,7 +149,7 @@ def validate_job(job_config, world_size: int) -> None:
     if job_config.model.name != SPEC_NAME:
         return
     refuse_toy_corpus(job_config)
-    args = model_args_for(job_config)
+    args = job_args(job_config)
     validate_parallelism(args, job_config.boost, job_config.parallelism)
     validate_context_parallel(job_config)
     validate_validation(job_config, args)
@@ -197,4 +197,4 @@ def build_spec() -> TrainSpec:
 register_train_spec(SPEC_NAME, build_spec())
 install_converter(SPEC_NAME)  # `quantize.linear.float8` applied by parallelize_boost (float8.py)
 
-__all__ = ["SPEC_NAME", "model_args_for", "validate_job"]
+__all__ = ["SPEC_NAME", "job_args", "validate_job"]

@@ -1,7 +1,8 @@
 """The job's configuration: the `[boost]` TOML section and its choices (here), the parsing
-of train's arguments into a JobConfig with one-line errors (`cli`), and `ConfigError`
-(`errors`), all importable without torch or torchtitan; and the checks of a whole job
-before any worker starts (`preflight`, behind `python -m boost_titan.check`).
+of train's arguments into a JobConfig with one-line errors (`cli`), `ConfigError`
+(`errors`) and the run's precision (`precision`), all importable without torch or
+torchtitan; and the checks of a whole job before any worker starts (`preflight`, behind
+`python -m boost_titan.check`).
 
 The section is merged into TorchTitan's JobConfig, loaded through
 `--job.custom_config_module boost_titan.config`, which `boost_titan.runtime.entry` adds itself.

@@ -27,10 +27,10 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.data.corpus import HELD_OUT_PERCENT
 from boost_titan.data.documents import Chunk, documents, expand_inputs, plan_chunks
 from boost_titan.data.prepared import (
-    DTYPES,
     FORMAT,
     HELD_OUT,
     MANIFEST,
+    TOKEN_DTYPES,
     VERSION,
     shard_name,
     token_dtype,
@@ -154,7 +154,7 @@ def write_shard(out: Path, index: int, plan: dict[str, Any]) -> dict[str, int]:
     ids = np.frombuffer(tokens, dtype=np.uint32) if tokens else np.empty(0, np.uint32)
     if ids.size and int(ids.max()) >= entry["vocab_size"]:
         raise ConfigError(f"the tokenizer gave id {int(ids.max())} past its vocabulary")
-    _write(out / f"{name}.bin", ids.astype(DTYPES[plan["dtype"]]).tobytes())
+    _write(out / f"{name}.bin", ids.astype(TOKEN_DTYPES[plan["dtype"]]).tobytes())
     _write(out / f"{name}.idx", np.asarray(ends, dtype="<u8").tobytes())
     if kept:
         (out / HELD_OUT).mkdir(exist_ok=True)

@@ -36,7 +36,7 @@ MANIFEST = "manifest.json"
 FORMAT = "boost-titan-prepared"
 VERSION = 1
 HELD_OUT = "held_out"
-DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 def is_prepared(path: str | None) -> bool:
@@ -86,7 +86,7 @@ class PreparedDataset:
                 f"{field} {folder}: {MANIFEST} is not a {FORMAT} v{VERSION} manifest; prepare "
                 "the folder again with this version's python -m boost_titan.prepare"
             )
-        self.dtype = DTYPES[self.manifest["dtype"]]
+        self.dtype = TOKEN_DTYPES[self.manifest["dtype"]]
         self.shards = [
             Shard(self.folder / f"{s['name']}.bin", s["tokens"], s["documents"])
             for s in self.manifest["shards"]

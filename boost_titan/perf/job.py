@@ -6,7 +6,7 @@ Read without torch or torchtitan: the TOML's values, else TorchTitan 0.2.2's def
 (`TITAN_DEFAULTS`, from `torchtitan/config/job_config.py`; tests/unit/test_step_model.py checks
 them against TorchTitan's dataclasses) and our `[boost]` section's (`boost_titan.config`).
 The layout comes from `boost_titan.config.world.resolve_world` (the process count, `--nproc`,
-else the fewest the degrees allow), the precision from `runtime.precision.Precision`
+else the fewest the degrees allow), the precision from `config.precision.Precision`
 (what the trainer applies), float8 from `model.converters` and `[quantize.linear.float8]`.
 Anything the model does not price is a one-line ConfigError naming the key; a data-parallel
 degree > 1 is priced per replica, with a notice (FSDP / DDP traffic is not modelled);
@@ -25,7 +25,7 @@ from boost_titan.config import Boost
 from boost_titan.config.cli import load_toml
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import float8_costs, memory
-from boost_titan.perf.layout import TrainingLayout, check, trained_shape
+from boost_titan.perf.layout import DTYPE_ALIASES, TrainingLayout, check, trained_shape
 
 TITAN_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"name": "llama3", "flavor": "debugmodel", "converters": []},
@@ -58,7 +58,6 @@ SCHEDULE = "1F1B"
 """The pipeline schedule the model prices."""
 AC = {"none": "none", "full": "full", "selective": "selective"}
 """TorchTitan's activation_checkpoint.mode -> the model's `ac` (selective: every 2nd block)."""
-DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -107,19 +106,19 @@ def _read(path: str) -> SimpleNamespace:
 
 
 def _precision(job: SimpleNamespace, fsdp: bool, path: str) -> tuple[str, bool]:
-    """(GEMM dtype, master weights) of the run, as `runtime.precision.Precision` decides."""
-    from boost_titan.runtime.precision import Precision
+    """(GEMM dtype, master weights) of the run, as `config.precision.Precision` decides."""
+    from boost_titan.config.precision import Precision
 
     t = job.training
     for key in ("dtype", "mixed_precision_param"):
-        if getattr(t, key) not in DTYPES:
+        if getattr(t, key) not in DTYPE_ALIASES:
             raise ConfigError(
                 f"training.{key} = {getattr(t, key)!r} in {path} is not modelled; "
-                f"use one of {', '.join(DTYPES)}"
+                f"use one of {', '.join(DTYPE_ALIASES)}"
             )
     precision = Precision.of(t)
     if precision.weights == "float32":
-        return DTYPES[precision.compute], True
+        return DTYPE_ALIASES[precision.compute], True
     compute = precision.compute if fsdp else precision.weights
     if compute != precision.weights:
         raise ConfigError(

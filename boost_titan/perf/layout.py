@@ -15,9 +15,10 @@ from boost_titan.boost_llama.shapes import PAPER_VOCAB, ModelShape, flavor_shape
 from boost_titan.boost_llama.strategies import STRATEGIES, sizes, strategy_names
 from boost_titan.config import AC_MODES, RMSNORM_MODES
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.precision import DTYPE_SHORT_NAMES
 
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
-DTYPE_ALIASES = {"bfloat16": "bf16", "float32": "fp32"}
+DTYPE_ALIASES = {name: short for name, short in DTYPE_SHORT_NAMES.items() if short in DTYPE_BYTES}
 """TorchTitan's spellings (`training.mixed_precision_param`) of the DTYPE_BYTES names."""
 FLOAT8_CASTS = ("eager", "fused")
 """How float8 casts run: torchao's eager kernels, or fused by torch.compile."""

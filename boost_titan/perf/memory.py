@@ -1,7 +1,7 @@
 """Peak memory per GPU of a training layout: the one formula `bench model` and the planner use.
 
 Per rank of pipeline stage s (TorchTitan's split, `stage_layers`), for the product's
-precision (`runtime.precision`: bf16 compute copies of fp32 master weights on every layout,
+precision (`config.precision`: bf16 compute copies of fp32 master weights on every layout,
 made by FSDP2's mixed-precision policy or, where nothing is sharded, `runtime.compute_copies`),
 with N the stage's parameters on the rank and d the
 FSDP shard degree:

@@ -3,7 +3,7 @@
 `checkpoint_files` (step folders, DCP metadata and files, also read by `check` and
 `export`), `dump_lock` (one job per dump folder), `resume` (every rank loads rank 0's
 checkpoint), `restarts` (crash recovery), `saved_activations` (the activation bytes the
-trainer logs), `rss` (process memory), `precision` (the run's precision, one phrase for the
-log and `check`), `stopping` (SIGTERM/SIGUSR1/time budget: stop with a checkpoint),
-`nonfinite` (NaN/inf steps never reach the optimizer). The end of the process groups and of
-the process is `boost_titan.parallelize.teardown`, shared with every multi-process command."""
+trainer logs), `rss` (process memory), `stopping` (SIGTERM/SIGUSR1/time budget: stop
+with a checkpoint), `nonfinite` (NaN/inf steps never reach the optimizer). The end of the
+process groups and of the process is `boost_titan.parallelize.teardown`, shared with every
+multi-process command."""

@@ -24,6 +24,7 @@ import tempfile
 from boost_titan.config import check_cuda_graphs, check_run_limits
 from boost_titan.config.cli import parse_job_config
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.precision import Precision
 from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.config.world import check_batch, pop_nproc, resolve_world
 from boost_titan.runtime.checkpoint_files import (
@@ -34,7 +35,6 @@ from boost_titan.runtime.checkpoint_files import (
     titan_newest_step,
 )
 from boost_titan.runtime.dump_lock import DumpFolderLock
-from boost_titan.runtime.precision import Precision
 
 
 def check_output_folder(folder: str) -> None:
@@ -87,7 +87,7 @@ def check_model(job, world: int) -> int | None:
     if job.model.name != boost_titan.boost_llama.spec.SPEC_NAME:
         check_titan_tokenizer(job, spec)
         return None
-    return boost_titan.boost_llama.spec.model_args_for(job).vocab_size
+    return boost_titan.boost_llama.spec.job_args(job).vocab_size
 
 
 def check_titan_tokenizer(job, spec) -> None:
@@ -246,7 +246,7 @@ def check_holds_model(job, metadata, where: str, fix: str) -> None:
     from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
 
     from boost_titan.boost_llama.export_format import first_shape_mismatch, model_shapes
-    from boost_titan.boost_llama.spec import model_args_for
+    from boost_titan.boost_llama.spec import job_args
 
     training_state = {DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE}
     stored = {
@@ -254,7 +254,7 @@ def check_holds_model(job, metadata, where: str, fix: str) -> None:
         for key, meta in metadata.state_dict_metadata.items()
         if key.split(".")[0] not in training_state and isinstance(meta, TensorStorageMetadata)
     }
-    args = model_args_for(job)
+    args = job_args(job)
     expected = model_shapes(args)
     key = first_shape_mismatch(expected, stored)
     if key is not None:
@@ -288,10 +288,10 @@ def check_initial_export(job) -> None:
     """An export given with `initial_load_in_hf` must hold exactly the job's model."""
     if not job.checkpoint.initial_load_in_hf:
         return
-    from boost_titan.boost_llama.spec import model_args_for
+    from boost_titan.boost_llama.spec import job_args
     from boost_titan.boost_llama.state_dict_adapter import check_export
 
-    check_export(job.checkpoint.initial_load_path, model_args_for(job))
+    check_export(job.checkpoint.initial_load_path, job_args(job))
 
 
 def _count_source(nproc: int | None) -> str:

@@ -42,7 +42,7 @@
   layout; `losses.jsonl` rows carry it as `grad_norm`. TorchTitan's `train_step` finds
   its clipping function through `torchtitan.distributed.utils`, which this trainer points
   at its own `clip_grad_norm_` (`[boost] exact_grad_norm = false`: TorchTitan's norm).
-- Precision (`runtime.precision`): one of the first log lines states it ("Precision: bf16
+- Precision (`config.precision`): one of the first log lines states it ("Precision: bf16
   compute, fp32 master weights and gradient reductions" or "Precision: fp32"). TorchTitan's
   `maybe_enable_amp` (autocast on one device and under DDP; fp32 and a warning for TP or PP
   without FSDP) is replaced by `no_autocast` before `Trainer.__init__` calls it: FSDP2's
@@ -83,6 +83,7 @@ from boost_titan.config import (
     global_batch,
 )
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.precision import Precision, no_autocast
 from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
@@ -99,7 +100,6 @@ from boost_titan.runtime.nonfinite import (
     blame,
     nonfinite,
 )
-from boost_titan.runtime.precision import Precision, no_autocast
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
 from boost_titan.runtime.resume import prepare_to_load
 from boost_titan.runtime.rss import current_rss, peak_rss

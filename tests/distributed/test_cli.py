@@ -58,12 +58,12 @@ def test_the_run_can_be_watched(two_process_run):
     measured, predicted, change = (float(memory[k]) for k in ("measured", "predicted", "change"))
     assert predicted > 0
     # the memory model's rank-0 figure for the job as given, with the tokenizer's vocabulary
-    from boost_titan.boost_llama.spec import model_args_for
+    from boost_titan.boost_llama.spec import job_args
     from boost_titan.config.cli import parse_job_config
     from boost_titan.perf.fits import rank0_prediction
 
     job = parse_job_config(["--job.config_file", str(DEBUG_TOML), *two_process_run.flags])
-    model, _ = rank0_prediction(job, 2, model_args_for(job).vocab_size)
+    model, _ = rank0_prediction(job, 2, job_args(job).vocab_size)
     assert f"{model / 2**30:.3f}" == memory["predicted"]
     exact = model / 2**30  # the measured GiB printed is rounded to 0.001
     assert abs(100 * (measured - exact) / exact - change) < 100 * 0.0006 / exact

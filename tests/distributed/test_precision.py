@@ -80,7 +80,7 @@ def _step(layout: str, rank: int, world_size: int) -> dict:
     from torchtitan.distributed import utils as dist_utils
 
     from boost_titan.boost_llama.model import BoostTransformer
-    from boost_titan.boost_llama.spec import build_spec, model_args_for
+    from boost_titan.boost_llama.spec import build_spec, job_args
     from boost_titan.config.cli import parse_job_config
     from boost_titan.runtime.compute_copies import compute_copies_of
     from boost_titan.runtime.device import use_cpu_if_no_accelerator
@@ -105,7 +105,7 @@ def _step(layout: str, rank: int, world_size: int) -> dict:
         dp_shard=1, dp_replicate=replicate, cp=1, tp=tp, pp=1, ep=1, etp=1, world_size=world_size
     )
     with torch.device("meta"):
-        model = BoostTransformer(model_args_for(job))
+        model = BoostTransformer(job_args(job))
     model = build_spec().parallelize_fn(model, dims, job)
     model.to_empty(device="cpu")
     torch.manual_seed(0)

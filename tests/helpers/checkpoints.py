@@ -88,12 +88,12 @@ def save_model_checkpoint(
     """A DCP checkpoint (`.metadata` + one shard) of the debug.toml job's model (with the
     overrides `args`), every weight filled with `value` (`with_state`: and `titan_state`)."""
     from boost_titan.boost_llama.export_format import model_shapes
-    from boost_titan.boost_llama.spec import model_args_for
+    from boost_titan.boost_llama.spec import job_args
     from boost_titan.config.cli import parse_job_config
 
     job = parse_job_config(["--job.config_file", str(DEBUG_TOML), *args])
     state: dict = {
-        key: torch.full(shape, value) for key, shape in model_shapes(model_args_for(job)).items()
+        key: torch.full(shape, value) for key, shape in model_shapes(job_args(job)).items()
     }
     if with_state:
         state |= titan_state()

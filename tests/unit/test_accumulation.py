@@ -53,7 +53,7 @@ def _model(fsdp: bool):
 
     from boost_titan.boost_llama.data_parallel import _one_rank_shard_mesh
     from boost_titan.boost_llama.model import BoostTransformer
-    from boost_titan.boost_llama.spec import build_spec, model_args_for
+    from boost_titan.boost_llama.spec import build_spec, job_args
     from boost_titan.config.cli import parse_job_config
     from boost_titan.runtime.device import force_sum_reductions, use_cpu_if_no_accelerator
 
@@ -73,7 +73,7 @@ def _model(fsdp: bool):
     )
     dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
     with torch.device("meta"):
-        model = BoostTransformer(model_args_for(job))
+        model = BoostTransformer(job_args(job))
     model = build_spec().parallelize_fn(model, dims, job)
     if fsdp:
         mesh = _one_rank_shard_mesh(dims, ["fsdp"])

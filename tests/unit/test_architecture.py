@@ -174,7 +174,6 @@ ALLOWED = {
         "boost_titan.config",
         "boost_titan.boost_llama.shapes",
         "boost_titan.boost_llama.strategies",
-        "boost_titan.runtime.precision",
         "boost_titan.parallelize.float8",
         "boost_titan.kernels.float8",
     ),

@@ -223,11 +223,11 @@ def _debug_model(*flags: str):
     import torch
 
     from boost_titan.boost_llama.model import BoostTransformer
-    from boost_titan.boost_llama.spec import model_args_for
+    from boost_titan.boost_llama.spec import job_args
     from boost_titan.config.cli import parse_job_config
 
     job = parse_job_config(["--job.config_file", str(DEBUG_TOML), *flags])
-    args = model_args_for(job)
+    args = job_args(job)
     torch.manual_seed(0)
     model = BoostTransformer(args)
     model.init_weights()

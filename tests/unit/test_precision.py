@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boost_titan.runtime.precision import Precision, no_autocast
+from boost_titan.config.precision import Precision, no_autocast
 from tests.helpers import ROOT
 
 BF16 = ("--training.mixed_precision_param", "bfloat16")

@@ -1017,11 +1017,11 @@ def test_job_toml_is_priced_in_the_runs_precision(tmp_path, capsys):
 
 def test_job_precision_agrees_with_the_trainers():
     """The model's (dtype, master weights) for every [training] combination is what
-    `runtime.precision.Precision` makes the trainer run (and says it runs)."""
+    `config.precision.Precision` makes the trainer run (and says it runs)."""
     from types import SimpleNamespace
 
+    from boost_titan.config.precision import Precision
     from boost_titan.perf.job import _precision
-    from boost_titan.runtime.precision import Precision
 
     for weights in ("float32", "bfloat16"):
         for compute in ("float32", "bfloat16"):

@@ -70,7 +70,8 @@ class CpuConfig:
         """Low-rank plans group; the full-rank baseline runs TorchTitan's ungrouped layout."""
         return strategy != "megatron"
 
-    def model_args(self, strategy: str) -> BoostModelArgs:
+    def strategy_args(self, strategy: str) -> BoostModelArgs:
+        """The model's args as `strategy` trains them (megatron: the fullrank twin)."""
         full_rank = strategy == "megatron"
         args = BoostModelArgs(
             dim=self.dim,
@@ -142,7 +143,7 @@ class _Trainee:
         compiled: bool = False,
         chunks: int = 1,
     ) -> None:
-        args = cfg.model_args(strategy)
+        args = cfg.strategy_args(strategy)
         torch.manual_seed(0)
         self.model = BoostTransformer(args)
         self.model.init_weights()
@@ -236,7 +237,7 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> 
     for strategy in strategies:
         if strategy not in STRATEGIES:
             raise ConfigError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
-        values = sizes(cfg.model_args(strategy))
+        values = sizes(cfg.strategy_args(strategy))
         for name in ("dim", *STRATEGIES[strategy].divisible):
             if values[name] % cfg.tp:
                 raise ConfigError(f"{name} {values[name]} is not divisible by tp {cfg.tp}")
@@ -275,7 +276,7 @@ def measure(cfg: CpuConfig, strategies: tuple[str, ...] = tuple(STRATEGIES)) -> 
 
 
 def _record(cfg: CpuConfig, strategy: str, ms: list[float]) -> CpuRecord:
-    args = cfg.model_args(strategy)
+    args = cfg.strategy_args(strategy)
     return CpuRecord(
         strategy=strategy,
         arch=args.arch,

@@ -25,8 +25,9 @@ from boost_titan.boost_llama.strategies import build_plan
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan
 from boost_titan.parallelize.teardown import end_process_groups
+from boost_titan.perf.layout import DTYPE_ALIASES
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+TORCH_DTYPES = {short: getattr(torch, name) for name, short in DTYPE_ALIASES.items()}
 """The compute dtypes a measurement builds its model in, by the name the commands take."""
 
 

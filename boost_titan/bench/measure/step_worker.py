@@ -38,7 +38,7 @@ try:
     from boost_titan.perf.fits import rank0_prediction
 except ImportError:  # an earlier commit (scripts/compare_step.py): no memory model to pass
     rank0_prediction = None
-from boost_titan.runtime.precision import Precision
+from boost_titan.config.precision import Precision
 from boost_titan.runtime.trainer import BoostTrainer
 
 # isort: on

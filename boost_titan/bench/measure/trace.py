@@ -36,7 +36,7 @@ from torch.utils.flop_counter import (
 )
 
 from boost_titan.bench.measure.fake_group import (
-    DTYPES,
+    TORCH_DTYPES,
     default_dtype,
     fake_tp_mesh,
     fused_rms_norm_saves,
@@ -189,7 +189,7 @@ def trace(flavor: str, args: BoostModelArgs, plan: TrainingLayout) -> TraceRecor
     start = time.perf_counter()
     one_block = BoostModelArgs(**{**asdict(args), "n_layers": 1})
     width = layer_input_dim(args, plan.strategy, plan.tp)
-    with fake_tp_mesh(plan.tp) as mesh, default_dtype(DTYPES[plan.dtype]), FakeTensorMode():
+    with fake_tp_mesh(plan.tp) as mesh, default_dtype(TORCH_DTYPES[plan.dtype]), FakeTensorMode():
         model = parallel_model(one_block, plan.strategy, mesh, plan.rmsnorm, plan.group_linears)
         h = torch.randn(plan.micro_batch, plan.seq_len, width, requires_grad=True)
         layer = trace_layer(model, h)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-"""Short names of TorchTitan's dtype spellings (`TORCH_DTYPE_MAP`'s keys)."""
+DTYPE_SHORT_NAMES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+"""Short names of TorchTitan's dtype spellings (`TORCH_DTYPE_MAP`'s keys, torch's dtype
+names): the one map from a dtype's name to the short name the logs and the commands use."""
 
 
 @dataclass(frozen=True)
@@ -44,19 +45,20 @@ class Precision:
     def describe(self, fsdp: bool) -> str:
         """One phrase for the logs and `check`; `fsdp`: data is sharded (dp_shard or cp > 1),
         so FSDP2 casts even bf16 weights to `mixed_precision_param`."""
+        short = DTYPE_SHORT_NAMES
         if self.weights == "float32":
             if not self.casts_for_compute:
                 return "fp32"
             if self.reduce == "float32":
-                return f"{NAMES[self.compute]} compute, fp32 master weights and gradient reductions"
+                return f"{short[self.compute]} compute, fp32 master weights and gradient reductions"
             return (
-                f"{NAMES[self.compute]} compute, fp32 master weights, "
-                f"{NAMES[self.reduce]} gradient reductions"
+                f"{short[self.compute]} compute, fp32 master weights, "
+                f"{short[self.reduce]} gradient reductions"
             )
         upcast = fsdp and self.compute != self.weights
-        compute = f", {NAMES[self.compute]} compute" if upcast else ""
+        compute = f", {short[self.compute]} compute" if upcast else ""
         return (
-            f"{NAMES[self.weights]} weights, gradients and optimizer state "
+            f"{short[self.weights]} weights, gradients and optimizer state "
             f"(training.dtype, no fp32 master copy){compute}"
         )
 
@@ -67,4 +69,4 @@ def no_autocast(*_args, **_kwargs) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
-__all__ = ["NAMES", "Precision", "no_autocast"]
+__all__ = ["DTYPE_SHORT_NAMES", "Precision", "no_autocast"]
