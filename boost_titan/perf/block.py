@@ -22,18 +22,11 @@ from boost_titan.perf.work import Collective, Gemm, Stream, Widths
 NORM_FED = ("q", "gate")
 """The first projection after each RMSNorm: its group's all-reduce carries the online
 statistic (grouped or not), and sync RMSNorm's own all-reduce sits before it."""
-
-
 SHARED_INPUTS = (("q", "k", "v"), ("o",), ("gate", "up"), ("down",))
 """Projections grouped by the input they consume (the two norm outputs, o's, down's)."""
-
-
 GROUP_MEMBERS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
-
-
+"""The projections of each grouped first GEMM, by the GEMM's name."""
 _NORM_CONSUMERS = ("q", "k", "v", "gate", "up")
-
-
 FP32_BYTES = 4
 """Statistics kept in fp32 whatever the training dtype: RMSNorm's rstd, attention's
 log-sum-exp, sync RMSNorm's upcasts."""
@@ -57,7 +50,8 @@ def _groups(plan: TrainingLayout) -> list[tuple[str, ...]]:
 
 
 def group_name(group: tuple[str, ...]) -> str:
-    return {("q", "k", "v"): "qkv", ("gate", "up"): "gate_up"}.get(group, "_".join(group))
+    """The name of the GEMM (and all-reduce) a group of projections shares."""
+    return next((name for name, m in GROUP_MEMBERS.items() if m == group), "_".join(group))
 
 
 def norm_mode(plan: TrainingLayout) -> str:

@@ -44,22 +44,14 @@ from boost_titan.perf.work import Collective, Gemm, Stream
 STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8), BF16_WEIGHTS: (2, 2, 4)}
 """Bytes per parameter of (weights, grads, optimizer state incl. any fp32 master copy), by
 `TrainingLayout.state`."""
-
-
 ADAMW_BYTES_PER_PARAM = {"bf16": 28, "fp32": 28, BF16_WEIGHTS: 14}
 """HBM traffic of one fused AdamW update per parameter (read master, grad, m, v; write
 master, m, v, weight): 4+2+4+4+4+4+4+2 in bf16 training, 4+4+4+4+4+4+4 in fp32, and
 2+2+2+2+2+2+2 in bf16 without master weights (no separate weight copy)."""
-
-
 CLIP_GRAD_PASSES = 3
 """Gradient clipping reads every grad for the norm, then reads and writes it to scale."""
-
-
 OPTIMIZER_LAUNCHES = 4
 """Fused multi-tensor kernels: grad norm, its reduction, scaling, AdamW."""
-
-
 TIME_PARTS = ("gemm", "memory", "attention", "optimizer", "comm", "bubble", "host")
 """Classes a predicted step splits into; they add up to the step time. comm is the
 communication nothing hides (TP collectives not overlapped, pipeline sends); host the time
