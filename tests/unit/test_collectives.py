@@ -136,7 +136,7 @@ def test_btp_forward_order(mesh):
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c][0] != "lax"])
-def test_block_collectives_match_step_model(mesh, case):
+def test_block_collectives_match_the_perf_model(mesh, case):
     arch, strategy, rmsnorm, grouped, _, _ = CASES[case]
     fwd, bwd = run_block(mesh, arch, strategy, rmsnorm, grouped)
     plan = TrainingLayout(
@@ -156,7 +156,7 @@ def test_block_collectives_match_step_model(mesh, case):
 
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
 def test_online_statistic_in_activation_dtype(mesh, grouped):
-    """bf16: the statistic rides in the bf16 all-reduce, priced by step_model at 2 bytes."""
+    """bf16: the statistic rides in the bf16 all-reduce, priced by perf.block at 2 bytes."""
     with default_dtype(torch.bfloat16):
         fwd, bwd = run_block(mesh, "cola", "btp", group_linears=grouped)
     plan = TrainingLayout(
