@@ -40,7 +40,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from boost_titan.bench.measure.loss_curves import LAYOUTS, Comparison, run, smooth
+from boost_titan.bench.measure.loss_curves import LAYOUTS, Comparison, LossRuns, run, smooth
 from boost_titan.config.cli import OneLineParser, fail
 from boost_titan.config.errors import ConfigError
 
@@ -177,7 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     if ns.steps < 1 or ns.every < 1 or ns.smooth < 1 or ns.exact_steps < 0:
         fail("--steps, --every and --smooth must be >= 1 and --exact-steps >= 0")
     try:
-        c = run(ns, extra)
+        runs = LossRuns(
+            layouts=[n for n in ns.layouts.split(",") if n],
+            out=Path(ns.out),
+            config=ns.config,
+            steps=ns.steps,
+            arch=ns.arch,
+            global_batch=ns.global_batch,
+            validation_batch=ns.validation_batch,
+            log_freq=ns.log_freq,
+            validate=ns.validate,
+            exact_steps=ns.exact_steps,
+            smooth=ns.smooth,
+        )
+        c = run(runs, extra)
     except ConfigError as e:
         fail(str(e))
     print(table(c, ns.every))

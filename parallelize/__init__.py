@@ -8,9 +8,10 @@ Describe where a model keeps its modules with a `ModelLayout`, build a plan
 one step with an unsharded copy). `plan_table` prints what a plan does to each module.
 
 Modules: `plans` (layouts, plan builders, apply), `styles` (single-module styles),
-`groups` (a pre-norm and the consumers it feeds, as one unit), `group_check` (first-forward
-check of how the model uses a group's output), `verify`, `describe`, `norms` (sharded
-RMSNorms, online and sync), `comm` (autograd-aware collectives), `lowrank_ac` (low-rank
+`groups` (a pre-norm and the consumers it feeds, as one unit; its styles in `group_norms`
+and `group_members`), `group_check` (first-forward check of how the model uses a group's
+output), `verify`, `describe`, `norms` (sharded RMSNorms, online and sync), `comm`
+(autograd-aware collectives), `lowrank_ac` (low-rank
 activation checkpointing), `context_parallel` (context parallelism: ring attention on
 the attention modules a layout names, sequence sharding with head-tail load balancing),
 `compile_cache` (compile cache keys that name the rank),
@@ -28,13 +29,9 @@ group), `local_ranks` (`run_on_ranks`: a function on N local gloo ranks).
 
 from .compile_cache import key_compile_caches_by_rank
 from .describe import plan_table
-from .groups import (
-    BottleneckGroupNorm,
-    GroupMember,
-    GroupUp,
-    NormGroup,
-    ReplicatedGroupNorm,
-)
+from .group_members import GroupMember, GroupUp
+from .group_norms import BottleneckGroupNorm, ReplicatedGroupNorm
+from .groups import NormGroup
 from .hf import hf_layout
 from .hf_checkpoint import load_hf, load_sharded, save_hf, save_sharded
 from .low_rank import LowRankLinear, to_low_rank

@@ -53,13 +53,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from .compile_cache import key_compile_caches_by_rank
-from .groups import (
-    BottleneckGroupNorm,
-    GroupMember,
-    GroupUp,
-    NormGroup,
-    ReplicatedGroupNorm,
-)
+from .group_members import GroupMember, GroupUp
+from .group_norms import BottleneckGroupNorm, ReplicatedGroupNorm
+from .groups import NormGroup
 from .hf_guards import guard_sharded_hf_model
 from .styles import (
     ColumnParallel,

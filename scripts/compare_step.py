@@ -5,9 +5,9 @@
         -- --job.config_file train_configs/debug.toml --training.seq_len 32 ...
 
 The commit is checked out in a temporary git worktree (removed at the end) with the
-measurement modules of this checkout copied in (`bench.measure.step*`, `runtime.launch`,
-`runtime.compute_copies` for its range's name),
-so both sides are measured alike; `boost_titan.parallelize` / `.kernels` are linked in as
+measurement modules of this checkout copied in (`bench.measure.step*`, `bench.commands.step`,
+`bench.report`, `runtime.launch`, `runtime.compute_copies` for its range's name), so both
+sides are measured alike; `boost_titan.parallelize` / `.kernels` are linked in as
 `pyproject.toml` maps them. `--vary KEY=A,B` measures every side with each value of a
 trainer option. Every repeat runs each (value, side) once, old side first, so drifting load
 on the machine hits all alike. Printed: per value and side the median over repeats of each
@@ -29,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COPIED = (
+    "boost_titan/bench/report.py",
+    "boost_titan/bench/commands/__init__.py",
+    "boost_titan/bench/commands/step.py",
     "boost_titan/bench/measure/step.py",
     "boost_titan/bench/measure/step_trace.py",
     "boost_titan/bench/measure/step_worker.py",
@@ -38,11 +41,12 @@ COPIED = (
 
 RUN_STEP = (
     "import argparse, sys\n"
-    "from boost_titan.bench.measure import step\n"
+    "from boost_titan.bench.commands import step\n"
     "parser = argparse.ArgumentParser(prog='bench step')\n"
     "step.add_args(parser)\n"
     "ns, trainer_args = parser.parse_known_args()\n"
-    "sys.exit(step.run(ns, trainer_args))\n"
+    "ns.trainer_args = trainer_args\n"
+    "sys.exit(step.run(ns))\n"
 )
 """`bench step` without the bench CLI, which the older commit may lack."""
 
@@ -55,6 +59,7 @@ def _worktree(commit: str, where: Path) -> Path:
         capture_output=True,
     )
     for name in COPIED:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tree / name)
     for older, now in (("train.py", "runtime/entry.py"), ("check.py", "runtime/preflight.py")):
         if not (tree / "boost_titan" / now).exists():  # before the library left the command

@@ -228,7 +228,7 @@ MUTANTS = [
         "column-parallel bias replicated",
     ),
     M(
-        "parallelize/groups.py",
+        "parallelize/group_members.py",
         "        if instance.deferred:\n"
         "            y = instance.deferred_linear(h, module, self.index, self.f8())",
         "        if False:\n"
@@ -236,13 +236,13 @@ MUTANTS = [
         "deferred ups reduce again (double)",
     ),
     M(
-        "parallelize/groups.py",
+        "parallelize/group_norms.py",
         "        if instance.deferred:\n            stash = instance.new_stash()",
         "        if False:\n            stash = instance.new_stash()",
         "deferred group never reduces",
     ),
     M(
-        "parallelize/groups.py",
+        "parallelize/group_norms.py",
         "instance.deferred = self.defer and instance.self_contained",
         "instance.deferred = self.defer",
         "defer a group with a parameter between down and up",
@@ -254,13 +254,13 @@ MUTANTS = [
         "group members' columns off by one",
     ),
     M(
-        "parallelize/groups.py",
+        "parallelize/group_norms.py",
         "            out = comm.reduce_grad(normed, group, stash, weights)",
         "            out = normed",
         "replicated group's grad not all-reduced",
     ),
     M(
-        "parallelize/groups.py",
+        "parallelize/group_norms.py",
         "            ys = list(\n"
         "                comm.column_linears(\n"
         "                    normed, weights, group, chunks=self.overlap_chunks, f8s=self.f8s\n"
@@ -270,7 +270,7 @@ MUTANTS = [
         "vanilla LaX ungrouped: input grad not reduced",
     ),
     M(
-        "parallelize/groups.py",
+        "parallelize/group_norms.py",
         "            local(f.bias)\n            if f.bias is not None",
         "            0 * local(f.bias)\n            if f.bias is not None",
         "group biases dropped",
@@ -290,8 +290,10 @@ MUTANTS = [
     ),
     M(
         "parallelize/lowrank_ac.py",
-        "    if _is_collective(func):\n        return CheckpointPolicy.MUST_SAVE",
-        "    if _is_collective(func):\n        return CheckpointPolicy.PREFER_RECOMPUTE",
+        "    if _is_collective(func) or runs_ring(func, args):\n"
+        "        return CheckpointPolicy.MUST_SAVE",
+        "    if _is_collective(func) or runs_ring(func, args):\n"
+        "        return CheckpointPolicy.PREFER_RECOMPUTE",
         "low-rank AC replays collectives",
     ),
     # ---- overlapped row blocks, low-rank AC placeholders, compiled AC ----------------------

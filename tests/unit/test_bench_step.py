@@ -70,8 +70,8 @@ def test_bench_data_times_the_debug_run_on_its_own_process_count(
 
     seen = {}
 
-    def measure(ns, args):
-        seen.update(nproc=ns.nproc, args=args)
+    def measure(run, args):
+        seen.update(nproc=run.nproc, args=args)
         return _report(share)
 
     monkeypatch.setattr(step, "measure", measure)

@@ -30,7 +30,6 @@ aten ops: a quick check of tracing on CPU, with nothing cached.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -38,7 +37,6 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -403,58 +401,3 @@ def format_rows(rows: list[CompileRow]) -> str:
             f"{cold.compile_s:.1f} / {warm.compile_s:.1f} | {cold.step_ratio:.2f} |"
         )
     return "\n".join(lines)
-
-
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--arch",
-        default="cola",
-        choices=("cola", "svd", "lax"),
-        help="low-rank arch of btp/vanilla; megatron trains the fullrank twin",
-    )
-    parser.add_argument(
-        "--strategy", default=",".join(STRATEGIES), help="comma list of " + ", ".join(STRATEGIES)
-    )
-    parser.add_argument(
-        "--ac", default=",".join(AC_MODES), help="comma list of " + ", ".join(AC_MODES)
-    )
-    parser.add_argument("--tp", default="1,2,4", help="comma list of TP degrees")
-    parser.add_argument(
-        "--backend",
-        default="inductor",
-        choices=("inductor", "aot_eager"),
-        help="inductor (TorchTitan's; cached, so the warm pass reads the cache) or "
-        "aot_eager (tracing only, nothing cached)",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        metavar="PATH",
-        help="compile cache folder of both passes (default: a new temporary one)",
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps of each, interleaved")
-    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-
-
-def run(ns: argparse.Namespace) -> int:
-    import json
-
-    try:
-        tps = [int(t) for t in ns.tp.split(",") if t]
-    except ValueError:
-        raise ConfigError(f"--tp takes comma-separated integers, got {ns.tp!r}") from None
-    if ns.repeats < 1:
-        raise ConfigError("--repeats must be >= 1")
-    cells = cells_of([s for s in ns.strategy.split(",") if s], [a for a in ns.ac.split(",") if a])
-    cfg = MatrixConfig(arch=ns.arch, backend=ns.backend, repeats=ns.repeats)
-    rows = matrix(cfg, tps, cells, ns.cache_dir)
-    print(format_rows(rows))
-    if ns.json:
-        Path(ns.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    ok = all(r.ok() for r in rows)
-    warm = "; with Inductor the warm pass read the cache" if cfg.backend == "inductor" else ""
-    print(
-        f"\n{'every cell' if ok else 'NOT every cell'} compiles without a graph break, "
-        f"equals eager within 1e-5 on a cold and a warm cache and issues eager's collectives "
-        f"or fewer{warm}"
-    )
-    return 0 if ok else 1

@@ -12,7 +12,6 @@ run from other initial weights (`Comparison.drift_failures`).
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -202,11 +201,32 @@ def _seed_checkpoint(out: Path, common: list[str], arch: str, seed: int, config:
     return folder / "checkpoint" / "step-0"
 
 
-def run(ns: argparse.Namespace, extra: list[str]) -> Comparison:
-    """Train every layout `ns.layouts` names (reusing finished runs in `ns.out`, `extra`
-    going to each run) and line their logs up; ConfigError for layouts or batches that
-    cannot work."""
-    names = [n for n in ns.layouts.split(",") if n]
+@dataclass(frozen=True)
+class LossRuns:
+    """What `run` trains: the `layouts` (names of `LAYOUTS`, the first the reference),
+    each from the job TOML `config` for `steps` steps of the `arch` model, with
+    `global_batch` sequences per step and `validation_batch` held-out windows per
+    validation step (`validate`: one after the last step), logging every `log_freq` steps,
+    into `out`/LAYOUT. The comparison is exact over the first `exact_steps` (0: all) and a
+    moving average of `smooth` steps after them."""
+
+    layouts: list[str]
+    out: Path
+    config: str
+    steps: int
+    arch: str
+    global_batch: int
+    validation_batch: int
+    log_freq: int
+    validate: bool
+    exact_steps: int
+    smooth: int
+
+
+def run(runs: LossRuns, extra: list[str]) -> Comparison:
+    """Train every layout of `runs` (reusing finished runs in `runs.out`, `extra` going to
+    each run) and line their logs up; ConfigError for layouts or batches that cannot work."""
+    names = runs.layouts
     unknown = [n for n in names if n not in LAYOUTS]
     if unknown or len(names) < 2:
         raise ConfigError(
@@ -217,35 +237,35 @@ def run(ns: argparse.Namespace, extra: list[str]) -> Comparison:
         raise ConfigError(f"the reference layout {names[0]} must be one of the reference model's")
     for name in names:
         for option, batch in (
-            ("--global-batch", ns.global_batch),
-            ("--validation-batch", ns.validation_batch),
+            ("--global-batch", runs.global_batch),
+            ("--validation-batch", runs.validation_batch),
         ):
             if batch % LAYOUTS[name].dp:
                 raise ConfigError(
                     f"{option} {batch} does not divide over {name}'s data parallelism"
                 )
-    out = Path(ns.out)
+    out = runs.out
     out.mkdir(parents=True, exist_ok=True)
     common = [
         "--training.steps",
-        str(ns.steps),
+        str(runs.steps),
         "--metrics.log_freq",
-        str(ns.log_freq),
+        str(runs.log_freq),
         "--boost.arch",
-        ns.arch,
+        runs.arch,
         "--boost.data_order",
         "global",
         *extra,
     ]
-    if ns.validate:
-        common += ["--validation.enable", "--validation.freq", str(ns.steps)]
+    if runs.validate:
+        common += ["--validation.enable", "--validation.freq", str(runs.steps)]
     else:
         common += ["--validation.no_enable"]
     rows, validations = {}, {}
     for name in names:
         layout, dump = LAYOUTS[name], out / name
         if not (dump / "losses.jsonl").exists():
-            seed = _seed_checkpoint(out, common, layout.arch, layout.seed, ns.config)
+            seed = _seed_checkpoint(out, common, layout.arch, layout.seed, runs.config)
             load = [
                 "--checkpoint.enable",
                 "--checkpoint.initial_load_path",
@@ -256,14 +276,14 @@ def run(ns: argparse.Namespace, extra: list[str]) -> Comparison:
             arch = ["--boost.arch", layout.arch] if layout.arch else []
             batch = [
                 "--training.local_batch_size",
-                str(ns.global_batch // layout.dp),
+                str(runs.global_batch // layout.dp),
                 "--validation.local_batch_size",
-                str(ns.validation_batch // layout.dp),
+                str(runs.validation_batch // layout.dp),
             ]
             print(f"{name}: {layout.nproc} processes -> {dump}", flush=True)
             output = train(
-                layout.nproc, ns.config, dump, [*common, *load, *layout.args, *arch, *batch]
+                layout.nproc, runs.config, dump, [*common, *load, *layout.args, *arch, *batch]
             )
             (dump / "train.log").write_text(output)
         rows[name], validations[name] = read_log_rows(dump)
-    return compare(rows, validations, ns.exact_steps or ns.steps, ns.smooth)
+    return compare(rows, validations, runs.exact_steps or runs.steps, runs.smooth)

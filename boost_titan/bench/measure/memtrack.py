@@ -321,38 +321,6 @@ def format_split(args: BoostModelArgs, plan: TrainingLayout) -> str:
     return "\n".join(lines)
 
 
-def add_args(parser) -> None:
-    """memory's own options (the model/layout options come from `add_layout_args`)."""
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="instead: the model vs torch's MemTracker on the real model and plan (1B TP1, "
-        "3B TP2, 7B TP4, 13B TP4 x PP2 both ends on fake tensors; debug on real ones), "
-        "every AC mode; exit 1 beyond +-10%%",
-    )
-    parser.add_argument("--quick", action="store_true", help="with --check: one small case")
-
-
-def run(ns, sweep: dict) -> int:
-    """`bench memory`: the model's split for each flavor x tp x strategy, or --check."""
-    if ns.check:
-        rows = check_rows(QUICK_CASES if ns.quick else CHECK_CASES)
-        print(format_check(rows))
-        return 1 if any(abs(r.error) > TOLERANCE for r in rows) else 0
-    keys = ("seq_len", "micro_batch", "microbatches", "dtype", "ac", "rmsnorm")
-    for flavor in sweep["flavors"]:
-        for tp in sweep["tps"]:
-            for strategy in sweep["strategies"]:
-                args = layout.trained_shape(flavor, sweep["arch"], strategy)
-                plan = TrainingLayout(
-                    strategy, tp=tp, pp=sweep["pp"], **{k: sweep[k] for k in keys}
-                )
-                layout.check(args, plan)
-                print(f"{flavor} {args.arch} {strategy} tp {tp} pp {plan.pp}, ac {plan.ac}:")
-                print(format_split(args, plan))
-    return 0
-
-
 def check_table() -> str:
     """The docs table (`scripts/readme_tables.py`'s memory-check), without run times."""
     return format_check(check_rows(), timing=False)

@@ -14,15 +14,13 @@ parameters, params_per_rank.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -288,44 +286,29 @@ def trace_compared(
     return record
 
 
-# ---- command line ------------------------------------------------------------------------
-def add_args(parser: argparse.ArgumentParser) -> None:
-    """trace's own options (the model/layout options come from `add_layout_args`)."""
-    parser.add_argument(
-        "--compare",
-        action="store_true",
-        help="check against the analytic model; exit 1 on any mismatch",
-    )
-    parser.add_argument(
-        "--json", metavar="PATH|-", help="write the records as a JSON list ('-': stdout only)"
-    )
-
-
-def run(ns: argparse.Namespace, sweep: dict) -> int:
-    """Trace every flavor x tp x strategy of `sweep` (`sweep_from_args`' keywords)."""
-    sweep = dict(sweep)
-    flavors, arch, strategies, tps, gpus = (
-        sweep.pop(k) for k in ("flavors", "arch", "strategies", "tps", "gpus")
-    )
+def trace_sweep(
+    flavors: Sequence[str],
+    arch: str,
+    strategies: Sequence[str],
+    tps: Sequence[int],
+    gpus: Sequence[str],
+    compare: bool = False,
+    **fields: Any,
+) -> list[TraceRecord]:
+    """Trace every flavor x tp x strategy; `fields`: the other `TrainingLayout` fields.
+    `compare`: each also against the model's prediction on `gpus[0]`."""
     records = []
     for flavor in flavors:
         for tp in tps:
             for strategy in strategies:
                 args = layout.trained_shape(flavor, arch, strategy)
-                plan = TrainingLayout(strategy=strategy, tp=tp, **sweep)
+                plan = TrainingLayout(strategy=strategy, tp=tp, **fields)
                 records.append(
                     trace_compared(flavor, args, plan, gpus[0])
-                    if ns.compare
+                    if compare
                     else trace(flavor, args, plan)
                 )
-    if ns.json != "-":
-        print(format_traces(records))
-    text = json.dumps([r.to_json() for r in records], indent=1)
-    if ns.json == "-":
-        print(text)
-    elif ns.json:
-        Path(ns.json).write_text(text)
-    return 1 if any(r.model_mismatches for r in records) else 0
+    return records
 
 
 def format_traces(records: list[TraceRecord], timing: bool = True) -> str:
