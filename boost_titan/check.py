@@ -3,7 +3,7 @@
     python -m boost_titan.check [--nproc N] --job.config_file X.toml [--section.key value ...]
 
 Takes the same arguments as `boost_titan.train`; the checks are
-`boost_titan.runtime.preflight.check`'s. A valid job also gets its predicted peak memory
+`boost_titan.job.preflight.check`'s. A valid job also gets its predicted peak memory
 per GPU against the GPU's (`boost_titan.perf.fits`: this machine's CUDA GPU, else the
 planner's default profile, said as assumed), and whether it fits.
 
@@ -19,8 +19,8 @@ import sys
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.world import pop_nproc, resolve_world
+from boost_titan.job.preflight import NothingToTrain, check
 from boost_titan.perf.fits import check_line
-from boost_titan.runtime.preflight import NothingToTrain, check
 
 FINISHED = 4
 """Exit status for a job that has nothing left to train."""

@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=N -m boost_titan.train --job.config_file train_configs/X.toml \
         [--section.key value ...]
 
-The worker is `boost_titan.runtime.entry`: importing it adds the `[boost]` config section,
+The worker is `boost_titan.job.entry`: importing it adds the `[boost]` config section,
 runs on CPU/gloo when there is no accelerator and registers the `boost_llama` TrainSpec;
 `run` trains with `BoostTrainer` (one `error:` line and exit code 2 for a user error, 3 for
 a diverged loss, 75 after a stop by SIGTERM, SIGUSR1 or the time budget: `runtime.stopping`)
@@ -18,7 +18,7 @@ from boost_titan.runtime.stopping import end_if_stopped_before
 
 if __name__ == "__main__":
     end_if_stopped_before()  # torchrun restarted a stopped group: no training, no imports
-from boost_titan.runtime.entry import run  # noqa: E402 (it prepares the process for torchtitan)
+from boost_titan.job.entry import run  # noqa: E402 (it prepares the process for torchtitan)
 from boost_titan.parallelize.teardown import run_to_end  # noqa: E402
 
 # isort: on

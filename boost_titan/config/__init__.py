@@ -4,7 +4,7 @@ of train's arguments into a JobConfig with one-line errors (`cli`), and `ConfigE
 before any worker starts (`preflight`, behind `python -m boost_titan.check`).
 
 The section is merged into TorchTitan's JobConfig, loaded through
-`--job.custom_config_module boost_titan.config`, which `boost_titan.runtime.entry` adds itself.
+`--job.custom_config_module boost_titan.config`, which `boost_titan.job.entry` adds itself.
 TorchTitan requires the module to define a dataclass named `JobConfig` whose fields are the
 new sections.
 """

@@ -4,7 +4,7 @@ TorchTitan's ConfigManager reports user mistakes as tracebacks (TOML) or multi-l
 boxes (command line). `parse_job_config` checks the TOML itself and condenses tyro's
 message, raising `ConfigError` with a one-line message.
 
-This module is imported before torchtitan by `boost_titan.runtime.entry` (see
+This module is imported before torchtitan by `boost_titan.job.entry` (see
 `with_boost_section`), so torchtitan is only imported inside functions here.
 """
 

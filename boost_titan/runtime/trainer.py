@@ -465,7 +465,7 @@ class BoostTrainer(Trainer):
             line = stopped_line(self.stop_reason, *self.stopped)
             if first_local:
                 print(line, file=sys.stderr, flush=True)
-            raise StoppedEarly(line)  # exit status STOPPED (`runtime.entry`)
+            raise StoppedEarly(line)  # exit status STOPPED (`job.entry`)
         reason = self.stop_reason or self.stop.signal
         if reason is not None and first_local:  # asked for during the last step or its save
             saved = (

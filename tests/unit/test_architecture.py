@@ -143,6 +143,7 @@ RULES = {
     "boost_titan.data": ("boost_titan",),
     "boost_titan.boost_llama": ("boost_titan",),
     "boost_titan.runtime": ("boost_titan",),
+    "boost_titan.job": ("boost_titan",),
     "boost_titan.perf": ("boost_titan",),
     "boost_titan.examples": ("boost_titan", "torchtitan"),
     "boost_titan.boost_llama.model": ("boost_titan", "torchtitan", "torch.distributed"),
@@ -166,7 +167,14 @@ ALLOWED = {
         "boost_titan.runtime",
         "boost_titan.config",
         "boost_titan.data",
+        "boost_titan.parallelize",
+    ),
+    "boost_titan.job": (
+        "boost_titan.job",
+        "boost_titan.config",
+        "boost_titan.data",
         "boost_titan.boost_llama",
+        "boost_titan.runtime",
         "boost_titan.parallelize",
     ),
     "boost_titan.perf": (
@@ -273,3 +281,21 @@ def test_an_import_of_a_command_is_found(tmp_path):
     )
     assert entry_point_imports(graph, files) == ["boost_titan.bench.step -> boost_titan.check"]
     assert rule_breaks(graph) == ["boost_titan.perf -> boost_titan.bench.step"]
+
+
+def test_the_runtime_importing_the_model_is_found(tmp_path):
+    """The runtime sits below `boost_llama` (the model's glue imports it); only `job` brings
+    the two together."""
+    graph, _ = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "boost_llama/__init__.py": "",
+            "boost_llama/spec.py": "from boost_titan.runtime import trainer\n",
+            "runtime/__init__.py": "",
+            "runtime/trainer.py": "def f():\n    from boost_titan.boost_llama.spec import x\n",
+            "job/__init__.py": "",
+            "job/entry.py": "from boost_titan.boost_llama import spec\n",
+        },
+    )
+    assert rule_breaks(graph) == ["boost_titan.runtime.trainer -> boost_titan.boost_llama.spec"]

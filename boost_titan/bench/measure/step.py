@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.launch import torchrun_command, worker_env
+from boost_titan.job.launch import torchrun_command, worker_env
 
 WORKER = "boost_titan.bench.measure.step_worker"
 TRACE_ENV = "BOOST_TITAN_STEP_TRACE"
@@ -76,7 +76,7 @@ def add_args(parser: argparse.ArgumentParser, nproc: int | None = 1) -> None:
 
 def _validate(ns: argparse.Namespace, trainer_args: list[str]) -> str:
     """The `check` summary of the job as measured, or ConfigError."""
-    from boost_titan.runtime.preflight import NothingToTrain, check
+    from boost_titan.job.preflight import NothingToTrain, check
 
     if ns.nproc < 1 or ns.steps < 1 or ns.warmup < 1:
         raise ConfigError("--nproc, --steps and --warmup must be >= 1")
