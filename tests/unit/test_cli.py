@@ -303,11 +303,12 @@ def test_check_memory_line_prices_the_tokenizers_vocabulary(real_data):
     """`check`'s memory line prices the model the job builds: debug.toml with the test
     tokenizer's 262 tokens, not the 32,000 `bench model` assumes for a flavor."""
     from boost_titan.check import memory_line
+    from boost_titan.config.cli import parse_job_config
     from boost_titan.perf.fits import DEFAULT_GPU, fit_line
     from boost_titan.perf.job import job_plan
     from boost_titan.perf.layout_search import GPU_MEMORY_GIB
 
-    line = memory_line(["--job.config_file", str(DEBUG_TOML), *real_data])
+    line = memory_line(parse_job_config(["--job.config_file", str(DEBUG_TOML), *real_data]), None)
     flavor = job_plan(str(DEBUG_TOML))
     built = dataclasses.replace(flavor, args=dataclasses.replace(flavor.args, vocab_size=262))
     lines = {

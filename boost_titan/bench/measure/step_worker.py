@@ -21,7 +21,7 @@ import tempfile
 import time
 
 # isort: off
-from boost_titan.job import entry  # before torchtitan: [boost] section, CPU, TrainSpec
+from boost_titan.job import entry  # the worker (`entry.run` prepares the process)
 
 try:
     from boost_titan.parallelize.teardown import run_to_end
