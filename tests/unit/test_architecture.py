@@ -6,6 +6,9 @@ late. Each rule is also run on a small planted tree that breaks it, so none can 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -299,3 +302,46 @@ def test_the_runtime_importing_the_model_is_found(tmp_path):
         },
     )
     assert rule_breaks(graph) == ["boost_titan.runtime.trainer -> boost_titan.boost_llama.spec"]
+
+
+# ---- a plain checkout ------------------------------------------------------------------------
+PLAIN_CHECKOUT = """
+import sys, importlib.util
+import boost_titan.kernels, boost_titan.parallelize
+from boost_titan.parallelize import styles
+assert importlib.util.find_spec("boost_titan.scripts") is None  # no other top-level folder
+print(boost_titan.parallelize.__file__, boost_titan.kernels.__file__, styles.__file__)
+"""
+
+
+def test_a_plain_checkout_imports_the_top_level_packages():
+    """With the checkout on PYTHONPATH and nothing of ours installed (`-S`: no site, so no
+    editable install's finder; torch's site-packages given by hand), `boost_titan.parallelize`
+    and `boost_titan.kernels` are the checkout's top-level folders."""
+    import torch
+
+    site_packages = Path(torch.__file__).parents[1]
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", PLAIN_CHECKOUT],
+        cwd=site_packages.anchor,
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{site_packages}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    paths = result.stdout.split()
+    expected = [ROOT / "parallelize" / "__init__.py", ROOT / "kernels" / "__init__.py"]
+    assert paths == [str(p) for p in [*expected, ROOT / "parallelize" / "styles.py"]]
+
+
+def test_the_checkout_finder_maps_what_pyproject_maps():
+    import tomli
+
+    from boost_titan import TOP_LEVEL_PACKAGES
+
+    mapped = tomli.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert TOP_LEVEL_PACKAGES == mapped["package-dir"]
