@@ -2,8 +2,8 @@
 
     python -m boost_titan.check [--nproc N] --job.config_file X.toml [--section.key value ...]
 
-Takes the same arguments as `boost_titan.train`; the checks are
-`boost_titan.runtime.preflight.check`'s. A valid job also gets its predicted peak memory
+Takes the same arguments as `boost_titan.train`, parsed once; the checks are
+`boost_titan.job.preflight.check_job`'s. A valid job also gets its predicted peak memory
 per GPU against the GPU's (`boost_titan.perf.fits`: this machine's CUDA GPU, else the
 planner's default profile, said as assumed), and whether it fits.
 
@@ -19,8 +19,8 @@ import sys
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.world import pop_nproc, resolve_world
+from boost_titan.job.preflight import NothingToTrain, check_job
 from boost_titan.perf.fits import check_line
-from boost_titan.runtime.preflight import NothingToTrain, check
 
 FINISHED = 4
 """Exit status for a job that has nothing left to train."""
@@ -45,8 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         print(HELP)
         return
     try:
-        print(check(args), flush=True)
-        print(memory_line(args), flush=True)
+        nproc, rest = pop_nproc(args)
+        job = parse_job_config(rest)  # the one parse of this process
+        print(check_job(job, nproc), flush=True)
+        print(memory_line(job, nproc), flush=True)
     except ConfigError as e:
         fail(str(e))
     except NothingToTrain as e:
@@ -54,14 +56,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(FINISHED) from None
 
 
-def memory_line(args: list[str]) -> str:
-    """The job's predicted memory per GPU against this machine's GPU (or the assumed one)."""
+def memory_line(job, nproc: int | None) -> str:
+    """The parsed job's predicted memory per GPU on `nproc` processes against this machine's
+    GPU (or the assumed one)."""
     import torch
 
     from boost_titan.boost_llama.spec import SPEC_NAME, job_args
 
-    nproc, rest = pop_nproc(args)
-    job = parse_job_config(rest)
     world, _ = resolve_world(job, nproc)
     vocab = job_args(job).vocab_size if job.model.name == SPEC_NAME else None
     device = None

@@ -6,7 +6,7 @@
 
 The commit is checked out in a temporary git worktree (removed at the end) with the
 measurement modules of this checkout copied in (`bench.measure.step*`, `bench.commands.step`,
-`bench.report`, `runtime.launch`, `runtime.compute_copies` for its range's name), so both
+`bench.report`, `job.launch`, `runtime.compute_copies` for its range's name), so both
 sides are measured alike; `boost_titan.parallelize` / `.kernels` are linked in as
 `pyproject.toml` maps them. `--vary KEY=A,B` measures every side with each value of a
 trainer option. Every repeat runs each (value, side) once, old side first, so drifting load
@@ -35,7 +35,7 @@ COPIED = (
     "boost_titan/bench/measure/step.py",
     "boost_titan/bench/measure/step_trace.py",
     "boost_titan/bench/measure/step_worker.py",
-    "boost_titan/runtime/launch.py",
+    "boost_titan/job/launch.py",
     "boost_titan/runtime/compute_copies.py",  # step_trace reads its range's name
 )
 
@@ -51,6 +51,15 @@ RUN_STEP = (
 """`bench step` without the bench CLI, which the older commit may lack."""
 
 
+_EARLIER_HOMES = {
+    "job/entry.py": ("runtime/entry.py", "train.py"),
+    "job/preflight.py": ("runtime/preflight.py", "check.py"),
+    "config/precision.py": ("runtime/precision.py",),
+}
+"""Modules that moved (the job room's, precision) -> where an earlier commit kept them,
+newest first (the oldest commits kept them in the commands themselves)."""
+
+
 def _worktree(commit: str, where: Path) -> Path:
     tree = where / "tree"
     subprocess.run(
@@ -58,12 +67,16 @@ def _worktree(commit: str, where: Path) -> Path:
         check=True,
         capture_output=True,
     )
+    source = tree / "boost_titan"
+    (source / "job").mkdir(exist_ok=True)  # a commit from before the job's own room
+    (source / "job" / "__init__.py").touch()
     for name in COPIED:
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tree / name)
-    for older, now in (("train.py", "runtime/entry.py"), ("check.py", "runtime/preflight.py")):
-        if not (tree / "boost_titan" / now).exists():  # before the library left the command
-            shutil.copy(tree / "boost_titan" / older, tree / "boost_titan" / now)
+    for now, olders in _EARLIER_HOMES.items():
+        if not (source / now).exists():
+            older = next(o for o in olders if (source / o).exists())
+            shutil.copy(source / older, source / now)
     for package in ("parallelize", "kernels"):
         (tree / "boost_titan" / package).symlink_to(tree / package)
     return tree

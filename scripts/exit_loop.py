@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from boost_titan.runtime.launch import torchrun_command
+from boost_titan.job.launch import torchrun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 ABORTS = ("terminate called", "SIGABRT", "exitcode  : -6")

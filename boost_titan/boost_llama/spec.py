@@ -1,12 +1,14 @@
 """The `boost_llama` TrainSpec: our model and plans on TorchTitan's trainer components.
 
-Importing this module registers the spec (once). `validate_job` checks a job's model and
-parallelism in one process, before any process group exists.
+Importing this module registers nothing: `register_spec()` does, once per process (the
+training worker, and `check`, which looks the model's TrainSpec up by name). `validate_job`
+checks a job's model and parallelism in one process, before any process group exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 
 from torchtitan.components.loss import build_cross_entropy_loss
@@ -194,7 +196,12 @@ def build_spec() -> TrainSpec:
     )
 
 
-register_train_spec(SPEC_NAME, build_spec())
-install_converter(SPEC_NAME)  # `quantize.linear.float8` applied by parallelize_boost (float8.py)
+@functools.cache
+def register_spec() -> None:
+    """Register the `boost_llama` TrainSpec with TorchTitan, and its float8 converter (models
+    of this spec get `quantize.linear.float8` from `parallelize_boost`); once per process."""
+    register_train_spec(SPEC_NAME, build_spec())
+    install_converter(SPEC_NAME)
 
-__all__ = ["SPEC_NAME", "job_args", "validate_job"]
+
+__all__ = ["SPEC_NAME", "job_args", "register_spec", "validate_job"]

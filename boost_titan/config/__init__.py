@@ -5,7 +5,7 @@ torchtitan; and the checks of a whole job before any worker starts (`preflight`,
 `python -m boost_titan.check`).
 
 The section is merged into TorchTitan's JobConfig, loaded through
-`--job.custom_config_module boost_titan.config`, which `boost_titan.runtime.entry` adds itself.
+`--job.custom_config_module boost_titan.config`, which `boost_titan.job.entry` adds itself.
 TorchTitan requires the module to define a dataclass named `JobConfig` whose fields are the
 new sections.
 """

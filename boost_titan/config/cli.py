@@ -4,8 +4,8 @@ TorchTitan's ConfigManager reports user mistakes as tracebacks (TOML) or multi-l
 boxes (command line). `parse_job_config` checks the TOML itself and condenses tyro's
 message, raising `ConfigError` with a one-line message.
 
-This module is imported before torchtitan by `boost_titan.runtime.entry` (see
-`with_boost_section`), so torchtitan is only imported inside functions here.
+Importable without torch or torchtitan (`check --help` starts fast): torchtitan is only
+imported inside functions here.
 """
 
 from __future__ import annotations
@@ -37,11 +37,8 @@ _CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 
 
 def with_boost_section(args: list[str]) -> list[str]:
-    """`args` plus `--job.custom_config_module=boost_titan.config` unless a module is named.
-
-    TorchTitan binds `sys.argv[1:]` as ConfigManager's default at import time, so the
-    training entry must apply this to `sys.argv` before importing torchtitan.
-    """
+    """`args` plus `--job.custom_config_module=boost_titan.config` unless a module is named
+    (`parse_job_config` adds it; nothing of ours lets TorchTitan parse `sys.argv` itself)."""
     if any(a.split("=", 1)[0] in _CUSTOM_CONFIG_FLAGS for a in args):
         return list(args)
     return [*args, f"{_CUSTOM_CONFIG_FLAGS[0]}={BOOST_CONFIG_MODULE}"]
@@ -109,10 +106,12 @@ def load_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"malformed TOML in {path}: {e}; fix the syntax") from None
 
 
-def parse_job_config(args: list[str]):
+def parse_job_config(args: list[str], titan_warnings: bool = False):
     """Parse `args` (TOML + overrides, with the `[boost]` section) like TorchTitan does.
 
     Returns TorchTitan's merged JobConfig. `--help` prints the option list and exits 0.
+    TorchTitan's warnings while parsing (a deprecated option) reach its log with
+    `titan_warnings` (the training worker's one parse), else they are dropped.
     """
     args = with_boost_section(args)
     path = config_file(args)
@@ -127,7 +126,8 @@ def parse_job_config(args: list[str]):
     out, err = io.StringIO(), io.StringIO()
     titan_log = logging.getLogger()
     level = titan_log.level
-    titan_log.setLevel(logging.ERROR)
+    if not titan_warnings:
+        titan_log.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             return ConfigManager().parse_args(args)

@@ -1,8 +1,7 @@
 """Data and tokenizer: offline corpora fed through torchtitan's text dataloader.
 
 Importing this package sets HF_DATASETS_OFFLINE and HF_HUB_OFFLINE (unless already set),
-so `datasets` never reaches the network. It imports torchtitan: import it only after
-`boost_titan.config.cli.with_boost_section` has been applied to `sys.argv`.
+so `datasets` never reaches the network. It imports torchtitan.
 """
 
 import os

@@ -1,9 +1,24 @@
-"""What runs inside the training workers around TorchTitan's Trainer: `trainer`
-(BoostTrainer), `device` (CPU/gloo bring-up), `run_log` (losses, summary),
-`checkpoint_files` (step folders, DCP metadata and files, also read by `check` and
-`export`), `dump_lock` (one job per dump folder), `resume` (every rank loads rank 0's
-checkpoint), `restarts` (crash recovery), `saved_activations` (the activation bytes the
-trainer logs), `rss` (process memory), `stopping` (SIGTERM/SIGUSR1/time budget: stop
-with a checkpoint), `nonfinite` (NaN/inf steps never reach the optimizer). The end of the
-process groups and of the process is `boost_titan.parallelize.teardown`, shared with every
-multi-process command."""
+"""Running a training job inside its workers, around TorchTitan's Trainer; below `job`
+(which launches and enters the workers) and blind to our model (`boost_llama` imports this
+room, never the other way). Every module and its job:
+
+- `trainer`: `BoostTrainer`, TorchTitan's Trainer with our step, logging and fixes.
+- `device`: CPU/gloo bring-up when there is no accelerator.
+- `compute_copies`: bf16 compute copies of fp32 master weights where nothing is sharded.
+- `accumulation`: gradient accumulation that casts each weight once per optimizer step.
+- `cuda_graphs`: a micro-batch captured once as a CUDA graph and replayed.
+- `grad_norm`: the exact global gradient norm on every layout, and clipping by it.
+- `nonfinite`: NaN/inf steps never reach the optimizer.
+- `stopping`: SIGTERM/SIGUSR1/time budget: stop with a checkpoint.
+- `step_clock`: the time left and the time spent waiting for data, per step.
+- `run_log`: losses, held-out results, the summary.
+- `held_out_loss`: the held-out evaluation shared by training's validator and `eval`.
+- `saved_activations`: the activation bytes a forward keeps for backward (logged per step).
+- `rss`: process memory.
+- `checkpoint_files`: step folders, DCP metadata and files (also read by `check`, `export`).
+- `resume`: every rank loads the checkpoint rank 0 picks.
+- `dump_lock`: one job per dump folder.
+- `restarts`: crash recovery under torchrun restarts.
+
+The end of the process groups and of the process is `boost_titan.parallelize.teardown`,
+shared with every multi-process command."""

@@ -76,15 +76,9 @@ from torchtitan.components.checkpoint import AsyncMode
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from boost_titan.config import (
-    check_cuda_graphs,
-    check_run_limits,
-    data_parallel_degree,
-    global_batch,
-)
+from boost_titan.config import data_parallel_degree, global_batch
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision, no_autocast
-from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
@@ -149,9 +143,6 @@ class BoostTrainer(Trainer):
 
     def __init__(self, job_config, memory_model: MemoryModel | None = None):
         boost = job_config.boost
-        check_run_limits(boost)
-        check_cuda_graphs(boost, job_config.parallelism.pipeline_parallel_degree)
-        check_titan_settings(job_config)
         self.stop = StopRequest(boost.time_budget_minutes)
         self.stop.install()  # before the long set-up: a SIGTERM now stops after step 1
         self.stop_reason: str | None = None
@@ -465,7 +456,7 @@ class BoostTrainer(Trainer):
             line = stopped_line(self.stop_reason, *self.stopped)
             if first_local:
                 print(line, file=sys.stderr, flush=True)
-            raise StoppedEarly(line)  # exit status STOPPED (`runtime.entry`)
+            raise StoppedEarly(line)  # exit status STOPPED (`job.entry`)
         reason = self.stop_reason or self.stop.signal
         if reason is not None and first_local:  # asked for during the last step or its save
             saved = (

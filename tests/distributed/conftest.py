@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from boost_titan.runtime.launch import train_command
+from boost_titan.job.launch import train_command
 from tests.helpers import DEBUG_TOML, ROOT
 from tests.helpers.corpus import real_data_args
 

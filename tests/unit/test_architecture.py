@@ -6,6 +6,9 @@ late. Each rule is also run on a small planted tree that breaks it, so none can 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,6 +146,7 @@ RULES = {
     "boost_titan.data": ("boost_titan",),
     "boost_titan.boost_llama": ("boost_titan",),
     "boost_titan.runtime": ("boost_titan",),
+    "boost_titan.job": ("boost_titan",),
     "boost_titan.perf": ("boost_titan",),
     "boost_titan.examples": ("boost_titan", "torchtitan"),
     "boost_titan.boost_llama.model": ("boost_titan", "torchtitan", "torch.distributed"),
@@ -166,7 +170,14 @@ ALLOWED = {
         "boost_titan.runtime",
         "boost_titan.config",
         "boost_titan.data",
+        "boost_titan.parallelize",
+    ),
+    "boost_titan.job": (
+        "boost_titan.job",
+        "boost_titan.config",
+        "boost_titan.data",
         "boost_titan.boost_llama",
+        "boost_titan.runtime",
         "boost_titan.parallelize",
     ),
     "boost_titan.perf": (
@@ -272,3 +283,64 @@ def test_an_import_of_a_command_is_found(tmp_path):
     )
     assert entry_point_imports(graph, files) == ["boost_titan.bench.step -> boost_titan.check"]
     assert rule_breaks(graph) == ["boost_titan.perf -> boost_titan.bench.step"]
+
+
+def test_the_runtime_importing_the_model_is_found(tmp_path):
+    """The runtime sits below `boost_llama` (the model's glue imports it); only `job` brings
+    the two together."""
+    graph, _ = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "boost_llama/__init__.py": "",
+            "boost_llama/spec.py": "from boost_titan.runtime import trainer\n",
+            "runtime/__init__.py": "",
+            "runtime/trainer.py": "def f():\n    from boost_titan.boost_llama.spec import x\n",
+            "job/__init__.py": "",
+            "job/entry.py": "from boost_titan.boost_llama import spec\n",
+        },
+    )
+    assert rule_breaks(graph) == ["boost_titan.runtime.trainer -> boost_titan.boost_llama.spec"]
+
+
+# ---- a plain checkout ------------------------------------------------------------------------
+PLAIN_CHECKOUT = """
+import sys, importlib.util
+import boost_titan.kernels, boost_titan.parallelize
+from boost_titan.parallelize import styles
+assert importlib.util.find_spec("boost_titan.scripts") is None  # no other top-level folder
+print(boost_titan.parallelize.__file__, boost_titan.kernels.__file__, styles.__file__)
+"""
+
+
+def test_a_plain_checkout_imports_the_top_level_packages():
+    """With the checkout on PYTHONPATH and nothing of ours installed (`-S`: no site, so no
+    editable install's finder; torch's site-packages given by hand), `boost_titan.parallelize`
+    and `boost_titan.kernels` are the checkout's top-level folders."""
+    import torch
+
+    site_packages = Path(torch.__file__).parents[1]
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", PLAIN_CHECKOUT],
+        cwd=site_packages.anchor,
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{site_packages}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    paths = result.stdout.split()
+    expected = [ROOT / "parallelize" / "__init__.py", ROOT / "kernels" / "__init__.py"]
+    assert paths == [str(p) for p in [*expected, ROOT / "parallelize" / "styles.py"]]
+
+
+def test_the_checkout_finder_maps_what_pyproject_maps():
+    import tomli
+
+    from boost_titan import TOP_LEVEL_PACKAGES
+
+    mapped = tomli.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert TOP_LEVEL_PACKAGES == mapped["package-dir"]

@@ -34,8 +34,8 @@ from boost_titan.data.held_out import (
     pack_windows,
     validation_data,
 )
+from boost_titan.job.preflight import check
 from boost_titan.runtime.held_out_loss import BoostValidator, evaluate
-from boost_titan.runtime.preflight import check
 from boost_titan.runtime.run_log import RunLog, read_log
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import debug_args, save_checkpoint

@@ -25,7 +25,7 @@ from boost_titan.boost_llama.export_format import args_of, export, model_shapes
 from boost_titan.boost_llama.state_dict_adapter import BoostStateDictAdapter
 from boost_titan.config.errors import ConfigError
 from boost_titan.export import main
-from boost_titan.runtime.preflight import check
+from boost_titan.job.preflight import check
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import (
     ARCHS,

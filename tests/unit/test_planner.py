@@ -292,7 +292,7 @@ def real_data(tmp_path_factory) -> list[str]:
 
 def _checked(path, gpus: int, real_data: list[str], out) -> dict:
     """The TOML at `path` after `check --nproc gpus` passed it (with real data)."""
-    from boost_titan.runtime.preflight import check
+    from boost_titan.job.preflight import check
 
     args = ["--nproc", str(gpus), "--job.config_file", str(path), *real_data]
     assert check([*args, "--job.dump_folder", str(out)]).startswith("config ok:")

@@ -28,7 +28,7 @@ from boost_titan.data.held_out import validation_data
 from boost_titan.data.loader import CheckpointedDataloader
 from boost_titan.data.mix import MixedWindows, MixSource, open_sources, parse_mix
 from boost_titan.data.tokenizer import load_tokenizer
-from boost_titan.runtime import preflight
+from boost_titan.job import preflight
 
 WORDS = "the quick brown fox jumps over a lazy dog while data shards blend tokens".split()
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.launch import torchrun_command, worker_env
+from boost_titan.job.launch import torchrun_command, worker_env
 
 WORKER = "boost_titan.bench.measure.step_worker"
 TRACE_ENV = "BOOST_TITAN_STEP_TRACE"
@@ -61,7 +61,7 @@ def names_job(trainer_args: list[str]) -> bool:
 
 def _validate(run: StepRun, trainer_args: list[str]) -> str:
     """The `check` summary of the job as measured, or ConfigError."""
-    from boost_titan.runtime.preflight import NothingToTrain, check
+    from boost_titan.job.preflight import NothingToTrain, check
 
     if run.nproc < 1 or run.steps < 1 or run.warmup < 1:
         raise ConfigError("--nproc, --steps and --warmup must be >= 1")

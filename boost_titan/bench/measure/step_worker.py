@@ -2,7 +2,7 @@
 
     torchrun ... -m boost_titan.bench.measure.step_worker --job.config_file X.toml [...]
 
-Runs the training worker (`boost_titan.runtime.entry`) with `ProbedTrainer`: every step is
+Runs the training worker (`boost_titan.job.entry`) with `ProbedTrainer`: every step is
 timed (the device synchronised at both ends) and so is each micro-batch's forward + loss +
 backward on the host (no synchronisation: on a GPU, the time the host takes to issue it);
 the steps after the first `BOOST_TITAN_STEP_WARMUP` and before the last are the timed ones;
@@ -21,7 +21,7 @@ import tempfile
 import time
 
 # isort: off
-from boost_titan.runtime import entry  # before torchtitan: [boost] section, CPU, TrainSpec
+from boost_titan.job import entry  # the worker (`entry.run` prepares the process)
 
 try:
     from boost_titan.parallelize.teardown import run_to_end

@@ -11,9 +11,11 @@ of it runs) and whose weights must be the job's model's (names and shapes, from 
 metadata alone); it checks that no other job holds the dump folder, and prepares the
 default tokenizer once, before workers start.
 
-`check` returns the `config ok: ...` summary; it raises ConfigError for bad input and
-NothingToTrain (`nothing to train: ...`) when the dump folder's checkpoint is already at
-training.steps.
+`check` parses train's arguments once and runs `check_job` on the result, which returns the
+`config ok: ...` summary; they raise ConfigError for bad input and NothingToTrain (`nothing
+to train: ...`) when the dump folder's checkpoint is already at training.steps. The training
+workers run in other processes (torchrun's) and re-run the checks they need themselves
+(`boost_titan.job.entry`).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def check_model(job, world: int) -> int | None:
     import boost_titan.boost_llama.spec
     import boost_titan.data
 
+    boost_titan.boost_llama.spec.register_spec()
     try:
         spec = get_train_spec(job.model.name)
     except ValueError:
@@ -306,10 +309,16 @@ class NothingToTrain(Exception):
 
 
 def check(args: list[str]) -> str:
-    """Validate a job given train's arguments; return the `config ok` summary. Raises
-    ConfigError for bad input and NothingToTrain for a finished job."""
+    """Validate a job given train's arguments (and `--nproc`): `check_job` on their one
+    parse."""
     nproc, args = pop_nproc(args)
-    job = parse_job_config(args)
+    return check_job(parse_job_config(args), nproc)
+
+
+def check_job(job, nproc: int | None) -> str:
+    """Validate the parsed job `job` on `nproc` processes (None: NGPU, else the fewest the
+    degrees allow); return the `config ok` summary. Raises ConfigError for bad input and
+    NothingToTrain for a finished job."""
     world, degrees = resolve_world(job, nproc)
     batch = check_batch(job, degrees)
     check_run_limits(job.boost)
