@@ -27,62 +27,53 @@ the folder, tensor bytes as declared), `teardown` (the orderly end of a process 
 group), `local_ranks` (`run_on_ranks`: a function on N local gloo ranks).
 """
 
-from .compile_cache import key_compile_caches_by_rank
-from .describe import plan_table
-from .group_members import GroupMember, GroupUp
-from .group_norms import BottleneckGroupNorm, ReplicatedGroupNorm
-from .groups import NormGroup
-from .hf import hf_layout
-from .hf_checkpoint import load_hf, load_sharded, save_hf, save_sharded
-from .low_rank import LowRankLinear, to_low_rank
-from .plans import (
-    ModelLayout,
-    Plan,
-    apply_plan,
-    btp_plan,
-    megatron_plan,
-    resolve_plan,
-    vanilla_plan,
-)
-from .styles import (
-    ColumnParallel,
-    HeadNorm,
-    PlanError,
-    Replicated,
-    RowParallel,
-    ShardedEmbedding,
-    ShardedRMSNorm,
-)
-from .verify import verify_plan
+import importlib
 
-__all__ = [
-    "BottleneckGroupNorm",
-    "ColumnParallel",
-    "GroupMember",
-    "GroupUp",
-    "HeadNorm",
-    "LowRankLinear",
-    "ModelLayout",
-    "NormGroup",
-    "Plan",
-    "PlanError",
-    "Replicated",
-    "ReplicatedGroupNorm",
-    "RowParallel",
-    "ShardedEmbedding",
-    "ShardedRMSNorm",
-    "apply_plan",
-    "btp_plan",
-    "hf_layout",
-    "key_compile_caches_by_rank",
-    "load_hf",
-    "load_sharded",
-    "megatron_plan",
-    "plan_table",
-    "resolve_plan",
-    "save_hf",
-    "save_sharded",
-    "to_low_rank",
-    "vanilla_plan",
-    "verify_plan",
-]
+_EXPORTS = {
+    "BottleneckGroupNorm": "group_norms",
+    "ColumnParallel": "styles",
+    "GroupMember": "group_members",
+    "GroupUp": "group_members",
+    "HeadNorm": "styles",
+    "LowRankLinear": "low_rank",
+    "ModelLayout": "plans",
+    "NormGroup": "groups",
+    "Plan": "plans",
+    "PlanError": "styles",
+    "Replicated": "styles",
+    "ReplicatedGroupNorm": "group_norms",
+    "RowParallel": "styles",
+    "ShardedEmbedding": "styles",
+    "ShardedRMSNorm": "styles",
+    "apply_plan": "plans",
+    "btp_plan": "plans",
+    "hf_layout": "hf",
+    "key_compile_caches_by_rank": "compile_cache",
+    "load_hf": "hf_checkpoint",
+    "load_sharded": "hf_checkpoint",
+    "megatron_plan": "plans",
+    "plan_table": "describe",
+    "resolve_plan": "plans",
+    "save_hf": "hf_checkpoint",
+    "save_sharded": "hf_checkpoint",
+    "to_low_rank": "low_rank",
+    "vanilla_plan": "plans",
+    "verify_plan": "verify",
+}
+"""Each public name -> the module that defines it, imported on first use (PEP 562), so that
+importing one torch-free module of the library (`norm_modes`) does not import torch."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

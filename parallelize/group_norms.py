@@ -15,7 +15,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
 
 from . import comm, group_check
-from .groups import RMSNORM_MODES, GroupBound, GroupInstance, NormGroup
+from .groups import GroupBound, GroupInstance, NormGroup
+from .norm_modes import RMSNORM_MODES
 from .norms import online_rmsnorm_down, sync_rmsnorm
 from .styles import (
     Collective,

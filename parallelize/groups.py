@@ -58,8 +58,6 @@ from .styles import (
     norm_dim,
 )
 
-RMSNORM_MODES = ("online", "sync")
-
 
 class NormGroup:
     """A pre-norm and the modules that read its output, as paths relative to a block.

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from boost_titan.boost_llama.strategies import STRATEGIES
-from boost_titan.config import AC_MODES, ARCHS, OVERLAP_CHUNKS, RMSNORM_MODES
+from boost_titan.config import AC_MODES, ARCHS, OVERLAP_CHUNKS
+from boost_titan.parallelize.norm_modes import RMSNORM_MODES
 from boost_titan.perf.gpus import GPUS
 from boost_titan.perf.layout import DTYPE_ALIASES, DTYPE_BYTES
 

@@ -17,11 +17,12 @@ from torchtitan.components.optimizer import build_optimizers
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
-from boost_titan.config import DATA_ORDERS, OVERLAP_CHUNKS, RMSNORM_MODES
+from boost_titan.config import DATA_ORDERS, OVERLAP_CHUNKS
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.held_out import validation_data
 from boost_titan.data.prepared_check import check_prepared
+from boost_titan.parallelize.norm_modes import RMSNORM_MODES
 from boost_titan.runtime.held_out_loss import BoostValidator
 
 from .args import FLAVORS, BoostModelArgs, flavor_args

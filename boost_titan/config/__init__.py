@@ -1,8 +1,7 @@
 """The job's configuration: the `[boost]` TOML section and its choices (here), the parsing
 of train's arguments into a JobConfig with one-line errors (`cli`), `ConfigError`
 (`errors`) and the run's precision (`precision`), all importable without torch or
-torchtitan; and the checks of a whole job before any worker starts (`preflight`, behind
-`python -m boost_titan.check`).
+torchtitan.
 
 The section is merged into TorchTitan's JobConfig, loaded through
 `--job.custom_config_module boost_titan.config`, which `boost_titan.job.entry` adds itself.
@@ -17,7 +16,6 @@ from boost_titan.config.errors import ConfigError
 
 ARCHS = ("fullrank", "svd", "cola", "lax")
 LAX_BASES = ("svd", "cola")
-RMSNORM_MODES = ("online", "sync")
 AC_MODES = ("none", "full", "selective", "lowrank")
 """Activation checkpointing: none; TorchTitan's full and op-level selective; BOOST's low-rank
 ([activation_checkpoint] mode, or [boost] lowrank_ac with mode none)."""

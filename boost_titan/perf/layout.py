@@ -3,8 +3,8 @@ shape a strategy trains (`trained_shape`) and whether the model can price the pa
 
 The parallel strategy and degrees (TP, PP, CP), the batch shape, the dtypes, recomputation,
 float8 and how kernels are launched; the lists of choices the model prices (`DTYPE_BYTES`,
-`FLOAT8_CASTS`; strategies are `boost_llama.strategies`', `AC_MODES` and `RMSNORM_MODES`
-`boost_titan.config`'s).
+`FLOAT8_CASTS`; strategies are `boost_llama.strategies`', `AC_MODES` `boost_titan.config`'s,
+`RMSNORM_MODES` the library's `parallelize.norm_modes`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from boost_titan.boost_llama.shapes import PAPER_VOCAB, ModelShape, flavor_shape
 from boost_titan.boost_llama.strategies import STRATEGIES, sizes, strategy_names
-from boost_titan.config import AC_MODES, RMSNORM_MODES
+from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import DTYPE_SHORT_NAMES
+from boost_titan.parallelize.norm_modes import RMSNORM_MODES
 
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
 DTYPE_ALIASES = {name: short for name, short in DTYPE_SHORT_NAMES.items() if short in DTYPE_BYTES}

@@ -186,6 +186,7 @@ ALLOWED = {
         "boost_titan.boost_llama.shapes",
         "boost_titan.boost_llama.strategies",
         "boost_titan.parallelize.float8",
+        "boost_titan.parallelize.norm_modes",
         "boost_titan.kernels.float8",
     ),
     "boost_titan.examples": (

@@ -3,10 +3,10 @@ name map is defined in one module of the product, and no function calls a model'
 `model_args*` (TorchTitan's `Trainer.model_args` and `TrainSpec.model_args` keep the name).
 Each check also runs on a small planted tree that breaks it.
 
-The scan covers `boost_titan/` without the library (`parallelize/`, `kernels/`): the library
-may import nothing of the product, and its package imports torch, so the product's
-torch-free commands cannot import a list from it; the library's own `RMSNORM_MODES`
-(`parallelize/groups.py`) is held to the product's by behaviour below.
+The scan covers `boost_titan/` and the library (`parallelize/`, `kernels/`): the product's
+`RMSNORM_MODES` is the library's (`parallelize/norm_modes.py`, importable without torch: the
+package loads its modules on first use), and the grouped norm's refusal names exactly those
+the product offers.
 """
 
 from __future__ import annotations
@@ -47,12 +47,15 @@ def definitions(root: Path) -> dict[str, list[str]]:
     return found
 
 
-def defined_twice(root: Path) -> dict[str, list[str]]:
-    """The names of ONE_DEFINITION assigned in more than one module."""
+def defined_twice(*roots: Path) -> dict[str, list[str]]:
+    """The names of ONE_DEFINITION assigned in more than one module under `roots` (files
+    named relative to each root's parent)."""
+    found: dict[str, list[str]] = {}
+    for root in roots:
+        for name, files in definitions(root).items():
+            found.setdefault(name, []).extend(f"{root.name}/{file}" for file in files)
     return {
-        name: files
-        for name, files in definitions(root).items()
-        if name in ONE_DEFINITION and len(files) > 1
+        name: files for name, files in found.items() if name in ONE_DEFINITION and len(files) > 1
     }
 
 
@@ -68,7 +71,7 @@ def model_args_functions(root: Path) -> list[str]:
 
 
 def test_each_choice_list_and_dtype_map_is_defined_once():
-    assert defined_twice(ROOT / "boost_titan") == {}
+    assert defined_twice(ROOT / "boost_titan", ROOT / "parallelize", ROOT / "kernels") == {}
 
 
 def test_no_function_is_named_model_args():
@@ -78,8 +81,8 @@ def test_no_function_is_named_model_args():
 def test_the_library_takes_the_products_rmsnorm_modes():
     """`parallelize`'s grouped norm accepts every mode of `[boost] rmsnorm` and names
     exactly those when it refuses one."""
-    from boost_titan.config import RMSNORM_MODES
     from boost_titan.parallelize import BottleneckGroupNorm, NormGroup
+    from boost_titan.parallelize.norm_modes import RMSNORM_MODES
 
     group = NormGroup("ln", ("a", "b"), low_rank=True)
     for mode in RMSNORM_MODES:
@@ -93,12 +96,16 @@ def test_the_library_takes_the_products_rmsnorm_modes():
 
 # ---- each check, broken on purpose in a planted tree -------------------------------------------
 def test_a_second_definition_is_found(tmp_path):
-    (tmp_path / "perf").mkdir()
-    (tmp_path / "boost_llama").mkdir()
-    (tmp_path / "boost_llama/strategies.py").write_text("STRATEGIES: dict = {}\n")
-    (tmp_path / "perf/layout.py").write_text("STRATEGIES = ()\nOTHER = 1\n")
-    assert defined_twice(tmp_path) == {
-        "STRATEGIES": ["boost_llama/strategies.py", "perf/layout.py"]
+    product, library = tmp_path / "boost_titan", tmp_path / "parallelize"
+    for folder in (product / "perf", product / "boost_llama", library):
+        folder.mkdir(parents=True)
+    (product / "boost_llama/strategies.py").write_text("STRATEGIES: dict = {}\n")
+    (product / "perf/layout.py").write_text("STRATEGIES = ()\nOTHER = 1\n")
+    (product / "config.py").write_text("RMSNORM_MODES = ('online',)\n")
+    (library / "norm_modes.py").write_text("RMSNORM_MODES = ('online', 'sync')\n")
+    assert defined_twice(product, library) == {
+        "RMSNORM_MODES": ["boost_titan/config.py", "parallelize/norm_modes.py"],
+        "STRATEGIES": ["boost_titan/boost_llama/strategies.py", "boost_titan/perf/layout.py"],
     }
 
 
