@@ -222,3 +222,35 @@ def test_each_weight_cast_once_per_step(runs, path):
     assert product.microbatches == MICROBATCHES
     assert product.casts_per_step == params
     assert reference.casts_per_step == MICROBATCHES * params
+
+
+@pytest.mark.parametrize(
+    ("pp", "sharded", "reshard", "graphs_on_cuda", "expected"),
+    [
+        (False, False, "default", False, Accumulation(keep_weights=True, defer_reduction=True)),
+        (False, True, "never", False, Accumulation(keep_weights=True, defer_reduction=False)),
+        (False, True, "default", False, Accumulation(keep_weights=False, defer_reduction=False)),
+        (False, False, "default", True, Accumulation(keep_weights=False, defer_reduction=False)),
+        (True, False, "default", False, None),
+    ],
+)
+def test_fsdp_protocol_of_each_layout(monkeypatch, pp, sharded, reshard, graphs_on_cuda, expected):
+    """`apply_data_parallel`'s protocol for an FSDP2 model (the table in
+    `boost_llama.data_parallel`): the layout's switches, none kept under CUDA graphs on
+    CUDA, no protocol on a pipeline stage."""
+    from types import SimpleNamespace
+
+    from boost_titan.boost_llama import data_parallel
+    from boost_titan.runtime.microbatches import MicrobatchProtocol
+
+    monkeypatch.setattr(data_parallel, "on_cpu", lambda: not graphs_on_cuda)
+    dims = SimpleNamespace(pp_enabled=pp, fsdp_enabled=sharded)
+    job = SimpleNamespace(
+        boost=SimpleNamespace(cuda_graphs=True),
+        parallelism=SimpleNamespace(fsdp_reshard_after_forward=reshard),
+    )
+    protocol = data_parallel._fsdp_protocol(torch.nn.Linear(2, 2), dims, job)
+    if expected is None:
+        assert type(protocol) is MicrobatchProtocol
+    else:
+        assert isinstance(protocol, FsdpSwitches) and protocol.accumulation == expected
