@@ -1,4 +1,20 @@
-"""Data parallelism and mixed precision, the last step of `parallelize_boost`.
+"""Data parallelism and mixed precision, the last step of `parallelize_boost`; it also picks
+the run's micro-batch protocol (`runtime.microbatches`), attached as
+`model.microbatch_protocol`. Which layout takes which path (the one table of it):
+
+| layout | data parallelism, mixed precision | micro-batch protocol |
+|---|---|---|
+| dp_shard or cp > 1 | FSDP2 (HSDP with dp_replicate > 1) | `FsdpSwitches` |
+| bf16 compute, nothing else below | compute copies | `HeldCopies` |
+| bf16 compute, dp_replicate > 1 | HSDP with a 1-rank shard dim | `FsdpSwitches` |
+| bf16 compute, CPU offload | FSDP2 on a 1-rank mesh | `FsdpSwitches` |
+| bf16 compute, CUDA graphs on CUDA | FSDP2 (1-rank mesh unless sharded) | none kept |
+| bf16 compute, a PP stage | FSDP2 on a 1-rank mesh | none |
+| fp32, or bf16 weights (`training.dtype`) | DDP with dp_replicate > 1, else none | none |
+
+Pipeline stages get no protocol: torch's `PipelineStage` defers resharding and reduction to
+a stage's last backward itself. CUDA graphs replay the same work for every micro-batch, so
+FSDP2 reshards and reduces after each one there (a kept last micro-batch would differ).
 
 - dp_shard or cp > 1: FSDP2 (HSDP with dp_replicate > 1), as TorchTitan does, one unit per
   block.
@@ -31,26 +47,22 @@
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.models.llama3.infra.parallelize import apply_ddp, apply_fsdp
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.precision import Precision
+from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.compute_copies import apply_compute_copies
 from boost_titan.runtime.device import force_sum_reductions, on_cpu
+from boost_titan.runtime.microbatches import FsdpSwitches, HeldCopies, MicrobatchProtocol
+from boost_titan.runtime.titan_internals import one_rank_mesh
 
 
-def _one_rank_shard_mesh(parallel_dims: ParallelDims, names: list[str]) -> DeviceMesh:
-    """The mesh `names` whose "fsdp" dim has 1 rank: `get_mesh` refuses size-1 dims, so it is
-    read from the meshes ParallelDims built (building them first in one process, where
-    nothing asked for a mesh before)."""
-    if not parallel_dims._meshes:
-        parallel_dims.build_mesh()
-    if len(names) > 1:
-        return parallel_dims._global_meshes["dense"][tuple(names)]
-    return parallel_dims._meshes["fsdp"]
+def _graphs_on_cuda(job_config) -> bool:
+    """`--boost.cuda_graphs` where it takes effect (off the GPU it does nothing)."""
+    return job_config.boost.cuda_graphs and not on_cpu()
 
 
 def _casts_without_fsdp(parallel_dims: ParallelDims, job_config) -> bool:
@@ -59,7 +71,7 @@ def _casts_without_fsdp(parallel_dims: ParallelDims, job_config) -> bool:
     return (
         Precision.of(training).casts_for_compute
         and not training.enable_cpu_offload
-        and not (job_config.boost.cuda_graphs and not on_cpu())  # graphs replay FSDP2's casts
+        and not _graphs_on_cuda(job_config)  # graphs replay FSDP2's casts
         and not (parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled)
         and not parallel_dims.pp_enabled
     )
@@ -67,29 +79,29 @@ def _casts_without_fsdp(parallel_dims: ParallelDims, job_config) -> bool:
 
 def apply_data_parallel(
     model: nn.Module, parallel_dims: ParallelDims, job_config, compile_model: bool
-) -> None:
-    """FSDP2 / HSDP, compute copies or the 1-rank FSDP2 of mixed precision, or DDP (module
-    docstring)."""
+) -> MicrobatchProtocol:
+    """FSDP2 / HSDP, compute copies or the 1-rank FSDP2 of mixed precision, or DDP; returns
+    the run's micro-batch protocol (module docstring)."""
     training = job_config.training
     replicate = parallel_dims.dp_replicate_enabled
     names = ["dp_replicate", "fsdp"] if replicate else ["fsdp"]
     if not parallel_dims.fsdp_enabled and not Precision.of(training).casts_for_compute:
         if replicate:
             apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
-        return
+        return MicrobatchProtocol()
     if _casts_without_fsdp(parallel_dims, job_config):
-        apply_compute_copies(
+        copies = apply_compute_copies(
             model, TORCH_DTYPE_MAP[training.mixed_precision_param], model.layers.values()
         )
         logger.info(
             "Mixed precision without FSDP2 (nothing sharded): each fp32 weight cast once per "
             "step, gradients accumulated in fp32"
         )
-        return
+        return HeldCopies(copies)
     sharded = parallel_dims.fsdp_enabled
     apply_fsdp(
         model,
-        parallel_dims.get_mesh(names) if sharded else _one_rank_shard_mesh(parallel_dims, names),
+        parallel_dims.get_mesh(names) if sharded else one_rank_mesh(parallel_dims, names),
         param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
         reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
         pp_enabled=parallel_dims.pp_enabled,
@@ -100,15 +112,29 @@ def apply_data_parallel(
         ),
     )
     force_sum_reductions(model)  # gloo (CPU) has no PREMUL_SUM
-    if parallel_dims.fsdp_enabled:
-        return
-    if replicate:
+    if replicate and not sharded:
         logger.info(
             "Applied HSDP with a 1-rank shard dim for mixed precision (gradients "
             f"all-reduced in {training.mixed_precision_reduce} over dp_replicate)"
         )
-    else:
+    elif not sharded:
         logger.info(
             "Applied FSDP2 on a 1-rank mesh for mixed precision (no collective; weights cast "
             "once per step outside CUDA graphs)"
         )
+    return _fsdp_protocol(model, parallel_dims, job_config)
+
+
+def _fsdp_protocol(model: nn.Module, parallel_dims: ParallelDims, job_config) -> MicrobatchProtocol:
+    """The switches of an FSDP2 model: none on a pipeline stage, none kept under CUDA graphs,
+    else `Accumulation`'s policy of the layout (module docstring)."""
+    if parallel_dims.pp_enabled:
+        return MicrobatchProtocol()
+    if _graphs_on_cuda(job_config):
+        accumulation = Accumulation(keep_weights=False, defer_reduction=False)
+    else:
+        accumulation = Accumulation.for_layout(
+            shards_weights=parallel_dims.fsdp_enabled,
+            reshard_policy=job_config.parallelism.fsdp_reshard_after_forward,
+        )
+    return FsdpSwitches(fsdp_modules([model]), accumulation)

@@ -28,6 +28,7 @@ from torchtitan.tools.logging import logger
 from boost_titan.config.errors import ConfigError
 from boost_titan.kernels.float8 import RECIPES, float8_recipe
 from boost_titan.parallelize.float8 import AUTO_FILTER_FLAG, apply_float8, gemm_skip_reason
+from boost_titan.runtime.titan_internals import validate_quantization
 
 CONVERTER = "quantize.linear.float8"
 
@@ -107,7 +108,7 @@ class BoostFloat8Converter(Float8LinearConverter):
         if not self.ours:
             super().__init__(job_config, parallel_dims)
             return
-        self._validate(job_config)
+        validate_quantization(self, job_config)
         validate_float8(job_config)
         self.enabled = False  # post_optimizer_hook: no precomputed FSDP scales
         self.precompute_scale = False

@@ -11,16 +11,14 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torchtitan.config.job_config import ActivationCheckpoint
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
-from torchtitan.models.llama3.infra.parallelize import (
-    _op_sac_save_list,
-    apply_compile,
-)
+from torchtitan.models.llama3.infra.parallelize import apply_compile
 from torchtitan.tools.logging import logger
 
 from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan, key_compile_caches_by_rank
 from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, compilable_full_ac
+from boost_titan.runtime.titan_internals import selective_ac_saves
 
 from .context_parallel import apply_cp
 from .data_parallel import apply_data_parallel
@@ -28,7 +26,7 @@ from .job_float8 import apply_job_float8
 from .strategies import build_plan, resolve_strategy
 
 # selective AC keeps collectives' outputs, so recomputation never replays a collective
-_SAC_SAVE = _op_sac_save_list | {
+_SAC_SAVE = selective_ac_saves() | {
     torch.ops._c10d_functional.all_reduce.default,
     torch.ops._c10d_functional.all_gather_into_tensor.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -36,7 +34,8 @@ _SAC_SAVE = _op_sac_save_list | {
 
 
 def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
-    """Apply TP, activation checkpointing, torch.compile and data parallelism."""
+    """Apply TP, activation checkpointing, torch.compile and data parallelism; the model
+    carries its micro-batch protocol as `model.microbatch_protocol` (`data_parallel`)."""
     boost = job_config.boost
     if parallel_dims.tp_enabled:
         strategy = resolve_strategy(boost.arch, boost.tp_strategy).name
@@ -73,7 +72,7 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
     if compile_model:
         apply_compile(model, job_config.compile)
 
-    apply_data_parallel(model, parallel_dims, job_config, compile_model)
+    model.microbatch_protocol = apply_data_parallel(model, parallel_dims, job_config, compile_model)
     return model
 
 

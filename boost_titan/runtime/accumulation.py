@@ -6,21 +6,19 @@ backward: under gradient accumulation each weight was cast twice per micro-batch
 per step at 4 micro-batches; 3,184 cast kernels of a 13,733-kernel step of CoLA 1B on an
 H100). `Accumulation` sets FSDP2's switches before every micro-batch instead:
 
-- Layouts that shard no weights but run FSDP2 on a 1-rank mesh (HSDP with a 1-rank shard
-  dim, CPU offload, CUDA graphs on CUDA; one device and TP otherwise use
-  `runtime.compute_copies`; `boost_llama.data_parallel`) keep the bf16 copy from the first
-  micro-batch's forward to the last one's backward (`reshard_after_forward = False` there,
-  `set_reshard_after_backward` here) and accumulate the weight gradients unsharded in fp32
-  (FSDP2 upcasts each micro-batch's bf16 gradient into its fp32 accumulator), reducing them
-  once after the last micro-batch (`set_requires_gradient_sync`): one cast per weight per
-  step; the copy costs 2 bytes per weight for the whole step.
+- On a 1-rank FSDP2 mesh (nothing sharded; which layouts: `boost_llama.data_parallel`) the
+  bf16 copy stays from the first micro-batch's forward to the last one's backward
+  (`reshard_after_forward = False` there, `set_reshard_after_backward` here) and the weight
+  gradients accumulate unsharded in fp32 (FSDP2 upcasts each micro-batch's bf16 gradient
+  into its fp32 accumulator), reduced once after the last micro-batch
+  (`set_requires_gradient_sync`): one cast per weight per step; the copy costs 2 bytes per
+  weight for the whole step.
 - FSDP layouts (dp_shard or cp > 1) with `parallelism.fsdp_reshard_after_forward = "never"`
   keep the gathered weights across micro-batches too (one all-gather per step instead of
   two per micro-batch); their gradients are still reduce-scattered after every micro-batch,
   so gradient memory stays sharded. With "default"/"always" nothing changes.
-- Pipeline schedules do this themselves (torch's `PipelineStage` defers resharding and
-  reduction to a stage's last backward); layouts without FSDP2 (fp32 without sharding, DDP)
-  cast nothing.
+
+`runtime.microbatches.FsdpSwitches` applies the policy in a run.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """bf16 compute from fp32 master weights without FSDP2, on layouts that shard no weight.
 
-Where nothing is sharded (one device, TP, no PP, no dp_replicate), FSDP2 on a 1-rank mesh
-gave mixed precision at the price of its per-unit machinery on every micro-batch (hooks,
-the reduce-buffer copy of every gradient): the bf16 step took 1.46x the fp32 one on the
-debug model at TP 1 on CPU. `ComputeCopies` does the same arithmetic with autograd alone:
+Where nothing is sharded (which layouts: `boost_llama.data_parallel`), FSDP2 on a 1-rank
+mesh gave mixed precision at the price of its per-unit machinery on every micro-batch
+(hooks, the reduce-buffer copy of every gradient): the bf16 step took 1.46x the fp32 one on
+the debug model at TP 1 on CPU. `ComputeCopies` does the same arithmetic with autograd alone:
 
 - A training step's first forward casts each fp32 master weight once, with autograd
   recording the cast (`master.to(bf16)`): a unit's (block's) weights when the unit first
@@ -32,7 +32,6 @@ copies did (`perf.memory`, checked against torch's MemTracker by `bench memory`)
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 from functools import partial
 
@@ -43,9 +42,6 @@ from torch.utils._pytree import tree_map
 
 CAST_RANGE = "boost::cast_weights"
 """The profiler range around a step's weight casts (counted by `bench step`)."""
-
-_OF_MODEL: weakref.WeakKeyDictionary[nn.Module, ComputeCopies] = weakref.WeakKeyDictionary()
-
 
 Slot = tuple[nn.Module, str]
 """Where a weight sits: its module and its name there."""
@@ -80,7 +76,6 @@ class ComputeCopies:
         model.register_forward_hook(self._after_root)
         for unit in self.units:
             unit.register_forward_pre_hook(self._before_unit, with_kwargs=True)
-        _OF_MODEL[model] = self
 
     def begin_step(self) -> None:
         """Hold the copies from this step's first forward (each unit's weights cast, with
@@ -178,9 +173,4 @@ def apply_compute_copies(
     return ComputeCopies(model, dtype, units)
 
 
-def compute_copies_of(model: nn.Module) -> ComputeCopies | None:
-    """The `ComputeCopies` applied to `model`, if any."""
-    return _OF_MODEL.get(model)
-
-
-__all__ = ["CAST_RANGE", "ComputeCopies", "apply_compute_copies", "compute_copies_of"]
+__all__ = ["CAST_RANGE", "ComputeCopies", "apply_compute_copies"]

@@ -14,9 +14,9 @@ What a replay needs, the trainer provides:
   count (a device tensor, also in eager mode so both divide the loss alike) into the
   captured input tensors;
 - gradients at fixed addresses: the optimizer zeroes them in place (`set_to_none=False`);
-- the same work for every micro-batch: FSDP2 reshards and reduces after each one
-  (`runtime.accumulation` is bypassed: its last micro-batch would differ), so on a layout
-  that shards nothing the weight cast runs inside each replay, on the GPU only;
+- the same work for every micro-batch: FSDP2 reshards and reduces after each one (the
+  micro-batch protocol keeps nothing: `boost_llama.data_parallel`), so on a layout that
+  shards nothing the weight cast runs inside each replay, on the GPU only;
 - a loss that survives the next replay: the output is cloned.
 
 Refused in one line (`config.check_cuda_graphs`): pipeline parallelism (its schedule runs

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import platform
-import sys
 import time
 import warnings
 from types import SimpleNamespace
@@ -30,6 +29,7 @@ from torch import nn
 from torch._utils import _get_available_device_type
 
 from boost_titan.runtime import rss
+from boost_titan.runtime.titan_internals import point_at_cpu
 
 Device = torch.device | str | int | None
 """What `torch.cuda` functions accept as a device; ignored on the CPU."""
@@ -144,16 +144,7 @@ def use_cpu_if_no_accelerator() -> str:
         return titan_utils.device_type
     for pattern in _EXPECTED_CPU_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
-    old_type, old_module = titan_utils.device_type, titan_utils.device_module
-    titan_utils.get_peak_flops = measured_peak_flops
-    cpu = CpuDevice()
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == "torchtitan" or name.startswith("torchtitan.")):
-            continue
-        if getattr(module, "device_module", None) is old_module:
-            module.device_module = cpu
-        if getattr(module, "device_type", None) == old_type:
-            module.device_type = "cpu"
+    point_at_cpu(CpuDevice(), measured_peak_flops)
     return "cpu"
 
 

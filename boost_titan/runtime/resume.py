@@ -29,6 +29,7 @@ from boost_titan.runtime.checkpoint_files import (
     check_loadable,
     misnamed_step,
 )
+from boost_titan.runtime.titan_internals import newest_step, pin_newest_step
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def pick(checkpointer, load_step: int) -> Choice:
     folder = checkpointer.folder
     if not os.path.exists(folder):
         return Choice(folder, folder_exists=False, step=-1)
-    step = checkpointer._find_load_step() if load_step == -1 else load_step
+    step = newest_step(checkpointer) if load_step == -1 else load_step
     return Choice(folder, folder_exists=True, step=step)
 
 
@@ -97,12 +98,7 @@ def agree_on_checkpoint(checkpointer, load_step: int) -> Choice:
             f"ranks see newer checkpoints than rank 0's step-{choice.step} ({seen}); every "
             "rank loads rank 0's choice"
         )
-    original = checkpointer._find_load_step
-
-    def find_load_step(folder: str = "") -> int:
-        return choice.step if folder in ("", checkpointer.folder) else original(folder)
-
-    checkpointer._find_load_step = find_load_step
+    pin_newest_step(checkpointer, choice.step)
     return choice
 
 

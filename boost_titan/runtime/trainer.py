@@ -1,5 +1,13 @@
-"""`BoostTrainer`: TorchTitan's Trainer with a PP gradient-scale fix, a run summary and a NaN stop.
+"""`BoostTrainer`: TorchTitan's Trainer with its own step and loop, a PP gradient-scale fix, a
+run summary and a NaN stop.
 
+- The step (`train_step`) reads top to bottom in the order it runs: the micro-batches inside
+  the run's micro-batch protocol (`runtime.microbatches`, picked with the data parallelism:
+  `boost_llama.data_parallel`), clipping, one all-reduce of the loss and the stop flags,
+  the non-finite skip or stop, the optimizer and learning-rate step, the metrics line and
+  the run log's row. The loop (`run_steps`, TorchTitan's `train` loop) saves the
+  checkpoint, validates, and after a stop the ranks agreed on saves the stop checkpoint
+  and ends. Every use of TorchTitan's private API is in `runtime.titan_internals`.
 - Pipeline parallelism: TorchTitan 0.2.2 backpropagates the *summed* per-microbatch loss
   under PP while every other layout divides it by the step's global valid-token count, so
   PP gradients come out batch*seq times too large (clipping and AdamW hide most of it).
@@ -19,7 +27,7 @@
   the ranks met (`boost_titan.parallelize.teardown`); `train.py` then ends the process
   without interpreter finalization, so that a complete run cannot end in a SIGABRT. The
   meeting replaces TorchTitan's 2 s sleep of rank 0 "for other ranks to complete" at the
-  end of `train` (its only sleep, skipped here; TorchTitan still logs the line).
+  end of its `train` loop.
 - Rank 0 appends each step's global loss (and each validation's held-out loss,
   `boost_titan.runtime.held_out_loss`) to `<dump_folder>/losses.jsonl` and, at the end, logs
   steps run, tokens/s, first/last loss, the last validation and where outputs went.
@@ -39,17 +47,14 @@
   loads are guarded for the whole process (`boost_titan.parallelize.safe_load`), and a
   checkpoint that asks for anything else stops every rank with one line before the load.
 - Gradient clipping uses the exact fp64 global norm (`runtime.grad_norm`), the same in every
-  layout; `losses.jsonl` rows carry it as `grad_norm`. TorchTitan's `train_step` finds
-  its clipping function through `torchtitan.distributed.utils`, which this trainer points
-  at its own `clip_grad_norm_` (`[boost] exact_grad_norm = false`: TorchTitan's norm).
+  layout; `losses.jsonl` rows carry it as `grad_norm` (`[boost] exact_grad_norm = false`:
+  TorchTitan's norm).
 - Precision (`config.precision`): one of the first log lines states it ("Precision: bf16
   compute, fp32 master weights and gradient reductions" or "Precision: fp32"). TorchTitan's
   `maybe_enable_amp` (autocast on one device and under DDP; fp32 and a warning for TP or PP
   without FSDP) is replaced by `no_autocast` before `Trainer.__init__` calls it: FSDP2's
-  mixed-precision policy or, where nothing is sharded, `runtime.compute_copies` does every
-  cast (`boost_llama.data_parallel`), once per weight per step where nothing is sharded
-  (the copies held from a step's first micro-batch to its last backward; FSDP2's switches
-  set before every micro-batch, `runtime.accumulation`).
+  mixed-precision policy or the compute copies do every cast (which layout takes which
+  path: `boost_llama.data_parallel`).
 - On CPU the NCCL-only settings stay quiet: the flight recorder is off (it would only leave
   an empty `comm_traces/`), and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is dropped
   (TorchTitan warns that it overrides it).
@@ -57,36 +62,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torchtitan.distributed.utils as titan_dist_utils
-import torchtitan.train as titan_train
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.tensor import DTensor
-from torchtitan.components.checkpoint import AsyncMode
+from torchtitan.components.dataloader import DataloaderExhaustedError
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.distributed.utils import clip_grad_norm_ as titan_clip_grad_norm_
+from torchtitan.distributed.utils import dist_max, dist_sum, set_pg_timeouts
 from torchtitan.tools.logging import logger
+from torchtitan.tools.profiling import maybe_enable_memory_snapshot, maybe_enable_profiling
 from torchtitan.train import Trainer
 
 from boost_titan.config import data_parallel_degree, global_batch
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision, no_autocast
 from boost_titan.parallelize.teardown import end_process_groups
-from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
-from boost_titan.runtime.compute_copies import compute_copies_of
 from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
 from boost_titan.runtime.held_out_loss import owns_loss
+from boost_titan.runtime.microbatches import MicrobatchProtocol
 from boost_titan.runtime.nonfinite import (
     NonFiniteGuard,
     RankView,
@@ -101,9 +108,13 @@ from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
 from boost_titan.runtime.step_clock import StepClock, appended
 from boost_titan.runtime.stopping import StoppedEarly, StopRequest, finished_line, stopped_line
-
-TITAN_CLIP = titan_dist_utils.clip_grad_norm_
-"""TorchTitan's own clipping, kept before the trainer points `train_step` at its own."""
+from boost_titan.runtime.titan_internals import (
+    checkpoint_path,
+    replace_amp,
+    save_now,
+    saves_at,
+    wait_for_save,
+)
 
 LOSS_LOG = "losses.jsonl"
 """Per-step global loss and tokens, appended by rank 0 under the dump folder."""
@@ -112,14 +123,6 @@ LOSS_LOG = "losses.jsonl"
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a (DTensor) gradient, sharing its storage."""
     return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
-
-
-class NonFiniteStep(Exception):
-    """Raised between clipping and the optimizer step when the step must not update."""
-
-    def __init__(self, what: str):
-        super().__init__(what)
-        self.what = what
 
 
 class TokenScaledLoss:
@@ -133,13 +136,16 @@ class TokenScaledLoss:
         return self.loss_fn(pred, labels, **kwargs) / self.denominator
 
 
+Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
+"""A micro-batch as the data loader gives it: the inputs by name, and the labels."""
+
 MemoryModel = Callable[[Any, int, int], tuple[int | None, str]]
 """(job config, world size, vocabulary) -> (rank 0's predicted peak bytes or None, what it
 covers)."""
 
 
 class BoostTrainer(Trainer):
-    """TorchTitan's Trainer plus the fixes and reporting described in the module docstring."""
+    """TorchTitan's Trainer with its own step and loop (module docstring)."""
 
     def __init__(self, job_config, memory_model: MemoryModel | None = None):
         boost = job_config.boost
@@ -151,7 +157,7 @@ class BoostTrainer(Trainer):
         self.guard = NonFiniteGuard(boost.skip_nonfinite_steps)
         self.finished = False
         self.step_loss = 0.0
-        titan_dist_utils.maybe_enable_amp = no_autocast  # Trainer.__init__ calls it
+        replace_amp(no_autocast)  # Trainer.__init__ calls it
         world = int(os.environ.get("WORLD_SIZE", 1))
         self.memory_model = memory_model
         self.rss_before_model = current_rss()
@@ -159,8 +165,6 @@ class BoostTrainer(Trainer):
         # [boost] gradient_accumulation_steps: the global batch follows the DP degree
         dp = data_parallel_degree(job_config.parallelism, world)
         job_config.training.global_batch_size = global_batch(job_config.training, boost, dp)
-        # the ranks meet in close() instead of rank 0 sleeping 2 s at the end of train()
-        titan_train.time = SimpleNamespace(perf_counter=time.perf_counter, sleep=lambda s: None)
         super().__init__(job_config)
         self.async_save = AsyncSaveFolder(self.checkpointer)
         self.failed_save: CheckpointException | None = None
@@ -172,14 +176,8 @@ class BoostTrainer(Trainer):
             self.pp_schedule._loss_fn = self.pp_loss
         # The loss lives on the last PP stage and is replicated over TP: count it once.
         self.owns_loss = owns_loss(dims, dims.pp_enabled and self.pp_has_last_stage)
-        # PP schedules defer resharding and reduction to a stage's last backward themselves
-        self.fsdp_modules = [] if dims.pp_enabled else fsdp_modules(self.model_parts)
-        self.accumulation = Accumulation.for_layout(
-            shards_weights=dims.fsdp_enabled,
-            reshard_policy=job_config.parallelism.fsdp_reshard_after_forward,
-        )
-        self.copies = None if dims.pp_enabled else compute_copies_of(self.model_parts[0])
-        self.microbatch = 0
+        self.microbatch_protocol: MicrobatchProtocol = self.model_parts[0].microbatch_protocol
+        """Chosen with the data parallelism (`boost_llama.data_parallel`)."""
         self.graphed = self.graphed_microbatch() if boost.cuda_graphs else None
         self.dp_degree = dims.dp_replicate * dims.dp_shard
         log_path = None
@@ -189,10 +187,7 @@ class BoostTrainer(Trainer):
         self.run_log = RunLog(path=log_path)
         self.memory_compared = False
         self.clock = StepClock(job_config.training.steps)
-        self.metrics_processor.log = functools.partial(self.log_step, self.metrics_processor.log)
         self.grad_norm: float | None = None
-        titan_dist_utils.clip_grad_norm_ = self.clip_grad_norm_
-        self.step_losses: list[torch.Tensor] = []
         self.fault = Fault.from_env(dist.get_rank(), dist.get_world_size())
         if job_config.validation.enable:  # held-out results go to losses.jsonl and the summary
             self.validator.on_result = lambda step, result, seconds: self.run_log.record_validation(
@@ -204,8 +199,7 @@ class BoostTrainer(Trainer):
         if self.device.type != "cuda":
             logger.info("CUDA graphs: off (no CUDA device; --boost.cuda_graphs does nothing here)")
             return None
-        # every micro-batch the same work; gradients zeroed in place (fixed addresses)
-        self.accumulation = Accumulation(keep_weights=False, defer_reduction=False)
+        # gradients zeroed in place (fixed addresses)
         self.optimizers.zero_grad = functools.partial(self.optimizers.zero_grad, set_to_none=False)
         logger.info(
             "CUDA graphs: each micro-batch's forward + loss + backward is captured in step 2 "
@@ -233,74 +227,168 @@ class BoostTrainer(Trainer):
         logger.info(f"Precision: {precision}")
         return dims
 
+    # ---- the step, in the order it runs ------------------------------------------------------
+    def train_step(self, data_iterator: Iterator[Batch]) -> None:
+        """One optimizer step: the micro-batches, clipping, one all-reduce of the loss and
+        the stop flags, then the optimizer (or the skip of a non-finite step), the step's
+        log line and its row in losses.jsonl."""
+        self.clock.start()
+        data_iterator = self.clock.waiting(data_iterator)
+        self.run_log.start()
+        self.microbatch_protocol.start_step()
+        self.optimizers.zero_grad()
+        lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
+        tokens_before = self.ntokens_seen
+        microbatches, local_tokens, global_tokens = self.next_microbatches(data_iterator)
+        counter = self.activation_counter() if self.run_log.saved_activations is None else None
+        with counter.watching() if counter is not None else contextlib.nullcontext():
+            losses = self.run_microbatches(microbatches, global_tokens)
+        self.grad_norm = self.clip_gradients()
+        self.agree_on_step(losses)
+        what = nonfinite(self.step_loss, self.grad_norm)
+        if what is not None:  # the optimizer never sees it
+            self.skip_or_stop(what, losses)
+            return
+        self.checkpointer.maybe_wait_for_staging()
+        self.optimizers.step()
+        self.lr_schedulers.step()
+        if self.metrics_processor.should_log(self.step):
+            self.log_metrics(losses, local_tokens, global_tokens, lr)
+        if counter is not None:
+            self.run_log.saved_activations = (self.step, counter.peak)
+            if dist.get_rank() == 0:
+                logger.info(self.run_log.activations_line())
+        tokens = (self.ntokens_seen - tokens_before) * self.dp_degree
+        self.run_log.record(self.step, self.step_loss, tokens, self.grad_norm)
+        if self.fault is not None:
+            self.fault.after_step(self.step)
+
+    def next_microbatches(
+        self, data_iterator: Iterator[Batch]
+    ) -> tuple[list[Batch], torch.Tensor, torch.Tensor | float]:
+        """The step's micro-batches (on the CPU), this rank's count of valid tokens and the
+        global one (summed over the batch mesh), which every micro-batch's loss divides by."""
+        microbatches = []
+        local_tokens = torch.tensor(0, dtype=torch.int64)
+        for _ in range(self.gradient_accumulation_steps):
+            input_dict, labels = next(data_iterator)
+            local_tokens += (labels != IGNORE_INDEX).sum()
+            microbatches.append((input_dict, labels))
+        local_tokens = local_tokens.to(self.device)
+        if self.parallel_dims.dp_enabled:
+            global_tokens = dist_sum(local_tokens, self.parallel_dims.get_mesh("batch"))
+        else:
+            global_tokens = local_tokens.float()
+        return microbatches, local_tokens, global_tokens
+
+    def run_microbatches(
+        self, microbatches: list[Batch], global_tokens: torch.Tensor | float
+    ) -> list[torch.Tensor]:
+        """Each micro-batch's forward, loss and backward inside the micro-batch protocol
+        (`runtime.microbatches`); their detached losses."""
+        count = len(microbatches)
+        losses = []
+        for index, (input_dict, labels) in enumerate(microbatches):
+            self.microbatch_protocol.before_microbatch(index, count)
+            on_device = {
+                k: v.to(self.device) if isinstance(v, torch.Tensor) else v
+                for k, v in input_dict.items()
+            }
+            loss = self.forward_backward_step(
+                input_dict=on_device,
+                labels=labels.to(self.device),
+                global_valid_tokens=global_tokens,
+            )
+            losses.append(loss.detach())
+        self.microbatch_protocol.end_step()
+        return losses
+
     def forward_backward_step(
         self,
         *,
         input_dict: dict[str, torch.Tensor],
         labels: torch.Tensor,
-        global_valid_tokens: torch.Tensor,
+        global_valid_tokens: torch.Tensor | float,
     ) -> torch.Tensor:
-        if self.pp_loss is None:
-            self.accumulation.before_microbatch(
-                self.fsdp_modules, self.microbatch, self.gradient_accumulation_steps
+        """One micro-batch's forward, loss and backward: its loss summed over its tokens and
+        divided by the step's global valid tokens (under PP, the schedule's micro-batches)."""
+        if self.pp_loss is not None:
+            return self.pipeline_microbatch(input_dict, labels, global_valid_tokens)
+        # a device tensor (a float under DP): CUDA graphs copy it in
+        tokens = torch.as_tensor(global_valid_tokens, dtype=torch.float32, device=self.device)
+        if self.graphed is None or self.step == 1:
+            return super().forward_backward_step(
+                input_dict=input_dict, labels=labels, global_valid_tokens=tokens
             )
-            if self.copies is not None:
-                self.copies.before_microbatch(self.microbatch, self.gradient_accumulation_steps)
-            self.microbatch += 1
-            # a device tensor (TorchTitan passes a float under DP): CUDA graphs copy it in
-            tokens = torch.as_tensor(global_valid_tokens, dtype=torch.float32, device=self.device)
-            if self.graphed is not None and self.step > 1:
-                if set(input_dict) != {"input"}:
-                    raise ConfigError(
-                        f"CUDA graphs take the token input only, got {sorted(input_dict)}; "
-                        "train without --boost.cuda_graphs"
-                    )
-                loss = self.graphed(labels, tokens, input_dict["input"])
-            else:
-                loss = super().forward_backward_step(
-                    input_dict=input_dict, labels=labels, global_valid_tokens=tokens
-                )
-        else:
-            self.pp_loss.denominator = global_valid_tokens
-            try:
-                loss = super().forward_backward_step(
-                    input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
-                )
-            finally:
-                self.pp_loss.denominator = 1.0
-            if self.pp_has_last_stage:
-                # The parent divides the microbatch losses by the token count once more.
-                loss = loss * global_valid_tokens
-        if self.copies is not None and self.microbatch == self.gradient_accumulation_steps:
-            self.copies.end_step()  # the masters' gradients are complete
-        detached = loss.detach()
-        # Under loss parallel the loss is a replicated DTensor.
-        detached = detached.full_tensor() if isinstance(detached, DTensor) else detached
-        if self.fault is not None:
-            detached = self.fault.poison_loss(self.step, detached)
-        self.step_losses.append(detached)
-        return loss
+        if set(input_dict) != {"input"}:
+            raise ConfigError(
+                f"CUDA graphs take the token input only, got {sorted(input_dict)}; "
+                "train without --boost.cuda_graphs"
+            )
+        return self.graphed(labels, tokens, input_dict["input"])
 
-    def clip_grad_norm_(self, parameters, max_norm, **kwargs) -> torch.Tensor:
-        """TorchTitan's clipping (through `torchtitan.distributed.utils`, whose function
-        `train_step` calls), with the exact fp64 norm of `runtime.grad_norm` unless
-        `[boost] exact_grad_norm` is off; the norm is kept for the run log."""
-        clip = clip_grad_norm_exact_ if self.job_config.boost.exact_grad_norm else TITAN_CLIP
-        parameters = list(parameters)
+    def pipeline_microbatch(
+        self,
+        input_dict: dict[str, torch.Tensor],
+        labels: torch.Tensor,
+        global_valid_tokens: torch.Tensor | float,
+    ) -> torch.Tensor:
+        """The PP schedule's forwards and backwards of one micro-batch, each loss divided by
+        the step's global valid tokens in the schedule's loss function (TorchTitan 0.2.2
+        backpropagates the sum); the sum of those losses on the last stage, else -1."""
+        inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(
+            input_dict, labels
+        )
+        first = self.pp_has_first_stage
+        last = self.pp_has_last_stage
+        losses: list[torch.Tensor] | None = [] if last else None
+        self.pp_loss.denominator = global_valid_tokens
+        try:
+            with self.train_context():
+                self.pp_schedule.step(
+                    *([inputs] if first else []),
+                    **(extra_inputs if first else {}),
+                    **extra_kwargs,
+                    target=labels if last else None,
+                    losses=losses,
+                    return_outputs=False,
+                )
+        finally:
+            self.pp_loss.denominator = 1.0  # validation runs the same schedule
+        if losses is None:
+            return torch.tensor([-1.0], device=self.device)
+        # PP+FSDP puts the loss back on the CPU (TorchTitan's note)
+        return torch.sum(torch.stack(losses)).to(self.device)
+
+    def clip_gradients(self) -> float:
+        """Clip the gradients to `training.max_norm` by their global norm, returned: the
+        exact fp64 norm (`runtime.grad_norm`), TorchTitan's with `[boost] exact_grad_norm =
+        false`."""
+        parameters = [p for m in self.model_parts for p in m.parameters()]
         if self.fault is not None:
             grads = [_local(p.grad) for p in parameters if p.grad is not None]
             self.fault.poison_grads(self.step, grads)
-        norm = clip(parameters, max_norm, **kwargs)
-        self.grad_norm = norm.item()
-        self.agree_on_step()
-        what = nonfinite(self.step_loss, self.grad_norm)
-        if what is not None:  # before train_step reaches the optimizer
-            raise NonFiniteStep(what)
-        return norm
+        exact = self.job_config.boost.exact_grad_norm
+        clip = clip_grad_norm_exact_ if exact else titan_clip_grad_norm_
+        norm = clip(
+            parameters,
+            self.job_config.training.max_norm,
+            foreach=True,
+            pp_mesh=self.parallel_dims.get_optional_mesh("pp"),
+            ep_enabled=self.parallel_dims.ep_enabled,
+        )
+        return norm.item()
 
-    def agree_on_step(self) -> None:
+    def local_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """This rank's part of the step's loss (NaN at an injected `nan` fault's step)."""
+        # Under loss parallel the loss is a replicated DTensor.
+        full = [loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]
+        summed = torch.stack(full).sum()
+        return summed if self.fault is None else self.fault.poison_loss(self.step, summed)
+
+    def agree_on_step(self, losses: list[torch.Tensor]) -> None:
         """One all-reduce: the step's global loss and every rank's stop flags."""
-        local = torch.stack(self.step_losses).sum() if self.owns_loss else torch.zeros(())
+        local = self.local_loss(losses) if self.owns_loss else torch.zeros(())
         values = [local.to(device=self.device, dtype=torch.float64).reshape(1)]
         values.append(torch.tensor(self.stop.flags(), dtype=torch.float64, device=self.device))
         summed = torch.cat(values)
@@ -309,12 +397,56 @@ class BoostTrainer(Trainer):
         self.step_loss = loss
         self.stop_reason = self.stop_reason or self.stop.reason(flags)
 
-    def log_step(self, titan_log: Callable[..., None], step: int, *args, **kwargs) -> None:
+    def skip_or_stop(self, what: str, losses: list[torch.Tensor]) -> None:
+        """A non-finite step (collective): skip it within the limit, else raise
+        `TrainingDiverged`; either way the optimizer has not run."""
+        local = self.local_loss(losses).item() if self.owns_loss else None
+        grads = [_local(p.grad) for m in self.model_parts for p in m.parameters()]
+        finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+        views: list = [None] * dist.get_world_size()
+        dist.all_gather_object(views, RankView(local, finite))
+        where = blame(views)
+        if self.guard.skip():
+            self.lr_schedulers.step()  # the schedule stays aligned with the step numbers
+            line = self.guard.skip_line(self.step, what, where)
+            if dist.get_rank() == 0:
+                logger.warning(line)
+            self.run_log.record_skip(self.step, line, self.guard.skipped)
+            return
+        kept = latest_checkpoint(self.checkpointer.folder) if self.checkpointer.enable else None
+        raise TrainingDiverged(self.guard.stop_message(self.step, what, where, kept))
+
+    def log_metrics(
+        self,
+        losses: list[torch.Tensor],
+        local_tokens: torch.Tensor,
+        global_tokens: torch.Tensor | float,
+        lr: float,
+    ) -> None:
+        """TorchTitan's metrics of the step (the step line, TensorBoard): the average and
+        the largest loss over the data-parallel ranks, tokens seen, learning rate."""
+        loss = torch.sum(torch.stack(losses))
+        dims = self.parallel_dims
+        if dims.dp_cp_enabled:
+            loss_mesh = dims.get_optional_mesh("loss")
+            # the largest of the ranks' own averages: local sum / local tokens
+            local_average = loss * global_tokens / local_tokens
+            seen = torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device)
+            average = dist_sum(loss, loss_mesh)
+            largest = dist_max(local_average, loss_mesh)
+            tokens_seen = dist_sum(seen, loss_mesh)
+        else:
+            average = largest = loss.item()
+            tokens_seen = self.ntokens_seen
+        extra = {"n_tokens_seen": tokens_seen, "lr": lr}
+        self.log_step(self.step, average, largest, self.grad_norm, extra_metrics=extra)
+
+    def log_step(self, step: int, *args, **kwargs) -> None:
         """TorchTitan's step line with the clock's ETA and data wait appended; after the
         first one, rank 0's measured peak memory against the prediction."""
         measured = None if self.memory_compared else self.peak_memory()  # before its reset
         with appended(logger, self.clock.tail(step)):
-            titan_log(step, *args, **kwargs)
+            self.metrics_processor.log(step, *args, **kwargs)
         if measured is not None:
             self.memory_compared = True
             if dist.get_rank() == 0:
@@ -344,80 +476,6 @@ class BoostTrainer(Trainer):
         change = 100 * (measured - predicted) / predicted
         return f"{head} vs {predicted / 2**30:.3f} GiB predicted ({change:+.1f}%; {covers})"
 
-    def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]):
-        self.clock.start()
-        data_iterator = self.clock.waiting(data_iterator)
-        self.run_log.start()
-        self.microbatch = 0
-        # an eager forward since the last step (validation) may have left weights unsharded
-        for module in self.fsdp_modules:
-            module.reshard()
-        if self.copies is not None:  # a step that raised mid-way left the copies in place
-            self.copies.end_step()
-        self.step_losses = []
-        self.grad_norm = None
-        tokens_before = self.ntokens_seen
-        try:
-            if self.run_log.saved_activations is None:
-                counter = self.activation_counter()
-                with counter.watching():
-                    super().train_step(data_iterator)
-                self.run_log.saved_activations = (self.step, counter.peak)
-                if dist.get_rank() == 0:
-                    logger.info(self.run_log.activations_line())
-            else:
-                super().train_step(data_iterator)
-        except NonFiniteStep as e:
-            self.skip_or_stop(e.what)
-            return
-        tokens = (self.ntokens_seen - tokens_before) * self.dp_degree
-        self.run_log.record(self.step, self.step_loss, tokens, self.grad_norm)
-        if self.fault is not None:
-            self.fault.after_step(self.step)
-
-    def skip_or_stop(self, what: str) -> None:
-        """A non-finite step (collective): skip it within the limit, else raise
-        `TrainingDiverged`; either way the optimizer has not run."""
-        local = torch.stack(self.step_losses).sum().item() if self.owns_loss else None
-        grads = [_local(p.grad) for m in self.model_parts for p in m.parameters()]
-        finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
-        views: list = [None] * dist.get_world_size()
-        dist.all_gather_object(views, RankView(local, finite))
-        where = blame(views)
-        if self.guard.skip():
-            self.lr_schedulers.step()  # the schedule stays aligned with the step numbers
-            line = self.guard.skip_line(self.step, what, where)
-            if dist.get_rank() == 0:
-                logger.warning(line)
-            self.run_log.record_skip(self.step, line, self.guard.skipped)
-            return
-        kept = latest_checkpoint(self.checkpointer.folder) if self.checkpointer.enable else None
-        raise TrainingDiverged(self.guard.stop_message(self.step, what, where, kept))
-
-    def should_continue_training(self) -> bool:
-        """False once the ranks agreed to stop early, after saving the step they finished."""
-        if self.stop_reason is None:
-            return super().should_continue_training()
-        if self.stopped is None and super().should_continue_training():
-            self.stopped = (self.step, self.save_stop_checkpoint())
-        return False
-
-    def save_stop_checkpoint(self) -> str | None:
-        """A complete checkpoint of this step, written now (collective), or None without
-        checkpointing. The loop's own save of this step, if any, is only waited for."""
-        ckpt = self.checkpointer
-        if not ckpt.enable or ckpt.load_only:
-            return None
-        saved_by_loop = ckpt._should_save(self.step, self.step == self.job_config.training.steps)
-        ckpt._async_wait()
-        path = ckpt._create_checkpoint_id(self.step)
-        if not saved_by_loop:
-            logger.info(f"Saving the checkpoint of step {self.step} before stopping.")
-            states = ckpt._flattened_model_states_sd()
-            ckpt.dcp_save(states, path, AsyncMode.DISABLED, enable_garbage_collection=True)
-            ckpt._purge_stale_checkpoints()
-        return path
-
     def activation_counter(self) -> PeakSavedActivations:
         """Measures what the forwards save for backward; under PP the stages' micro-batch
         forwards (in the first step a stage also runs its model part to infer metadata)."""
@@ -431,13 +489,16 @@ class BoostTrainer(Trainer):
         # torch.compile refuses the op-tracking dispatch mode (see saved_activation_bytes)
         return PeakSavedActivations(self.model_parts, calls=calls, track_ops=not compiled)
 
+    # ---- the loop ----------------------------------------------------------------------------
     def train(self):
+        """Load, run the steps (`run_steps`), then log the summary; a run stopped early
+        raises `StoppedEarly`."""
         if self.checkpointer.enable:
             prepare_to_load(self.checkpointer, self.job_config.checkpoint.load_step)
             if dist.get_rank() == 0:
                 self.log_resume_state()
         try:
-            super().train()
+            self.run_steps()
         except CheckpointException as e:  # a BaseException: TorchTitan's main misses it
             self.failed_save = e
             raise self.save_failed(e) from None
@@ -464,6 +525,61 @@ class BoostTrainer(Trainer):
             )
             print(finished_line(reason, self.step, saved), file=sys.stderr, flush=True)
 
+    @record
+    def run_steps(self) -> None:
+        """TorchTitan's loop: load the checkpoint, then each step followed by its checkpoint
+        save, validation and profiler step, until the last step, the end of the data, or a
+        stop the ranks agreed on (then this step's checkpoint is saved and the loop ends)."""
+        job = self.job_config
+        self.checkpointer.load(step=job.checkpoint.load_step)
+        logger.info(f"Training starts at step {self.step + 1}")
+        profiling = maybe_enable_profiling(
+            job.profiling, global_step=self.step, base_folder=job.job.dump_folder
+        )
+        snapshots = maybe_enable_memory_snapshot(
+            job.profiling, global_step=self.step, base_folder=job.job.dump_folder
+        )
+        with profiling as torch_profiler, snapshots as memory_profiler:
+            data_iterator = self.batch_generator(self.dataloader)
+            while self.step < job.training.steps:
+                self.step += 1
+                self.gc_handler.run(self.step)
+                try:
+                    self.train_step(data_iterator)
+                except DataloaderExhaustedError:
+                    logger.warning("Ran out of data; last step was canceled.")
+                    break
+                self.checkpointer.save(self.step, last_step=self.step == job.training.steps)
+                if job.validation.enable and self.validator.should_validate(self.step):
+                    self.validator.validate(self.model_parts, self.step)
+                if torch_profiler:
+                    torch_profiler.step()
+                if memory_profiler:
+                    memory_profiler.step()
+                if self.step == 1:  # faster signal once lazy init and compilation are done
+                    timeout = timedelta(seconds=job.comm.train_timeout_seconds)
+                    set_pg_timeouts(timeout=timeout, parallel_dims=self.parallel_dims)
+                if self.stop_reason is not None:
+                    if self.step < job.training.steps:
+                        self.stopped = (self.step, self.save_stop_checkpoint())
+                    break
+        if dist.get_rank() == 0:
+            logger.info("Training completed")
+
+    def save_stop_checkpoint(self) -> str | None:
+        """A complete checkpoint of this step, written now (collective), or None without
+        checkpointing. The loop's own save of this step, if any, is only waited for."""
+        ckpt = self.checkpointer
+        if not ckpt.enable or ckpt.load_only:
+            return None
+        saved_by_loop = saves_at(ckpt, self.step, self.step == self.job_config.training.steps)
+        wait_for_save(ckpt)
+        path = checkpoint_path(ckpt, self.step)
+        if not saved_by_loop:
+            logger.info(f"Saving the checkpoint of step {self.step} before stopping.")
+            save_now(ckpt, path)
+        return path
+
     def close(self) -> None:
         """The orderly end of every rank; TorchTitan's `main` calls it after training and
         after an error: the checkpointer's pending write, its threads, then the process
@@ -471,7 +587,7 @@ class BoostTrainer(Trainer):
         ckpt = getattr(self, "checkpointer", None)
         try:
             if ckpt is not None and ckpt.enable:
-                ckpt._async_wait()  # an async save still writing
+                wait_for_save(ckpt)  # an async save still writing
         except CheckpointException as e:
             if self.finished:
                 raise self.save_failed(e) from None
@@ -484,7 +600,7 @@ class BoostTrainer(Trainer):
     def save_failed(self, error: CheckpointException) -> ConfigError:
         """The one-line error for a failed save: which checkpoint, why, and which complete
         one a rerun resumes from."""
-        current = self.checkpointer._create_checkpoint_id(self.step)
+        current = checkpoint_path(self.checkpointer, self.step)
         path = self.async_save.failed(error, current)
         kept = latest_checkpoint(self.checkpointer.folder)
         return ConfigError(save_failure(error.failures, path, kept))

@@ -5,9 +5,10 @@ equal, bit for bit, to FSDP2 resharding and reducing after every micro-batch.
 One process, a 1-rank gloo group: the debug model (CoLA, every parameter randomised) at TP 1
 in bf16, trained two steps of 4 micro-batches each with AdamW, then one held-out forward
 after each step:
-- "copies": as the trainer builds it (`runtime.compute_copies`: no FSDP2);
-- "fsdp_kept": FSDP2 on a 1-rank mesh with `runtime.accumulation`'s policy (what PP stages
-  and dp_replicate layouts still run);
+- "copies": as the trainer builds it (`runtime.compute_copies`: no FSDP2), with the
+  micro-batch protocol `parallelize_fn` attaches to the model;
+- "fsdp_kept": FSDP2 on a 1-rank mesh with `runtime.accumulation`'s policy (what
+  dp_replicate layouts still run);
 - "every_microbatch": FSDP2 on a 1-rank mesh resharding and reducing after every
   micro-batch (what TorchTitan 0.2.2 does), the reference.
 The second step catches a bf16 copy that outlives the optimizer step. `bench step` reads
@@ -29,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from boost_titan.bench.measure.step_trace import MICROBATCH, STEP, step_counts
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
-from boost_titan.runtime.compute_copies import compute_copies_of
+from boost_titan.runtime.microbatches import FsdpSwitches, HeldCopies
 from tests.helpers import DEBUG_TOML
 from tests.helpers.distributed import randomize
 
@@ -51,11 +52,11 @@ def _model(fsdp: bool):
     from torchtitan.distributed import ParallelDims
     from torchtitan.models.llama3.infra.parallelize import apply_fsdp
 
-    from boost_titan.boost_llama.data_parallel import _one_rank_shard_mesh
     from boost_titan.boost_llama.model import BoostTransformer
     from boost_titan.boost_llama.spec import build_spec, job_args
     from boost_titan.config.cli import parse_job_config
     from boost_titan.runtime.device import force_sum_reductions, use_cpu_if_no_accelerator
+    from boost_titan.runtime.titan_internals import one_rank_mesh
 
     use_cpu_if_no_accelerator()
     precision = "float32" if fsdp else "bfloat16"  # float32: parallelize_fn adds no wrapper
@@ -76,7 +77,7 @@ def _model(fsdp: bool):
         model = BoostTransformer(job_args(job))
     model = build_spec().parallelize_fn(model, dims, job)
     if fsdp:
-        mesh = _one_rank_shard_mesh(dims, ["fsdp"])
+        mesh = one_rank_mesh(dims, ["fsdp"])
         apply_fsdp(
             model,
             mesh,
@@ -116,9 +117,10 @@ def _train(path: str, profiled_step: int) -> tuple[list[dict], dict, list[torch.
     each step."""
     model = _model(fsdp=path != "copies")
     units = fsdp_modules([model])
-    policy = POLICIES.get(path)
-    copies = compute_copies_of(model)
-    assert (copies is None) == (path != "copies") and bool(units) == (path != "copies")
+    copies = path == "copies"
+    assert isinstance(model.microbatch_protocol, HeldCopies) == copies
+    assert bool(units) != copies
+    protocol = model.microbatch_protocol if copies else FsdpSwitches(units, POLICIES[path])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     tokens = torch.randint(0, model.args.vocab_size, (2, MICROBATCHES, 17), generator=None)
     grads, trace, held_out, given_back = [], {}, [], []
@@ -126,34 +128,30 @@ def _train(path: str, profiled_step: int) -> tuple[list[dict], dict, list[torch.
         optimizer.zero_grad()
         prof = profile(activities=[ProfilerActivity.CPU], record_shapes=step == profiled_step)
         with prof if step == profiled_step else contextlib.nullcontext(), record_function(STEP):
+            protocol.start_step()  # FSDP2: reshards what the held-out forward unsharded
             for i in range(MICROBATCHES):
-                if policy is not None:
-                    policy.before_microbatch(units, i, MICROBATCHES)
-                if copies is not None:
-                    copies.before_microbatch(i, MICROBATCHES)
+                protocol.before_microbatch(i, MICROBATCHES)
                 with record_function(MICROBATCH):
                     batch = tokens[step, i : i + 1]
                     logits = model(batch[:, :-1]).float()
                     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[0, 1:])
                     block_copies = [weakref.ref(p) for p in model.layers["0"].parameters()]
                     (loss / MICROBATCHES).backward()
-            if copies is not None:  # block 0's copies freed by the last backward
+            if copies:  # block 0's copies freed by the last backward
                 freed = all(ref() is None for ref in block_copies)
                 given_back.append(_blocks_hold_masters(model) and freed)
-                copies.end_step()
+            protocol.end_step()
         grads.append({n: _local(p.grad).clone() for n, p in model.named_parameters()})
         optimizer.step()
         with torch.no_grad():  # outside a step: the copies are made for this forward only
             held_out.append(model(tokens[0, 0:1, :-1]))
-        for unit in units:  # as the trainer does before a step
-            unit.reshard()
         if step == profiled_step:
             with tempfile.TemporaryDirectory() as tmp:
                 path_ = os.path.join(tmp, "trace.json")
                 prof.export_chrome_trace(path_)
                 with open(path_) as f:
                     trace = json.load(f)
-    if copies is not None:  # each block's copy was given back and freed after its backward
+    if copies:  # each block's copy was given back and freed after its backward
         assert given_back == [True, True]
     return grads, trace, held_out
 
@@ -224,3 +222,35 @@ def test_each_weight_cast_once_per_step(runs, path):
     assert product.microbatches == MICROBATCHES
     assert product.casts_per_step == params
     assert reference.casts_per_step == MICROBATCHES * params
+
+
+@pytest.mark.parametrize(
+    ("pp", "sharded", "reshard", "graphs_on_cuda", "expected"),
+    [
+        (False, False, "default", False, Accumulation(keep_weights=True, defer_reduction=True)),
+        (False, True, "never", False, Accumulation(keep_weights=True, defer_reduction=False)),
+        (False, True, "default", False, Accumulation(keep_weights=False, defer_reduction=False)),
+        (False, False, "default", True, Accumulation(keep_weights=False, defer_reduction=False)),
+        (True, False, "default", False, None),
+    ],
+)
+def test_fsdp_protocol_of_each_layout(monkeypatch, pp, sharded, reshard, graphs_on_cuda, expected):
+    """`apply_data_parallel`'s protocol for an FSDP2 model (the table in
+    `boost_llama.data_parallel`): the layout's switches, none kept under CUDA graphs on
+    CUDA, no protocol on a pipeline stage."""
+    from types import SimpleNamespace
+
+    from boost_titan.boost_llama import data_parallel
+    from boost_titan.runtime.microbatches import MicrobatchProtocol
+
+    monkeypatch.setattr(data_parallel, "on_cpu", lambda: not graphs_on_cuda)
+    dims = SimpleNamespace(pp_enabled=pp, fsdp_enabled=sharded)
+    job = SimpleNamespace(
+        boost=SimpleNamespace(cuda_graphs=True),
+        parallelism=SimpleNamespace(fsdp_reshard_after_forward=reshard),
+    )
+    protocol = data_parallel._fsdp_protocol(torch.nn.Linear(2, 2), dims, job)
+    if expected is None:
+        assert type(protocol) is MicrobatchProtocol
+    else:
+        assert isinstance(protocol, FsdpSwitches) and protocol.accumulation == expected

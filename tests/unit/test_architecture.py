@@ -345,3 +345,138 @@ def test_the_checkout_finder_maps_what_pyproject_maps():
 
     mapped = tomli.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert TOP_LEVEL_PACKAGES == mapped["package-dir"]
+
+
+# ---- TorchTitan's private API: one adapter module ---------------------------------------------
+TITAN_ADAPTER = "boost_titan.runtime.titan_internals"
+"""The one module that uses TorchTitan's private API (`tests/unit/test_titan_internals.py`
+checks the signatures it relies on)."""
+TITAN_SUBCLASSES = {
+    "boost_titan.data.text_stream": "extends HuggingFaceTextDataset's own state",
+    "boost_titan.data.loader": "extends ParallelAwareDataloader's state dict",
+}
+"""Subclasses of TorchTitan's classes in the data room, which cannot import runtime: they
+use their base class's private state (their names are checked with the adapter's)."""
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def titan_private_names(titan_root: Path) -> set[str]:
+    """The underscore names TorchTitan's source defines: functions, classes, methods,
+    module-level names and attributes it assigns (`self._x = ...`)."""
+    names = set()
+    for path in titan_root.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return {name for name in names if _is_private(name)}
+
+
+def _titan_module_names(tree: ast.AST, titan_root: Path) -> set[str]:
+    """The names a module binds to TorchTitan modules (`import torchtitan.x as y`, `from
+    torchtitan.x import y` where y is a module)."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torchtitan":
+                    bound.add(alias.asname or "torchtitan")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torchtitan":
+            folder = titan_root.joinpath(*node.module.split(".")[1:])
+            for alias in node.names:
+                if (folder / f"{alias.name}.py").exists() or (folder / alias.name).is_dir():
+                    bound.add(alias.asname or alias.name)
+    return bound
+
+
+def titan_private_uses(roots: dict[str, Path], titan_root: Path, allowed: set[str]) -> list[str]:
+    """`module:line name` for every use of a TorchTitan private name (an attribute, an
+    import) and every assignment to a TorchTitan module's attribute, outside `allowed`."""
+    private = titan_private_names(titan_root)
+    found = []
+    for module, path in module_files(roots).items():
+        if module in allowed:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        titan_modules = _titan_module_names(tree, titan_root)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                found.append(f"{module}:{node.lineno} {node.attr}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchtitan"):
+                found += [
+                    f"{module}:{node.lineno} {alias.name}"
+                    for alias in node.names
+                    if _is_private(alias.name)
+                ]
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in titan_modules
+            ):
+                found.append(f"{module}:{node.lineno} {node.value.id}.{node.attr} =")
+    return sorted(set(found))
+
+
+def _titan_root() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtitan")  # finds the package without importing it
+    assert spec is not None and spec.submodule_search_locations
+    return Path(spec.submodule_search_locations[0])
+
+
+def test_torchtitan_private_api_is_used_in_the_adapter_only():
+    roots = {"boost_titan": SOURCE_ROOTS["boost_titan"]}
+    allowed = {TITAN_ADAPTER, *TITAN_SUBCLASSES}
+    uses = titan_private_uses(roots, _titan_root(), allowed)
+    assert uses == [], f"TorchTitan's private API outside {TITAN_ADAPTER}: {uses}"
+
+
+def test_a_torchtitan_private_use_outside_the_adapter_is_found(tmp_path):
+    titan = tmp_path / "site" / "torchtitan"
+    (titan / "distributed").mkdir(parents=True)
+    (titan / "__init__.py").write_text("")
+    (titan / "distributed" / "__init__.py").write_text("")
+    (titan / "distributed" / "utils.py").write_text(
+        "_HELPERS = {}\n"
+        "class ParallelDims:\n"
+        "    def __init__(self):\n"
+        "        self._meshes = {}\n"
+        "    def _build(self):\n"
+        "        pass\n"
+    )
+    graph_and_files = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "runtime/__init__.py": "",
+            "runtime/titan_internals.py": "def meshes(dims):\n    return dims._meshes\n",
+            "runtime/trainer.py": (
+                "import torchtitan.distributed.utils as tdu\n"
+                "from torchtitan.distributed import utils\n"
+                "from torchtitan.distributed.utils import _HELPERS\n"
+                "def f(dims):\n"
+                "    dims._build()\n"
+                "    tdu.clip = None\n"
+                "    utils.clip = None\n"
+                "    return dims._local_tensor, dims.meshes\n"
+            ),
+        },
+    )
+    assert graph_and_files  # the planted tree exists
+    uses = titan_private_uses({"boost_titan": tmp_path / "boost_titan"}, titan, {TITAN_ADAPTER})
+    assert uses == [
+        "boost_titan.runtime.trainer:3 _HELPERS",
+        "boost_titan.runtime.trainer:5 _build",
+        "boost_titan.runtime.trainer:6 tdu.clip =",
+        "boost_titan.runtime.trainer:7 utils.clip =",
+    ]

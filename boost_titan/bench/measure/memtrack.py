@@ -7,8 +7,8 @@ builds it: fp32 weights, the real TP plan (`apply_plan`), the AC mode, then its 
 precision (`boost_llama.data_parallel`): without PP the compute copies
 (`runtime.compute_copies`, held for the step), under PP TorchTitan's `apply_fsdp` with bf16
 parameters and fp32 reductions on a 1-rank "fsdp" mesh dim, never resharding, with the
-product's accumulation switches before every backward (`runtime.accumulation`); and a
-fused AdamW. A pipeline stage
+accumulation switches a pipeline stage sets before every backward; each through its
+micro-batch protocol (`runtime.microbatches`); and a fused AdamW. A pipeline stage
 is the model with its stage's blocks (TorchTitan's split, `memory.stage_layers`) and without
 the parts other stages hold; it runs 1F1B's order for its micro-batches (a stage s of pp
 keeps pp - s of them in flight).
@@ -42,6 +42,7 @@ from boost_titan.perf import layout, memory
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.compute_copies import apply_compute_copies
+from boost_titan.runtime.microbatches import FsdpSwitches, HeldCopies, MicrobatchProtocol
 
 _TOTAL = "Total"
 
@@ -150,9 +151,9 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
                     group_linears=plan.group_linears,
                 )
             _apply_ac(model, plan.ac, plan.tp)
-            copies = None
             if plan.pp == 1:
                 copies = apply_compute_copies(model, torch.bfloat16, model.layers.values())
+                protocol: MicrobatchProtocol = HeldCopies(copies)
             else:
                 with _real_meshes(fake):
                     apply_fsdp(
@@ -164,21 +165,24 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
                         cpu_offload=False,
                         reshard_after_forward_policy="never",  # nothing sharded: kept
                     )
+                keep = Accumulation.for_layout(shards_weights=False, reshard_policy="never")
+                protocol = FsdpSwitches(fsdp_modules([model]), keep)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         shape = (plan.micro_batch, plan.seq_len)
         tokens = torch.randint(0, args.vocab_size, shape)
         inputs = tokens if stage == 0 else torch.randn(*shape, width, dtype=torch.bfloat16)
 
-        units = fsdp_modules([model])
-        policy = Accumulation.for_layout(shards_weights=False, reshard_policy="never")
+        # the copies begin before a forward; the switches must hold at each backward, and
+        # 1F1B runs forwards ahead of the backwards of earlier micro-batches
+        called_before = "f" if plan.pp == 1 else "b"
 
         def step(before_forward=lambda: None) -> None:
             outputs = {}
+            protocol.start_step()
             for kind, i in _schedule(plan.pp, stage, plan.microbatches):
-                policy.before_microbatch(units, i if kind == "b" else 0, plan.microbatches)
+                if kind == called_before:
+                    protocol.before_microbatch(i, plan.microbatches)
                 if kind == "f":
-                    if copies is not None:
-                        copies.before_microbatch(i, plan.microbatches)
                     before_forward()
                     out = model(inputs)
                     if last:
@@ -191,8 +195,7 @@ def track(args: BoostModelArgs, plan: TrainingLayout, stage: int = 0, fake: bool
                     out = outputs.pop(i)
                     with loss_parallel():
                         out.backward(None if last else torch.randn_like(out))
-            if copies is not None:
-                copies.end_step()
+            protocol.end_step()
 
         step()
         optimizer.step()

@@ -1,0 +1,127 @@
+"""Every use of TorchTitan's private API (0.2.2, pinned in pyproject.toml), behind named
+functions: its underscore names and the module globals rebound at run time. An upgrade
+starts here: `tests/unit/test_titan_internals.py` compares each signature relied on with
+0.2.2's and names the one that changed; `tests/unit/test_architecture.py` keeps these names
+out of every other module (the data room's dataset and loader subclasses aside: it cannot
+import runtime).
+
+TorchTitan is imported inside the functions: `runtime.device` calls `point_at_cpu` while
+the worker's entry still prepares the process for TorchTitan's import.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from torch.distributed.device_mesh import DeviceMesh
+
+
+# ---- module globals rebound -------------------------------------------------------------
+def replace_amp(context: Callable[..., Any]) -> None:
+    """Make `Trainer.__init__` take its autocast context from `context` (it calls
+    `torchtitan.distributed.utils.maybe_enable_amp` through the module)."""
+    import torchtitan.distributed.utils as titan_dist_utils
+
+    titan_dist_utils.maybe_enable_amp = context
+
+
+def point_at_cpu(cpu_module: Any, peak_flops: Callable[..., float]) -> None:
+    """Make every loaded TorchTitan module use `cpu_module` as its device module and "cpu"
+    as its device type, and `peak_flops` for the MFU; modules imported later read
+    `torchtitan.tools.utils` themselves."""
+    import torchtitan.tools.utils as titan_utils
+
+    old_type, old_module = titan_utils.device_type, titan_utils.device_module
+    titan_utils.get_peak_flops = peak_flops
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torchtitan" or name.startswith("torchtitan.")):
+            continue
+        if getattr(module, "device_module", None) is old_module:
+            module.device_module = cpu_module
+        if getattr(module, "device_type", None) == old_type:
+            module.device_type = "cpu"
+
+
+# ---- CheckpointManager -------------------------------------------------------------------
+def checkpoint_path(checkpointer: Any, step: int) -> str:
+    """The folder of step `step`'s checkpoint (`step-N` under the checkpoint folder)."""
+    return checkpointer._create_checkpoint_id(step)
+
+
+def saves_at(checkpointer: Any, step: int, last_step: bool) -> bool:
+    """Whether the checkpointer's own `save(step, last_step)` writes a checkpoint."""
+    return checkpointer._should_save(step, last_step)
+
+
+def wait_for_save(checkpointer: Any) -> None:
+    """Wait for the checkpointer's pending asynchronous save (raises its failure)."""
+    checkpointer._async_wait()
+
+
+def save_now(checkpointer: Any, path: str) -> None:
+    """Write the checkpoint to `path` synchronously (collective), then drop the stale ones
+    beyond `checkpoint.keep_latest_k`."""
+    from torchtitan.components.checkpoint import AsyncMode
+
+    states = checkpointer._flattened_model_states_sd()
+    checkpointer.dcp_save(states, path, AsyncMode.DISABLED, enable_garbage_collection=True)
+    checkpointer._purge_stale_checkpoints()
+
+
+def newest_step(checkpointer: Any, folder: str = "") -> int:
+    """The step `load(step=-1)` picks in `folder` (default: the checkpoint folder), -1 if
+    none."""
+    return checkpointer._find_load_step(folder)
+
+
+def pin_newest_step(checkpointer: Any, step: int) -> None:
+    """Make `load(step=-1)` pick `step` in the checkpoint folder (in other folders, as
+    before)."""
+    original = checkpointer._find_load_step
+
+    def find_load_step(folder: str = "") -> int:
+        return step if folder in ("", checkpointer.folder) else original(folder)
+
+    checkpointer._find_load_step = find_load_step
+
+
+# ---- ParallelDims, float8, activation checkpointing ---------------------------------------
+def one_rank_mesh(parallel_dims: Any, names: list[str]) -> DeviceMesh:
+    """The mesh `names` (a 1-rank "fsdp" dim, optionally after "dp_replicate"), read from the
+    meshes ParallelDims built (`get_mesh` refuses size-1 dims), built first where nothing
+    asked for a mesh before."""
+    if not parallel_dims._meshes:
+        parallel_dims.build_mesh()
+    if len(names) > 1:
+        return parallel_dims._global_meshes["dense"][tuple(names)]
+    return parallel_dims._meshes[names[0]]
+
+
+def validate_quantization(converter: Any, job_config: Any) -> None:
+    """TorchTitan's own checks of a quantization converter's settings (`QuantizationConverter`,
+    the base of `Float8LinearConverter`)."""
+    converter._validate(job_config)
+
+
+def selective_ac_saves() -> set:
+    """The ops TorchTitan's op-level selective activation checkpointing saves."""
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+
+    return set(_op_sac_save_list)
+
+
+__all__ = [
+    "checkpoint_path",
+    "newest_step",
+    "one_rank_mesh",
+    "pin_newest_step",
+    "point_at_cpu",
+    "replace_amp",
+    "save_now",
+    "saves_at",
+    "selective_ac_saves",
+    "validate_quantization",
+    "wait_for_save",
+]

@@ -1,0 +1,140 @@
+"""What `boost_titan.runtime.titan_internals` (and the data room's subclasses of TorchTitan's
+classes) rely on in TorchTitan 0.2.2: each private signature, attribute and module global,
+compared with the installed TorchTitan, so that an upgrade fails here first, naming what
+changed and the module to update."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+
+import pytest
+
+from tests.helpers import ROOT
+
+ADAPTER = "boost_titan/runtime/titan_internals.py"
+SUBCLASSES = ("boost_titan/data/text_stream.py", "boost_titan/data/loader.py")
+
+SIGNATURES = {
+    # "module:qualified name" -> its signature in TorchTitan 0.2.2
+    "torchtitan.components.checkpoint:CheckpointManager._create_checkpoint_id": (
+        "(self, step: int, folder: str = '') -> str"
+    ),
+    "torchtitan.components.checkpoint:CheckpointManager._should_save": (
+        "(self, curr_step: int, last_step: bool = False) -> bool"
+    ),
+    "torchtitan.components.checkpoint:CheckpointManager._async_wait": "(self) -> None",
+    "torchtitan.components.checkpoint:CheckpointManager._flattened_model_states_sd": (
+        "(self, state_dict: dict[str, typing.Any] | None = None) -> dict[str, typing.Any]"
+    ),
+    "torchtitan.components.checkpoint:CheckpointManager._purge_stale_checkpoints": "(self)",
+    "torchtitan.components.checkpoint:CheckpointManager._find_load_step": (
+        "(self, folder: str = '') -> int"
+    ),
+    "torchtitan.components.checkpoint:CheckpointManager.dcp_save": (
+        "(self, state_dict: dict[str, typing.Any], checkpoint_id: str, async_mode: "
+        "torchtitan.components.checkpoint.AsyncMode, enable_garbage_collection: bool = False, "
+        "to_hf: bool = False) -> concurrent.futures._base.Future | "
+        "torch.distributed.checkpoint.state_dict_saver.AsyncSaveResponse | None"
+    ),
+    "torchtitan.components.quantization:QuantizationConverter._validate": (
+        "(job_config: torchtitan.config.job_config.JobConfig)"
+    ),
+    "torchtitan.distributed.utils:maybe_enable_amp": (
+        "(parallel_dims: torchtitan.distributed.parallel_dims.ParallelDims, "
+        "mixed_precision_param: str, device_type: str) -> "
+        "contextlib.AbstractContextManager[None] | torch.amp.autocast_mode.autocast"
+    ),
+    "torchtitan.tools.utils:get_peak_flops": "(device_name: str) -> float",
+    "torchtitan.distributed.parallel_dims:ParallelDims.build_mesh": (
+        "(self) -> torch.distributed.device_mesh.DeviceMesh"
+    ),
+    "torchtitan.hf_datasets.text_datasets:HuggingFaceTextDataset._get_data_iter": "(self)",
+}
+ATTRIBUTES = {
+    # "module:class" -> the private attributes its source assigns (TorchTitan 0.2.2)
+    "torchtitan.distributed.parallel_dims:ParallelDims": ("_meshes", "_global_meshes"),
+    "torchtitan.components.dataloader:ParallelAwareDataloader": ("_rank_id",),
+    "torchtitan.hf_datasets.text_datasets:HuggingFaceTextDataset": (
+        "_data",
+        "_tokenizer",
+        "_text_processor",
+        "_sample_idx",
+        "_token_buffer",
+    ),
+}
+GLOBALS = {
+    # module -> the globals read or rebound (TorchTitan 0.2.2)
+    "torchtitan.tools.utils": ("device_module", "device_type", "get_peak_flops"),
+    "torchtitan.distributed.utils": ("maybe_enable_amp",),
+    "torchtitan.models.llama3.infra.parallelize": ("_op_sac_save_list",),
+}
+
+
+def _resolve(where: str):
+    module, _, qualified = where.partition(":")
+    target = importlib.import_module(module)
+    for part in qualified.split(".") if qualified else ():
+        target = getattr(target, part)
+    return target
+
+
+def _update_hint(name: str) -> str:
+    """Which of our modules relies on `name`."""
+    data_room = "dataloader" in name or "text_datasets" in name
+    return f"update {' or '.join(SUBCLASSES) if data_room else ADAPTER}"
+
+
+@pytest.mark.parametrize("name", list(SIGNATURES))
+def test_signature_is_torchtitan_0_2_2s(name):
+    module, _, qualified = name.partition(":")
+    owner, _, attribute = qualified.rpartition(".")
+    holder = _resolve(f"{module}:{owner}")
+    assert hasattr(holder, attribute), (
+        f"TorchTitan no longer has {qualified} ({module}); {_update_hint(name)}"
+    )
+    got = str(inspect.signature(getattr(holder, attribute)))
+    assert got == SIGNATURES[name], (
+        f"TorchTitan changed {qualified}: expected {SIGNATURES[name]}, got {got}; "
+        f"{_update_hint(name)}"
+    )
+
+
+@pytest.mark.parametrize("name", list(ATTRIBUTES))
+def test_private_attributes_are_still_assigned(name):
+    cls = _resolve(name)
+    assigned = {
+        node.attr
+        for node in ast.walk(ast.parse(inspect.getsource(cls)))
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+    } | set(getattr(cls, "__dataclass_fields__", {}))
+    missing = [a for a in ATTRIBUTES[name] if a not in assigned]
+    assert not missing, f"TorchTitan's {name} no longer sets {missing}; {_update_hint(name)}"
+
+
+@pytest.mark.parametrize("module", list(GLOBALS))
+def test_module_globals_still_exist(module):
+    imported = importlib.import_module(module)
+    missing = [name for name in GLOBALS[module] if not hasattr(imported, name)]
+    assert not missing, f"TorchTitan's {module} no longer has {missing}; update {ADAPTER}"
+
+
+def test_every_private_name_used_is_listed():
+    """Each underscore attribute the adapter and the data subclasses use on TorchTitan's
+    objects, and each underscore name they import, has its entry above."""
+    listed = {name.rpartition(".")[2] for name in SIGNATURES}
+    listed |= {a for attributes in ATTRIBUTES.values() for a in attributes}
+    listed |= {g for names in GLOBALS.values() for g in names}
+    from tests.unit.test_architecture import _titan_root, titan_private_names
+
+    private = titan_private_names(_titan_root())
+    used = set()
+    for relative in (ADAPTER, *SUBCLASSES):
+        for node in ast.walk(ast.parse((ROOT / relative).read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                used.add(node.attr)
+            elif isinstance(node, ast.ImportFrom) and node.module and "torchtitan" in node.module:
+                used |= {alias.name for alias in node.names if alias.name in private}
+    assert used - listed == set(), f"add the signatures of {sorted(used - listed)} here"
+    assert used, "found no use at all: the scan is broken"
