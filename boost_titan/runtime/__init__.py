@@ -3,6 +3,8 @@
 room, never the other way). Every module and its job:
 
 - `trainer`: `BoostTrainer`, TorchTitan's Trainer with our step, logging and fixes.
+- `microbatches`: the run's micro-batch protocol (what happens around each micro-batch).
+- `titan_internals`: every use of TorchTitan's private API, behind named functions.
 - `device`: CPU/gloo bring-up when there is no accelerator.
 - `compute_copies`: bf16 compute copies of fp32 master weights where nothing is sharded.
 - `accumulation`: gradient accumulation that casts each weight once per optimizer step.

@@ -235,6 +235,36 @@ def test_each_room_imports_what_it_may(product):
     assert rule_breaks(graph) == []
 
 
+MAX_LINES = 700
+"""The longest a product module may grow (issue 42: split a room before it gets there)."""
+
+
+def long_files(roots: dict[str, Path], limit: int = MAX_LINES) -> list[str]:
+    """`module: lines` for every module longer than `limit` lines."""
+    return [
+        f"{name}: {lines}"
+        for name, path in module_files(roots).items()
+        if (lines := len(path.read_text().splitlines())) > limit
+    ]
+
+
+def test_no_product_module_is_over_the_limit():
+    assert long_files(SOURCE_ROOTS) == []
+
+
+def unlisted_modules(package: str, files: dict[str, Path]) -> list[str]:
+    """The modules of `package` its `__init__` docstring does not name (as `name`)."""
+    doc = ast.get_docstring(ast.parse(files[package].read_text())) or ""
+    members = [name for name in files if name.rpartition(".")[0] == package]
+    return sorted(m for m in members if f"`{m.rpartition('.')[2]}`" not in doc)
+
+
+@pytest.mark.parametrize("package", ["boost_titan.runtime", "boost_titan.job"])
+def test_a_room_names_every_module_it_holds(product, package):
+    _, files = product
+    assert unlisted_modules(package, files) == []
+
+
 def test_every_package_ships():
     """pyproject.toml lists every package folder (an editable install finds an unlisted one,
     a built wheel leaves it out), and nothing else."""
@@ -480,3 +510,19 @@ def test_a_torchtitan_private_use_outside_the_adapter_is_found(tmp_path):
         "boost_titan.runtime.trainer:6 tdu.clip =",
         "boost_titan.runtime.trainer:7 utils.clip =",
     ]
+
+
+def test_a_long_module_and_an_unlisted_one_are_found(tmp_path):
+    _, files = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "runtime/__init__.py": '"""`trainer`: the trainer."""\n',
+            "runtime/trainer.py": "x = 1\n" * 3,
+            "runtime/extra.py": "x = 1\n",
+        },
+    )
+    assert long_files({"boost_titan": tmp_path / "boost_titan"}, limit=2) == [
+        "boost_titan.runtime.trainer: 3"
+    ]
+    assert unlisted_modules("boost_titan.runtime", files) == ["boost_titan.runtime.extra"]
