@@ -1,10 +1,17 @@
-"""The one `--json PATH|-` writer of the `bench` subcommands."""
+"""The `--json PATH|-` option of the `bench` subcommands and its one writer."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+RECORDS_HELP = "write the records as a JSON list ('-': stdout only)"
+
+
+def add_json_option(parser: Any, help: str = RECORDS_HELP, metavar: str = "PATH|-") -> None:
+    """The subcommand's `--json` option, which `write_json` serves."""
+    parser.add_argument("--json", metavar=metavar, help=help)
 
 
 def write_json(payload: Any, target: str | None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from boost_titan.bench.report import write_json
+from boost_titan.bench.report import add_json_option, write_json
 from boost_titan.boost_llama.strategies import STRATEGIES
 from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError
@@ -44,7 +44,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="compile cache folder of both passes (default: a new temporary one)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed steps of each, interleaved")
-    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    add_json_option(parser, help="also write the rows as JSON", metavar="PATH")
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from boost_titan.bench.report import write_json
+from boost_titan.bench.report import add_json_option, write_json
 
 if TYPE_CHECKING:
     from boost_titan.bench.measure.cpu import CpuConfig, CpuRecord
@@ -73,9 +73,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also time each strategy with its blocks under torch.compile (Inductor)",
     )
-    parser.add_argument(
-        "--json", metavar="PATH|-", help="write the records as a JSON list ('-': stdout only)"
-    )
+    add_json_option(parser)
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from boost_titan.bench.options import add_layout_args, csv, sweep_from_args
-from boost_titan.bench.report import write_json
+from boost_titan.bench.report import add_json_option, write_json
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import predict
 from boost_titan.perf.job import job_plan, process_count
@@ -104,9 +104,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="also split each predicted step into gemm / memory-bound / attention / "
         "optimizer / exposed communication / pipeline bubble",
     )
-    parser.add_argument(
-        "--json", metavar="PATH|-", help="write the records as a JSON list ('-': stdout only)"
-    )
+    add_json_option(parser)
     parser.add_argument(
         "--plot", metavar="PATH.png", help="write the two-panel figure of this sweep"
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from boost_titan.bench.report import write_json
+from boost_titan.bench.report import add_json_option, write_json
 
 if TYPE_CHECKING:
     from boost_titan.bench.measure.step import StepRun
@@ -34,9 +34,7 @@ def add_args(parser: argparse.ArgumentParser, nproc: int | None = 1) -> None:
     parser.add_argument(
         "--warmup", type=int, default=2, help="untimed steps first (default 2; compiles)"
     )
-    parser.add_argument(
-        "--json", metavar="PATH|-", help="also write the report as JSON ('-': stdout only)"
-    )
+    add_json_option(parser, help="also write the report as JSON ('-': stdout only)")
     parser.add_argument(
         "--trace", metavar="PATH.json", help="keep the profiled step's Chrome trace (Perfetto)"
     )

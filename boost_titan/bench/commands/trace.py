@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from boost_titan.bench.options import add_layout_args, sweep_from_args
-from boost_titan.bench.report import write_json
+from boost_titan.bench.report import add_json_option, write_json
 
 HELP = "measure one block under the real TP plan (fake process group, CPU)"
 
@@ -18,9 +18,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="check against the analytic model; exit 1 on any mismatch",
     )
-    parser.add_argument(
-        "--json", metavar="PATH|-", help="write the records as a JSON list ('-': stdout only)"
-    )
+    add_json_option(parser)
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from boost_titan.bench.report import write_json
+from boost_titan.bench.report import add_json_option, write_json
 from boost_titan.config import AC_MODES
 from boost_titan.perf import measured, paper, records
 from boost_titan.perf.gpus import GPUS
@@ -22,11 +22,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help=f"GPU profile (default {PAPER_GPU}: the paper's 4-GPU A100 nodes)",
     )
     parser.add_argument("--ac", default="none", choices=AC_MODES)
-    parser.add_argument(
-        "--json",
-        metavar="PATH|-",
-        help="write every row as a JSON list, each tagged with its table",
-    )
+    add_json_option(parser, help="write every row as a JSON list, each tagged with its table")
 
 
 def run(ns: argparse.Namespace) -> int:
