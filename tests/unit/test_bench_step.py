@@ -66,21 +66,29 @@ def test_bench_data_times_the_debug_run_on_its_own_process_count(
 ):
     """`bench data` without a job measures debug.toml on the 2 processes its TP 2 needs,
     and says whether the steps waited for data under 1% of their time."""
+    import json
+    import subprocess
+
     from boost_titan.bench.measure import step
 
     seen = {}
 
-    def measure(run, args):
-        seen.update(nproc=run.nproc, args=args)
-        return _report(share)
+    def torchrun_command(nproc, module, args):
+        seen.update(nproc=nproc, args=args)
+        return ["torchrun"]
 
-    monkeypatch.setattr(step, "measure", measure)
+    def run(command, env, **kwargs):  # the worker's report, as the real run writes it
+        with open(env["BOOST_TITAN_STEP_REPORT"], "w") as report:
+            json.dump(_report(share), report)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(step, "torchrun_command", torchrun_command)
+    monkeypatch.setattr(step.subprocess, "run", run)
     monkeypatch.chdir(DEBUG_TOML.parents[1])
     assert main(["data", "--training.seq_len", "64"]) == 0
-    assert seen == {
-        "nproc": 2,
-        "args": ["--job.config_file", "train_configs/debug.toml", "--training.seq_len", "64"],
-    }
+    assert seen["nproc"] == 2
+    job = ["--job.config_file", "train_configs/debug.toml", "--training.seq_len", "64"]
+    assert seen["args"][: len(job)] == job
     out = capsys.readouterr().out
     assert f"verdict           {verdict} of the step time waiting for data ({share:.2%}" in out
     assert f"ms median (max {2 * share * 100:.2f}): {share:.2%} of the step" in out

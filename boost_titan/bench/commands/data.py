@@ -32,16 +32,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(ns: argparse.Namespace) -> int:
     """The debug run (or the job given), its waits for data."""
     from boost_titan.bench.measure import step
-    from boost_titan.config.cli import parse_job_config
-    from boost_titan.config.world import resolve_world
 
     trainer_args = ns.trainer_args
     if not step.names_job(trainer_args):
         trainer_args = [*DEBUG_JOB, *trainer_args]
-    nproc = ns.nproc
-    if nproc is None:
-        nproc, _ = resolve_world(parse_job_config(trainer_args), None)
-    report = step.measure(step_run(ns, nproc), trainer_args)
+    report = step.measure(step_run(ns, ns.nproc), trainer_args)
     if "data_wait_ms" not in report:
         raise ConfigError("the trainer reported no data waits (an earlier checkout?)")
     write_json(report, ns.json)

@@ -54,7 +54,7 @@ def run(ns: argparse.Namespace) -> int:
     return 0
 
 
-def step_run(ns: argparse.Namespace, nproc: int) -> StepRun:
+def step_run(ns: argparse.Namespace, nproc: int | None) -> StepRun:
     """The measured run the options ask for, on `nproc` processes."""
     from boost_titan.bench.measure import step
 
