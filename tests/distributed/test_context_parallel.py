@@ -181,8 +181,8 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         tokens, labels, positions = shard_sequence(
             cp, (tokens, labels, positions), load_balance=balance
         )
-        if broken == "positions":
-            positions = None
+        if broken == "positions":  # what a model computing its own positions gets
+            positions = torch.arange(SEQ // 2).expand(positions.shape)
         original = None
         if broken == "kv":
             original, dropped = _drop_second_chunk(ring._AllGatherRotater)
@@ -216,6 +216,47 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         logits = unshard_sequence(shards, load_balance=balance and broken != "order")
         results[name] = (logits, loss, grads, log.calls)
     results["saved_activations"] = saved_activations_by_layout(mesh)
+    results["step"] = step_results({2: cp, 4: init_device_mesh("cpu", (4,))})
+    return results
+
+
+STEP_CASES = {  # name -> (cp_models kind, ModelLayout.attention, verify)
+    "position-ids": ("position-ids", "attn", True),
+    "block-sdpa": ("block-sdpa", "", True),
+    "checked-positions": ("checked-positions", "attn", False),
+    "checked-positions-verified": ("checked-positions", "attn", True),
+}
+STEP_OFFSET = 7
+"""The batch's positions start here (not at 0)."""
+
+
+def step_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens and labels [b, s] (some labels -100) and positions [s] with an offset."""
+    tokens, labels = batch()
+    labels[0, :5] = -100
+    return tokens, labels, torch.arange(SEQ) + STEP_OFFSET
+
+
+def step_results(meshes: dict) -> dict:
+    """`context_parallel_step` on the foreign decoders of `cp_models` at each CP degree:
+    (loss, every gradient) or the PlanError's message."""
+    from boost_titan.parallelize import PlanError, apply_context_parallel, context_parallel_step
+    from tests.helpers import cp_models
+
+    results = {}
+    for cp, mesh in meshes.items():
+        for name, (kind, attention, verify) in STEP_CASES.items():
+            model, layout = cp_models.build(kind, attention=(attention,))
+            apply_context_parallel(model, mesh, layout)
+            tokens, labels, positions = step_batch()
+            try:
+                loss = context_parallel_step(
+                    model, tokens, labels, positions=positions, verify=verify
+                )
+            except PlanError as e:
+                results[name, cp] = str(e)
+                continue
+            results[name, cp] = loss, {n: p.grad for n, p in model.named_parameters()}
     return results
 
 
@@ -324,3 +365,48 @@ def test_saved_activations_per_rank_halve_and_match_the_memory_model(cp_results)
         plan = TrainingLayout("btp", tp=tp, cp=cp, seq_len=MEMORY_SEQ, micro_batch=1, dtype="fp32")
         assert memory.forward_saved_bytes(args, plan) == nbytes, (cp, tp)
     print(f"saved activations per rank, seq {MEMORY_SEQ}, by (cp, tp): {measured} bytes")
+
+
+def _step_reference(kind: str):
+    from tests.helpers import cp_models
+
+    model, _ = cp_models.build(kind)
+    tokens, labels, positions = step_batch()
+    logits = model(tokens, position_ids=positions)
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def _step_errors(name: str, cp: int, cp_results: dict) -> dict[str, float]:
+    loss, grads = cp_results["step"][name, cp]
+    want_loss, want_grads = _step_reference(STEP_CASES[name][0])
+    assert grads.keys() == want_grads.keys()
+    return {"loss": _rel_err(loss, want_loss)} | {
+        n: _rel_err(grads[n], want_grads[n]) for n in want_grads
+    }
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("name", ["position-ids", "block-sdpa"])
+def test_step_matches_single_process(cp_results, name, cp):
+    """`context_parallel_step` (sharding, loss divisor, gradient sum; verify on) on a foreign
+    decoder taking `position_ids` [s] starting at 7, some labels -100, every parameter
+    random (1-D ones in [0.5, 1.5]), fp64: the loss and every gradient equal one process,
+    with attention in its own module and SDPA in the block's forward (named by "")."""
+    errors = _step_errors(name, cp, cp_results)
+    bad = {k: e for k, e in errors.items() if not e <= FP64_TOL}
+    assert not bad, f"{name} at CP {cp}: relative errors above {FP64_TOL}: {bad}"
+    print(f"{name} CP {cp}: largest relative error {max(errors.values()):.1e}")
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_verify_catches_positions_read_but_unused(cp_results, cp):
+    """A model that reads `position_ids` (a bounds check) but computes RoPE from 0..s-1
+    passes the first-forward checks and trains wrong; `verify=True` refuses it in one line."""
+    errors = _step_errors("checked-positions", cp, cp_results)
+    assert max(errors.values()) > BROKEN_MIN, errors
+    message = cp_results["step"]["checked-positions-verified", cp]
+    assert isinstance(message, str) and "\n" not in message, message
+    assert message.startswith("context_parallel_step verify: the CP forward differs"), message
+    print(f"CP {cp} unverified: largest relative error {max(errors.values()):.2f}; {message}")
