@@ -4,8 +4,10 @@ balancing on and off, K/V rotated by all-gather and by all-to-all, GQA, a foreig
 torch-native decoder, low-rank AC), CP 2 x TP 2 (btp, vanilla, megatron; fp32) and
 CP 2 x FSDP 2 (fp64), and the saved activations per rank at CP 1 and 2 against the memory
 model. Three runs broken on purpose (positions not sharded, the
-load-balancing order not undone, one K/V chunk of the ring dropped) must differ.
-Unit twin: tests/unit/test_context_parallel.py."""
+load-balancing order not undone, one K/V chunk of the ring dropped) must differ. In the
+same launch, `context_parallel_step` on foreign decoders at CP 2 and 4 (and CP 2 x BTP
+TP 2), `verify=True` on one whose positions are read but unused, and docs/your_model.md's
+CP example as the page shows it. Unit twin: tests/unit/test_context_parallel.py."""
 
 from __future__ import annotations
 
@@ -216,15 +218,17 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         logits = unshard_sequence(shards, load_balance=balance and broken != "order")
         results[name] = (logits, loss, grads, log.calls)
     results["saved_activations"] = saved_activations_by_layout(mesh)
-    results["step"] = step_results({2: cp, 4: init_device_mesh("cpu", (4,))})
+    whole = init_device_mesh("cpu", (4,))
+    results["step"] = step_results({2: (cp, mesh["other"]), 4: (whole, None)})
     return results
 
 
-STEP_CASES = {  # name -> (cp_models kind, ModelLayout.attention, verify)
-    "position-ids": ("position-ids", "attn", True),
-    "block-sdpa": ("block-sdpa", "", True),
-    "checked-positions": ("checked-positions", "attn", False),
-    "checked-positions-verified": ("checked-positions", "attn", True),
+STEP_CASES = {  # name -> (cp_models kind, ModelLayout.attention, verify, BTP TP 2 first)
+    "position-ids": ("position-ids", "attn", True, False),
+    "block-sdpa": ("block-sdpa", "", True, False),
+    "position-ids-btp": ("position-ids", "attn", True, True),
+    "checked-positions": ("checked-positions", "attn", False, False),
+    "checked-positions-verified": ("checked-positions", "attn", True, False),
 }
 STEP_OFFSET = 7
 """The batch's positions start here (not at 0)."""
@@ -238,15 +242,29 @@ def step_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def step_results(meshes: dict) -> dict:
-    """`context_parallel_step` on the foreign decoders of `cp_models` at each CP degree:
-    (loss, every gradient) or the PlanError's message."""
-    from boost_titan.parallelize import PlanError, apply_context_parallel, context_parallel_step
+    """`context_parallel_step` on the foreign decoders of `cp_models` at each CP degree
+    (cp -> (CP mesh, TP mesh or None)): (loss, every gradient) or the PlanError's
+    message; and the docs page's example at CP 2 (`docs`)."""
+    from torch.distributed.tensor import DTensor
+
+    from boost_titan.parallelize import (
+        PlanError,
+        apply_context_parallel,
+        apply_plan,
+        btp_plan,
+        context_parallel_step,
+    )
     from tests.helpers import cp_models
 
+    full = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
     results = {}
-    for cp, mesh in meshes.items():
-        for name, (kind, attention, verify) in STEP_CASES.items():
+    for cp, (mesh, tp_mesh) in meshes.items():
+        for name, (kind, attention, verify, tp) in STEP_CASES.items():
+            if tp and tp_mesh is None:
+                continue
             model, layout = cp_models.build(kind, attention=(attention,))
+            if tp:
+                apply_plan(model, tp_mesh, btp_plan(layout, loss_parallel=False))
             apply_context_parallel(model, mesh, layout)
             tokens, labels, positions = step_batch()
             try:
@@ -256,8 +274,21 @@ def step_results(meshes: dict) -> dict:
             except PlanError as e:
                 results[name, cp] = str(e)
                 continue
-            results[name, cp] = loss, {n: p.grad for n, p in model.named_parameters()}
+            results[name, cp] = loss, {n: full(p.grad) for n, p in model.named_parameters()}
+    namespace: dict = {}
+    exec(page_example(), namespace)  # noqa: S102 - the docs page's own code
+    results["docs"] = namespace["train_cp"](meshes[2][0])
     return results
+
+
+def page_example() -> str:
+    """The python block of docs/your_model.md that calls `context_parallel_step`."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "your_model.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+    return next(b for b in blocks if "context_parallel_step(" in b)
 
 
 def _reference(name: str):
@@ -387,13 +418,17 @@ def _step_errors(name: str, cp: int, cp_results: dict) -> dict[str, float]:
     }
 
 
-@pytest.mark.parametrize("cp", [2, 4])
-@pytest.mark.parametrize("name", ["position-ids", "block-sdpa"])
+@pytest.mark.parametrize(
+    "name, cp",
+    [("position-ids", 2), ("position-ids", 4), ("block-sdpa", 2), ("block-sdpa", 4)]
+    + [("position-ids-btp", 2)],
+)
 def test_step_matches_single_process(cp_results, name, cp):
     """`context_parallel_step` (sharding, loss divisor, gradient sum; verify on) on a foreign
     decoder taking `position_ids` [s] starting at 7, some labels -100, every parameter
     random (1-D ones in [0.5, 1.5]), fp64: the loss and every gradient equal one process,
-    with attention in its own module and SDPA in the block's forward (named by "")."""
+    with attention in its own module, SDPA in the block's forward (named by ""), and
+    after a BTP TP 2 plan (CP 2 x TP 2)."""
     errors = _step_errors(name, cp, cp_results)
     bad = {k: e for k, e in errors.items() if not e <= FP64_TOL}
     assert not bad, f"{name} at CP {cp}: relative errors above {FP64_TOL}: {bad}"
@@ -410,3 +445,26 @@ def test_verify_catches_positions_read_but_unused(cp_results, cp):
     assert isinstance(message, str) and "\n" not in message, message
     assert message.startswith("context_parallel_step verify: the CP forward differs"), message
     print(f"CP {cp} unverified: largest relative error {max(errors.values()):.2f}; {message}")
+
+
+def test_docs_page_example_trains_as_one_process(cp_results):
+    """docs/your_model.md's CP example, run as the page shows it at CP 2: its losses equal
+    a plain one-process loop of the same model, data and AdamW (fp32)."""
+    from boost_titan.examples.own_model import VOCAB, Decoder
+
+    torch.manual_seed(0)
+    model = Decoder()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = torch.randint(0, VOCAB, (8, 65), generator=torch.Generator().manual_seed(1))
+    want = []
+    for step in range(4):
+        batch = data[2 * step : 2 * step + 2]
+        logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        want.append(loss.item())
+    got = cp_results["step"]["docs"]
+    print(f"docs example CP 2 losses {got}, one process {want}")
+    assert got == pytest.approx(want, rel=1e-5, abs=0)
