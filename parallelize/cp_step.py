@@ -1,11 +1,12 @@
 """One context-parallel training step of a whole batch: what a CP loop must otherwise do by
 hand (`context_parallel_step`).
 
-Every rank of the CP mesh gets the same whole batch; it shards tokens, labels and
-positions along the sequence, sums its shard's loss, divides by the batch's token count
-(not the shard's), backpropagates, and sums the gradients this step produced over the CP
-group, so that each rank holds the gradient of the batch's mean loss. `verify=True` first
-compares the CP forward with the unsharded forward of the same batch.
+Every rank of the CP mesh gets the same whole batch (checked: one all-reduce of a
+fingerprint per step); it shards tokens, labels and positions along the sequence, sums
+its shard's loss, divides by the batch's token count (not the shard's), backpropagates,
+and sums the gradients this step produced over the CP group, so that each rank holds the
+gradient of the batch's mean loss. `verify=True` first compares the CP forward with the
+unsharded forward of the same batch.
 """
 
 from __future__ import annotations
@@ -77,22 +78,44 @@ def _gather_sequence(state: CPState, local: torch.Tensor, load_balance: bool) ->
     return unshard_sequence(shards, load_balance=load_balance)
 
 
+def _check_same_batch(state: CPState, tensors: tuple[torch.Tensor, ...]) -> None:
+    """PlanError when the ranks of the CP group passed different batches (each would train
+    on a mix of shards of different sequences): one all-reduce of two integers."""
+    fingerprint = torch.zeros(1, dtype=torch.int64, device=tensors[0].device)
+    for t in tensors:
+        flat = t.reshape(-1).long()
+        weights = torch.arange(flat.numel(), device=flat.device) % 1_000_003 + 1
+        fingerprint += (flat * weights).sum()
+    both = torch.cat([fingerprint, -fingerprint])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=state.mesh.get_group())
+    if both[0] != -both[1]:
+        raise PlanError(
+            "context_parallel_step: the ranks of the CP group passed different batches; "
+            "every rank of a CP group passes the same whole batch (give them one data seed "
+            "and shard data over data-parallel ranks only)"
+        )
+
+
 @torch.no_grad()
 def _verify(
     model: nn.Module,
     state: CPState,
-    logits: torch.Tensor,
-    inputs: tuple[torch.Tensor, torch.Tensor],
+    shards: list[torch.Tensor],
+    whole: tuple[torch.Tensor, torch.Tensor],
     load_balance: bool,
 ) -> None:
-    """PlanError when the CP logits, gathered, differ from the unsharded forward's."""
-    got = _gather_sequence(state, _full(_logits(logits)).detach(), load_balance)
-    tokens, positions = inputs
-    state.ring_off = True
+    """PlanError when the CP forward of the shards, gathered, differs from the unsharded
+    forward of the whole batch (both in eval mode: no dropout)."""
+    training = model.training
+    model.eval()
     try:
-        want = _full(_logits(model(tokens, **{state.positions: positions})))
+        local = model(shards[0], **{state.positions: shards[2]})
+        got = _gather_sequence(state, _full(_logits(local)), load_balance)
+        state.ring_off = True
+        want = _full(_logits(model(whole[0], **{state.positions: whole[1]})))
     finally:
         state.ring_off = False
+        model.train(training)
     error = _relative_error(got, want)
     rtol = VERIFY_RTOL.get(want.dtype, 2e-2)
     if not error <= rtol:
@@ -162,18 +185,20 @@ def context_parallel_step(
             optimizer step's count when accumulating micro-batches). Default: the batch's
             labels that are not -100 (at least 1).
         load_balance (bool): head-tail load balancing of the shards. Default: True.
-        verify (bool): the model's first verified step also runs the unsharded forward of
-            the batch (the ring off, no gradients) and compares the logits: one line when
-            they differ, e.g. positions read but not used for RoPE, tokens mixed outside
-            the named attention. Costs a forward of the whole sequence. Default: False.
+        verify (bool): the model's first verified step first runs, in eval mode and
+            without gradients, the CP forward of the shards and the unsharded forward of
+            the whole batch (the ring off) and compares the logits: one line when they
+            differ, e.g. positions read but not used for RoPE, tokens mixed outside the
+            named attention. Costs a forward of the whole sequence. Default: False.
 
     Returns:
         torch.Tensor: the batch's mean loss (detached), the same on every CP rank.
 
     Raises:
         PlanError: no `apply_context_parallel` on the model, an FSDP model, a batch of the
-            wrong shapes, a sequence not divisible by 2 x CP, a refusal of the first CP
-            forward (`cp_checks`), or a `verify` mismatch.
+            wrong shapes, CP ranks that passed different batches, a sequence not divisible
+            by 2 x CP, a refusal of the first CP forward (`cp_checks`), or a `verify`
+            mismatch.
 
     Example::
 
@@ -198,13 +223,15 @@ def context_parallel_step(
     _check_batch(tokens, labels, positions)
     if divisor is None:
         divisor = (labels != -100).sum().clamp_min(1).item()
+    if state.mesh.size() > 1:
+        _check_same_batch(state, (tokens, labels, positions))
     mine = shard_sequence(state.mesh, (tokens, labels, positions), load_balance=load_balance)
+    if verify and not state.verified:
+        _verify(model, state, mine, (tokens, positions), load_balance)
     outputs: list[torch.Tensor] = []
 
     def forward_backward() -> None:
         logits = model(mine[0], **{state.positions: mine[2]})
-        if verify and not state.verified:
-            _verify(model, state, logits, (tokens, positions), load_balance)
         loss = loss_fn(_logits(logits), mine[1]) / divisor
         loss.backward()
         outputs.append(_full(loss).detach())
