@@ -225,6 +225,7 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
 
 STEP_CASES = {  # name -> (cp_models kind, ModelLayout.attention, verify, BTP TP 2 first)
     "position-ids": ("position-ids", "attn", True, False),
+    "tf-llama": ("tf-llama", "self_attn", True, False),
     "block-sdpa": ("block-sdpa", "", True, False),
     "position-ids-btp": ("position-ids", "attn", True, True),
     "checked-positions": ("checked-positions", "attn", False, False),
@@ -234,11 +235,25 @@ STEP_OFFSET = 7
 """The batch's positions start here (not at 0)."""
 
 
-def step_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens and labels [b, s] (some labels -100) and positions [s] with an offset."""
+def step_batch(kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens and labels [b, s] (some labels -100) and positions with an offset: [s], or
+    [b, s] for transformers' Llama (its rotary embedding takes no other)."""
     tokens, labels = batch()
     labels[0, :5] = -100
-    return tokens, labels, torch.arange(SEQ) + STEP_OFFSET
+    positions = torch.arange(SEQ) + STEP_OFFSET
+    return tokens, labels, positions.expand(BATCH, SEQ) if kind == "tf-llama" else positions
+
+
+def step_model(kind: str, attention: str) -> tuple[torch.nn.Module, object]:
+    """The `cp_models` decoder, or transformers' LlamaForCausalLM (SDPA, GQA, low-rank
+    pairs, every parameter random, fp64) with its `hf_layout`; both with `attention`."""
+    from boost_titan.parallelize import hf_layout
+    from tests.helpers import cp_models, hf_models
+
+    if kind != "tf-llama":
+        return cp_models.build(kind, attention=(attention,))
+    model = hf_models.build(kind, "btp", layers=2, attn_implementation="sdpa").double()
+    return model, dataclasses.replace(hf_layout(model), attention=(attention,))
 
 
 def step_results(meshes: dict) -> dict:
@@ -262,11 +277,11 @@ def step_results(meshes: dict) -> dict:
         for name, (kind, attention, verify, tp) in STEP_CASES.items():
             if tp and tp_mesh is None:
                 continue
-            model, layout = cp_models.build(kind, attention=(attention,))
+            model, layout = step_model(kind, attention)
             if tp:
                 apply_plan(model, tp_mesh, btp_plan(layout, loss_parallel=False))
             apply_context_parallel(model, mesh, layout)
-            tokens, labels, positions = step_batch()
+            tokens, labels, positions = step_batch(kind)
             try:
                 loss = context_parallel_step(
                     model, tokens, labels, positions=positions, verify=verify
@@ -277,7 +292,7 @@ def step_results(meshes: dict) -> dict:
             results[name, cp] = loss, {n: full(p.grad) for n, p in model.named_parameters()}
     model, layout = cp_models.build("position-ids")
     apply_context_parallel(model, meshes[2][0], layout)
-    tokens, labels, _ = step_batch()
+    tokens, labels, _ = step_batch("position-ids")
     try:  # each CP rank a batch of its own (a data seed per rank)
         context_parallel_step(model, (tokens + meshes[2][0].get_local_rank()) % VOCAB, labels)
     except PlanError as e:
@@ -406,11 +421,11 @@ def test_saved_activations_per_rank_halve_and_match_the_memory_model(cp_results)
 
 
 def _step_reference(kind: str):
-    from tests.helpers import cp_models
+    from tests.helpers.hf_models import logits_of
 
-    model, _ = cp_models.build(kind)
-    tokens, labels, positions = step_batch()
-    logits = model(tokens, position_ids=positions)
+    model, _ = step_model(kind, "")
+    tokens, labels, positions = step_batch(kind)
+    logits = logits_of(model(tokens, position_ids=positions))
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
     loss.backward()
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
@@ -428,13 +443,14 @@ def _step_errors(name: str, cp: int, cp_results: dict) -> dict[str, float]:
 @pytest.mark.parametrize(
     "name, cp",
     [("position-ids", 2), ("position-ids", 4), ("block-sdpa", 2), ("block-sdpa", 4)]
-    + [("position-ids-btp", 2)],
+    + [("tf-llama", 2), ("tf-llama", 4), ("position-ids-btp", 2)],
 )
 def test_step_matches_single_process(cp_results, name, cp):
     """`context_parallel_step` (sharding, loss divisor, gradient sum; verify on) on a foreign
     decoder taking `position_ids` [s] starting at 7, some labels -100, every parameter
     random (1-D ones in [0.5, 1.5]), fp64: the loss and every gradient equal one process,
-    with attention in its own module, SDPA in the block's forward (named by ""), and
+    with attention in its own module, SDPA in the block's forward (named by ""),
+    transformers' LlamaForCausalLM (`hf_layout`: `position_ids` [b, s], GQA), and
     after a BTP TP 2 plan (CP 2 x TP 2; BTP's norms take their statistic in fp32, so
     1e-5 there)."""
     errors = _step_errors(name, cp, cp_results)

@@ -216,3 +216,19 @@ def test_step_computes_the_models_loss_and_gradients(one_rank, kind, attention):
     torch.testing.assert_close(loss, want.detach(), rtol=1e-12, atol=0)
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_refuses_transformers_eager_attention(one_rank):
+    """transformers' "eager" attention is attention written by hand: refused; its
+    `hf_layout` names `self_attn` and `position_ids` (SDPA: equal to one process at CP 2
+    and 4 in the twin)."""
+    from boost_titan.parallelize import hf_layout
+    from tests.helpers.hf_models import build
+
+    model = build("tf-llama", "megatron", layers=1)
+    layout = hf_layout(model)
+    assert (layout.attention, layout.positions) == (("self_attn",), "position_ids")
+    apply_context_parallel(model, one_rank, layout)
+    tokens, labels = _batch()
+    with pytest.raises(PlanError, match=r"model\.layers\.0\.self_attn's forward called no"):
+        context_parallel_step(model, tokens, labels, positions=torch.arange(16).expand(2, -1))
