@@ -3,15 +3,19 @@ attention runs torch's ring algorithm over the group (`_templated_ring_attention
 backward, `torch.distributed.tensor.experimental._context_parallel`).
 
 - `shard_sequence(mesh, tensors, load_balance=True)`: a rank's shard of the tokens,
-  labels and positions along dim 1, head-tail load balanced (rank r of n holds chunks r
-  and 2n-1-r of 2n) as torch's `_HeadTailLoadBalancer`; `unshard_sequence` undoes it.
-- `apply_context_parallel(model, mesh, modules)`: inside the forward of each named module,
+  labels and positions along dim 1 (positions [s] along dim 0), head-tail load balanced
+  (rank r of n holds chunks r and 2n-1-r of 2n) as torch's `_HeadTailLoadBalancer`;
+  `unshard_sequence` undoes it.
+- `apply_context_parallel(model, mesh, layout)`: inside the forward of each named module,
   `F.scaled_dot_product_attention` (causal, no mask) runs on the sequence-sharded q, k, v
   as DTensors `Shard(2)` on `mesh`, so DTensor dispatches its op to a ring handler: on CUDA
   torch's own (flash, efficient, cuDNN), on CPU `cpu_ring_handler` registered here for
   `aten._scaled_dot_product_flash_attention_for_cpu` and its backward. K/V travel as the
   model made them: grouped (GQA) K/V heads are not repeated, the CPU op takes them as they
-  are. The model stays blind to CP: it takes the positions of its tokens as data.
+  are. The model stays blind to CP: it takes the positions of its tokens as data (under
+  the keyword `ModelLayout.positions`, required on every CP forward). The model's first
+  CP forward runs the refusals of `cp_checks`; `cp_step.context_parallel_step` runs a
+  training step on it.
 """
 
 from __future__ import annotations
