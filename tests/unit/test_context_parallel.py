@@ -187,11 +187,18 @@ def test_refuses_a_forward_without_positions_and_a_second_apply(one_rank):
         apply_context_parallel(model, one_rank, layout)
 
 
-def test_step_refuses_a_model_without_cp_and_a_wrong_batch(one_rank):
+def test_step_refuses_a_model_without_cp_an_fsdp_model_and_a_wrong_batch(one_rank):
+    from torch.distributed.fsdp import fully_shard
+
     model, layout = cp_models.build("position-ids")
     tokens, labels = _batch()
     with pytest.raises(PlanError, match="call apply_context_parallel.*first"):
         context_parallel_step(model, tokens, labels)
+    sharded, _ = cp_models.build("position-ids")
+    apply_context_parallel(sharded, one_rank, layout)
+    fully_shard(sharded, mesh=one_rank)
+    with pytest.raises(PlanError, match="FSDP would reduce them again"):
+        context_parallel_step(sharded, tokens, labels)
     apply_context_parallel(model, one_rank, layout)
     with pytest.raises(PlanError, match=r"tokens and labels \[batch, seq\] of one shape"):
         context_parallel_step(model, tokens, labels[:, :8])
