@@ -13,7 +13,9 @@ and `group_members`), `group_check` (first-forward check of how the model uses a
 output), `verify`, `describe`, `norms` (sharded RMSNorms, online and sync), `comm`
 (autograd-aware collectives), `lowrank_ac` (low-rank
 activation checkpointing), `context_parallel` (context parallelism: ring attention on
-the attention modules a layout names, sequence sharding with head-tail load balancing),
+the attention modules a layout names, sequence sharding with head-tail load balancing;
+`apply_context_parallel`), `cp_checks` (its first-forward refusals), `cp_step`
+(`context_parallel_step`: a training step's sharding, loss divisor and gradient sum),
 `compile_cache` (compile cache keys that name the rank),
 `float8` (which per-rank GEMMs of an applied plan run in float8: `apply_float8`), `debug`
 (`record_collectives`: every collective a piece of code issues, checked against torch's
@@ -45,8 +47,10 @@ _EXPORTS = {
     "RowParallel": "styles",
     "ShardedEmbedding": "styles",
     "ShardedRMSNorm": "styles",
+    "apply_context_parallel": "context_parallel",
     "apply_plan": "plans",
     "btp_plan": "plans",
+    "context_parallel_step": "cp_step",
     "hf_layout": "hf",
     "key_compile_caches_by_rank": "compile_cache",
     "load_hf": "hf_checkpoint",

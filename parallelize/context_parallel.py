@@ -3,22 +3,29 @@ attention runs torch's ring algorithm over the group (`_templated_ring_attention
 backward, `torch.distributed.tensor.experimental._context_parallel`).
 
 - `shard_sequence(mesh, tensors, load_balance=True)`: a rank's shard of the tokens,
-  labels and positions along dim 1, head-tail load balanced (rank r of n holds chunks r
-  and 2n-1-r of 2n) as torch's `_HeadTailLoadBalancer`; `unshard_sequence` undoes it.
-- `apply_context_parallel(model, mesh, modules)`: inside the forward of each named module,
+  labels and positions along dim 1 (positions [s] along dim 0), head-tail load balanced
+  (rank r of n holds chunks r and 2n-1-r of 2n) as torch's `_HeadTailLoadBalancer`;
+  `unshard_sequence` undoes it.
+- `apply_context_parallel(model, mesh, layout)`: inside the forward of each named module,
   `F.scaled_dot_product_attention` (causal, no mask) runs on the sequence-sharded q, k, v
   as DTensors `Shard(2)` on `mesh`, so DTensor dispatches its op to a ring handler: on CUDA
   torch's own (flash, efficient, cuDNN), on CPU `cpu_ring_handler` registered here for
   `aten._scaled_dot_product_flash_attention_for_cpu` and its backward. K/V travel as the
   model made them: grouped (GQA) K/V heads are not repeated, the CPU op takes them as they
-  are. The model stays blind to CP: it takes the positions of its tokens as data.
+  are. The model stays blind to CP: it takes the positions of its tokens as data (under
+  the keyword `ModelLayout.positions`, required on every CP forward). The model's first
+  CP forward runs the refusals of `cp_checks`; `cp_step.context_parallel_step` runs a
+  training step on it.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +37,13 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.experimental._context_parallel import _attention as ring
 from torch.overrides import TorchFunctionMode
 
+from .cp_checks import (
+    FirstForward,
+    accepts_keyword,
+    no_attention_called,
+    positions_of,
+    unread_positions,
+)
 from .plans import ModelLayout
 from .styles import PlanError
 
@@ -67,6 +81,19 @@ def chunk_order(world_size: int, load_balance: bool) -> list[int]:
     return [c for r in range(world_size) for c in (r, 2 * world_size - 1 - r)]
 
 
+def _sequence_dim(t: torch.Tensor, seq_dim: int) -> int:
+    """The dim of `t` that runs along the sequence: `seq_dim`, or 0 for a 1-D tensor
+    (positions [s], shared by every sequence of the batch)."""
+    if t.dim() == 1:
+        return 0
+    if t.dim() <= seq_dim:
+        raise PlanError(
+            f"context parallelism shards along dim {seq_dim}, but a tensor has shape "
+            f"{tuple(t.shape)}; pass [batch, seq, ...] (or [seq] positions)"
+        )
+    return seq_dim
+
+
 def shard_sequence(
     mesh: DeviceMesh,
     tensors: Sequence[torch.Tensor],
@@ -74,21 +101,22 @@ def shard_sequence(
     load_balance: bool = True,
     seq_dim: int = 1,
 ) -> list[torch.Tensor]:
-    """This rank's shard of each tensor along `seq_dim` (module docstring); the ring's
-    causal masking follows `load_balance` (torch's global CP option)."""
+    """This rank's shard of each tensor along `seq_dim` (a 1-D tensor, e.g. positions [s],
+    along its only dim; module docstring); the ring's causal masking follows
+    `load_balance` (torch's global CP option)."""
     world, rank = mesh.size(), mesh.get_local_rank()
     ring._cp_options.enable_load_balance = load_balance
     order = chunk_order(world, load_balance)
     mine = order[2 * rank : 2 * rank + 2]
     shards = []
     for t in tensors:
-        if t.shape[seq_dim] % (2 * world):
+        dim = _sequence_dim(t, seq_dim)
+        if t.shape[dim] % (2 * world):
             raise PlanError(
-                f"sequence length {t.shape[seq_dim]} is not divisible by 2 x CP degree "
-                f"({2 * world})"
+                f"sequence length {t.shape[dim]} is not divisible by 2 x CP degree ({2 * world})"
             )
-        chunks = t.chunk(2 * world, dim=seq_dim)
-        shards.append(torch.cat([chunks[c] for c in mine], dim=seq_dim))
+        chunks = t.chunk(2 * world, dim=dim)
+        shards.append(torch.cat([chunks[c] for c in mine], dim=dim))
     return shards
 
 
@@ -97,11 +125,12 @@ def unshard_sequence(
 ) -> torch.Tensor:
     """The whole sequence from every rank's shard (in rank order): `shard_sequence` undone."""
     order = chunk_order(len(shards), load_balance)
-    chunks = [c for s in shards for c in s.chunk(2, dim=seq_dim)]
+    dim = _sequence_dim(shards[0], seq_dim)
+    chunks = [c for s in shards for c in s.chunk(2, dim=dim)]
     whole = [None] * len(chunks)
     for position, chunk in zip(order, chunks, strict=True):
         whole[position] = chunk
-    return torch.cat(whole, dim=seq_dim)
+    return torch.cat(whole, dim=dim)
 
 
 def _spec(mesh: DeviceMesh, local: torch.Tensor) -> DTensorSpec:
@@ -180,18 +209,44 @@ def enable_ring_dispatch() -> None:
     }
 
 
+@dataclass
+class CPState:
+    """What `apply_context_parallel` did to a model, for its forwards and
+    `context_parallel_step`."""
+
+    mesh: DeviceMesh
+    positions: str
+    """The keyword of the model's forward that takes each token's place in its sequence."""
+    names: str
+    """The attention patterns, for messages."""
+    ring_depth: int = 0
+    """How many named modules' forwards are running (SDPA in them runs the ring)."""
+    ring_off: bool = False
+    """The named modules run their own forward (the unsharded reference of `verify`)."""
+    checked: bool = False
+    """The first CP forward passed the checks of `cp_checks`."""
+    verified: bool = False
+
+
+APPLIED: weakref.WeakKeyDictionary[nn.Module, CPState] = weakref.WeakKeyDictionary()
+"""Each model `apply_context_parallel` ran on -> its state."""
+
+
 class _RingSDPA(TorchFunctionMode):
     """Within a module's forward: `F.scaled_dot_product_attention` on q, k, v sharded
-    along the sequence over `mesh` (as DTensors, so the op reaches the ring handlers)."""
+    along the sequence over `mesh` (as DTensors, so the op reaches the ring handlers);
+    counts the calls."""
 
     def __init__(self, mesh: DeviceMesh) -> None:
         super().__init__()
         self.mesh = mesh
+        self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
+        self.calls += 1
         q, k, v, *rest = args
         causal = kwargs.get("is_causal", rest[2] if len(rest) > 2 else False)
         mask = kwargs.get("attn_mask", rest[0] if rest else None)
@@ -206,14 +261,46 @@ class _RingSDPA(TorchFunctionMode):
         return func(q, k, v, *rest, **kwargs).to_local()
 
 
-def _ring_forward_of(module: nn.Module, mesh: DeviceMesh) -> Callable[..., Any]:
+def _ring_forward_of(module: nn.Module, name: str, state: CPState) -> Callable[..., Any]:
     forward = module.forward
 
+    @functools.wraps(forward)
     def ring_forward(*args: Any, **kwargs: Any) -> Any:
-        with _RingSDPA(mesh):
+        if state.ring_off:
             return forward(*args, **kwargs)
+        mode = _RingSDPA(state.mesh)
+        state.ring_depth += 1
+        try:
+            with mode:
+                out = forward(*args, **kwargs)
+        finally:
+            state.ring_depth -= 1
+        if not mode.calls:
+            raise no_attention_called(name)
+        return out
 
     return ring_forward
+
+
+def _checked_forward_of(model: nn.Module, state: CPState) -> Callable[..., Any]:
+    """The model's forward, given its shard's positions; the first one under `FirstForward`."""
+    forward = model.forward
+    signature = inspect.signature(forward)
+
+    @functools.wraps(forward)
+    def checked_forward(*args: Any, **kwargs: Any) -> Any:
+        positions = positions_of(model, signature, state.positions, args, kwargs)
+        if state.checked or state.ring_off:
+            return forward(*args, **kwargs)
+        mode = FirstForward(positions, lambda: state.ring_depth > 0, state.names)
+        with mode:
+            out = forward(*args, **kwargs)
+        if not mode.positions_read:
+            raise unread_positions(model, state.positions)
+        state.checked = True
+        return out
+
+    return checked_forward
 
 
 ROTATE_METHODS = ("allgather", "alltoall")
@@ -224,31 +311,75 @@ an all-to-all per step."""
 def apply_context_parallel(
     model: nn.Module, mesh: DeviceMesh, layout: ModelLayout, *, rotate: str = "allgather"
 ) -> int:
-    """Run the SDPA calls in the forward of the attention modules `layout` names in every
-    block (`ModelLayout.attention`) as ring attention over `mesh`, moving K/V by `rotate`
-    (one of ROTATE_METHODS); returns how many modules. PlanError when none matches."""
+    """Run a decoder's causal attention as ring attention over the sequence shards of `mesh`.
+
+    The SDPA calls in the forward of the modules `layout.attention` names in every block
+    run torch's ring algorithm. The model's forward then requires its shard's positions
+    (keyword `layout.positions`); its first forward refuses, in one line, what would
+    train silently wrong (`cp_checks`): SDPA run outside the named modules, a named
+    module that calls no SDPA (attention written by hand), positions no operation reads.
+    `context_parallel_step` runs a training step on it.
+
+    Args:
+        model (nn.Module): the decoder (after any TP plan), changed in place.
+        mesh (DeviceMesh): the 1-D CP mesh.
+        layout (ModelLayout): names the attention modules (`attention`, relative to a
+            block; ``""`` is the block itself) and the positions keyword (`positions`).
+        rotate (str): how the ring moves K/V, one of ROTATE_METHODS. Default:
+            ``"allgather"``.
+
+    Returns:
+        int: how many modules run ring attention.
+
+    Raises:
+        PlanError: an unknown `rotate`, a forward without the positions keyword, a pattern
+            that matches no module, or CP already applied to the model.
+
+    Example::
+
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
+        >>> from boost_titan.parallelize import apply_context_parallel
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> mesh = init_device_mesh("cpu", (1,))  # under torchrun: ("cuda", (cp,))
+        >>> LAYOUT.attention, LAYOUT.positions
+        (('attn',), 'positions')
+        >>> apply_context_parallel(Decoder(), mesh, LAYOUT)  # one per block
+        4
+        >>> dist.destroy_process_group()
+    """
     if rotate not in ROTATE_METHODS:
         raise PlanError(f"unknown rotate method {rotate!r}; choose one of {ROTATE_METHODS}")
-    if "positions" not in inspect.signature(model.forward).parameters:
+    if model in APPLIED:
         raise PlanError(
-            f"context parallelism needs {type(model).__name__}.forward to take `positions` "
-            "(each token's place in its sequence, for RoPE): a rank holds a shard of it"
+            f"context parallelism is already applied to this {type(model).__name__}; apply it once"
         )
+    if not accepts_keyword(model.forward, layout.positions):
+        raise PlanError(
+            f"context parallelism needs {type(model).__name__}.forward to take "
+            f"`{layout.positions}` (each token's place in its sequence, for RoPE): a rank "
+            "holds a shard of it; name its keyword in ModelLayout.positions"
+        )
+    patterns = [layout.blocks if a == "" else f"{layout.blocks}.{a}" for a in layout.attention]
+    state = CPState(mesh, layout.positions, ", ".join(patterns))
     names = dict(model.named_modules())
-    count = 0
-    for pattern in (f"{layout.blocks}.{a}" for a in layout.attention):
-        matched = [n for n in names if _matches(pattern, n)]
-        if not matched:
+    matched = {}
+    for pattern in patterns:
+        found = [n for n in names if _matches(pattern, n)]
+        if not found:
             raise PlanError(
                 f"context parallelism: no module matches {pattern!r}; name the modules whose "
                 "forward calls F.scaled_dot_product_attention in ModelLayout.attention"
             )
-        for name in matched:
-            names[name].forward = _ring_forward_of(names[name], mesh)
-        count += len(matched)
+        matched |= dict.fromkeys(found)
+    for name in matched:
+        names[name].forward = _ring_forward_of(names[name], name, state)
+    model.forward = _checked_forward_of(model, state)
+    APPLIED[model] = state
     ring.set_rotate_method(rotate)
     enable_ring_dispatch()
-    return count
+    return len(matched)
 
 
 def _matches(pattern: str, name: str) -> bool:

@@ -38,7 +38,10 @@ def hf_layout(model: nn.Module) -> ModelLayout:
 
     Returns:
         ModelLayout: blocks ``model.layers.*``, ``head_dim`` from the config,
-        ``head_norms`` where the attention has ``q_norm`` / ``k_norm`` (Qwen3).
+        ``head_norms`` where the attention has ``q_norm`` / ``k_norm`` (Qwen3); for
+        context parallelism ``attention`` ``self_attn`` (SDPA there needs
+        ``attn_implementation="sdpa"``: CP refuses the eager one, attention by hand) and
+        ``positions`` ``position_ids`` (``[b, s]``).
 
     Raises:
         PlanError: one line naming the reason for a class or config the plans do not
@@ -90,6 +93,8 @@ def hf_layout(model: nn.Module) -> ModelLayout:
         qkv=tuple(attn[:3]),
         attention_out=(attn[3],),
         head_norms=head_norms,
+        attention=("self_attn",),
+        positions="position_ids",
     )
 
 

@@ -108,7 +108,11 @@ class ModelLayout:
             call); under vanilla every rank holds all heads: `Replicated`. Default: ``()``.
         attention (tuple[str, ...]): modules whose forward calls
             ``F.scaled_dot_product_attention``: context parallelism runs those calls as ring
-            attention (`apply_context_parallel`). Default: ``("attention.inner_attention",)``.
+            attention (`apply_context_parallel`); ``""`` names the block itself (SDPA in
+            the block's own forward). Default: ``("attention.inner_attention",)``.
+        positions (str): the keyword of the model's forward that takes each token's place
+            in its sequence ([s] or [b, s]; Hugging Face models: ``"position_ids"``):
+            under context parallelism a rank holds a shard of it. Default: ``"positions"``.
         defer_latent_grads (bool): BTP: let a group of self-contained pairs reduce its
             ups' input grads in one backward all-reduce (checked on the first forward).
             Turn it off when a pair's latent is also used outside the pair (LaX hands it
@@ -153,6 +157,7 @@ class ModelLayout:
     crossing: tuple[str, ...] = ()
     head_norms: tuple[str, ...] = ()
     attention: tuple[str, ...] = ("attention.inner_attention",)
+    positions: str = "positions"
     defer_latent_grads: bool = True
 
     def projections(self) -> list[str]:

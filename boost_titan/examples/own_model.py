@@ -103,10 +103,12 @@ class Decoder(nn.Module):
         angles = torch.outer(torch.arange(max_seq, dtype=torch.float32), inv_freq)
         self.register_buffer("angles", angles, persistent=False)
 
-    def forward(self, tokens):
+    def forward(self, tokens, positions=None):
+        """`positions` [s]: each token's place in its sequence (default 0..s-1)."""
+        angles = self.angles[: tokens.shape[1]] if positions is None else self.angles[positions]
         x = self.tok(tokens)
         for block in self.blocks:
-            x = block(x, self.angles[: tokens.shape[1]])
+            x = block(x, angles)
         return self.lm_head(self.ln_f(x))
 
 
@@ -124,6 +126,7 @@ LAYOUT = ModelLayout(
     head_dim=HEAD_DIM,  # checks that heads and kv heads split over the TP degree
     qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"),
     attention_out=("attn.o_proj",),
+    attention=("attn",),  # context parallelism: the modules that call SDPA
 )
 
 

@@ -4,8 +4,10 @@ balancing on and off, K/V rotated by all-gather and by all-to-all, GQA, a foreig
 torch-native decoder, low-rank AC), CP 2 x TP 2 (btp, vanilla, megatron; fp32) and
 CP 2 x FSDP 2 (fp64), and the saved activations per rank at CP 1 and 2 against the memory
 model. Three runs broken on purpose (positions not sharded, the
-load-balancing order not undone, one K/V chunk of the ring dropped) must differ.
-Unit twin: tests/unit/test_context_parallel.py."""
+load-balancing order not undone, one K/V chunk of the ring dropped) must differ. In the
+same launch, `context_parallel_step` on foreign decoders at CP 2 and 4 (and CP 2 x BTP
+TP 2), `verify=True` on one whose positions are read but unused, and docs/your_model.md's
+CP example as the page shows it. Unit twin: tests/unit/test_context_parallel.py."""
 
 from __future__ import annotations
 
@@ -181,8 +183,8 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         tokens, labels, positions = shard_sequence(
             cp, (tokens, labels, positions), load_balance=balance
         )
-        if broken == "positions":
-            positions = None
+        if broken == "positions":  # what a model computing its own positions gets
+            positions = torch.arange(SEQ // 2).expand(positions.shape)
         original = None
         if broken == "kv":
             original, dropped = _drop_second_chunk(ring._AllGatherRotater)
@@ -216,7 +218,99 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
         logits = unshard_sequence(shards, load_balance=balance and broken != "order")
         results[name] = (logits, loss, grads, log.calls)
     results["saved_activations"] = saved_activations_by_layout(mesh)
+    whole = init_device_mesh("cpu", (4,))
+    results["step"] = step_results({2: (cp, mesh["other"]), 4: (whole, None)})
     return results
+
+
+STEP_CASES = {  # name -> (cp_models kind, ModelLayout.attention, verify, BTP TP 2 first)
+    "position-ids": ("position-ids", "attn", True, False),
+    "tf-llama": ("tf-llama", "self_attn", True, False),
+    "block-sdpa": ("block-sdpa", "", True, False),
+    "position-ids-btp": ("position-ids", "attn", True, True),
+    "checked-positions": ("checked-positions", "attn", False, False),
+    "checked-positions-verified": ("checked-positions", "attn", True, False),
+}
+STEP_OFFSET = 7
+"""The batch's positions start here (not at 0)."""
+
+
+def step_batch(kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens and labels [b, s] (some labels -100) and positions with an offset: [s], or
+    [b, s] for transformers' Llama (its rotary embedding takes no other)."""
+    tokens, labels = batch()
+    labels[0, :5] = -100
+    positions = torch.arange(SEQ) + STEP_OFFSET
+    return tokens, labels, positions.expand(BATCH, SEQ) if kind == "tf-llama" else positions
+
+
+def step_model(kind: str, attention: str) -> tuple[torch.nn.Module, object]:
+    """The `cp_models` decoder, or transformers' LlamaForCausalLM (SDPA, GQA, low-rank
+    pairs, every parameter random, fp64) with its `hf_layout`; both with `attention`."""
+    from boost_titan.parallelize import hf_layout
+    from tests.helpers import cp_models, hf_models
+
+    if kind != "tf-llama":
+        return cp_models.build(kind, attention=(attention,))
+    model = hf_models.build(kind, "btp", layers=2, attn_implementation="sdpa").double()
+    return model, dataclasses.replace(hf_layout(model), attention=(attention,))
+
+
+def step_results(meshes: dict) -> dict:
+    """`context_parallel_step` on the foreign decoders of `cp_models` at each CP degree
+    (cp -> (CP mesh, TP mesh or None)): (loss, every gradient) or the PlanError's
+    message; and the docs page's example at CP 2 (`docs`)."""
+    from torch.distributed.tensor import DTensor
+
+    from boost_titan.parallelize import (
+        PlanError,
+        apply_context_parallel,
+        apply_plan,
+        btp_plan,
+        context_parallel_step,
+    )
+    from tests.helpers import cp_models
+
+    full = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
+    results = {}
+    for cp, (mesh, tp_mesh) in meshes.items():
+        for name, (kind, attention, verify, tp) in STEP_CASES.items():
+            if tp and tp_mesh is None:
+                continue
+            model, layout = step_model(kind, attention)
+            if tp:
+                apply_plan(model, tp_mesh, btp_plan(layout, loss_parallel=False))
+            apply_context_parallel(model, mesh, layout)
+            tokens, labels, positions = step_batch(kind)
+            try:
+                loss = context_parallel_step(
+                    model, tokens, labels, positions=positions, verify=verify
+                )
+            except PlanError as e:
+                results[name, cp] = str(e)
+                continue
+            results[name, cp] = loss, {n: full(p.grad) for n, p in model.named_parameters()}
+    model, layout = cp_models.build("position-ids")
+    apply_context_parallel(model, meshes[2][0], layout)
+    tokens, labels, _ = step_batch("position-ids")
+    try:  # each CP rank a batch of its own (a data seed per rank)
+        context_parallel_step(model, (tokens + meshes[2][0].get_local_rank()) % VOCAB, labels)
+    except PlanError as e:
+        results["different-batches"] = str(e)
+    namespace: dict = {}
+    exec(page_example(), namespace)  # noqa: S102 - the docs page's own code
+    results["docs"] = namespace["train_cp"](meshes[2][0])
+    return results
+
+
+def page_example() -> str:
+    """The python block of docs/your_model.md that calls `context_parallel_step`."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "your_model.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+    return next(b for b in blocks if "context_parallel_step(" in b)
 
 
 def _reference(name: str):
@@ -324,3 +418,85 @@ def test_saved_activations_per_rank_halve_and_match_the_memory_model(cp_results)
         plan = TrainingLayout("btp", tp=tp, cp=cp, seq_len=MEMORY_SEQ, micro_batch=1, dtype="fp32")
         assert memory.forward_saved_bytes(args, plan) == nbytes, (cp, tp)
     print(f"saved activations per rank, seq {MEMORY_SEQ}, by (cp, tp): {measured} bytes")
+
+
+def _step_reference(kind: str):
+    from tests.helpers.hf_models import logits_of
+
+    model, _ = step_model(kind, "")
+    tokens, labels, positions = step_batch(kind)
+    logits = logits_of(model(tokens, position_ids=positions))
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def _step_errors(name: str, cp: int, cp_results: dict) -> dict[str, float]:
+    loss, grads = cp_results["step"][name, cp]
+    want_loss, want_grads = _step_reference(STEP_CASES[name][0])
+    assert grads.keys() == want_grads.keys()
+    return {"loss": _rel_err(loss, want_loss)} | {
+        n: _rel_err(grads[n], want_grads[n]) for n in want_grads
+    }
+
+
+@pytest.mark.parametrize(
+    "name, cp",
+    [("position-ids", 2), ("position-ids", 4), ("block-sdpa", 2), ("block-sdpa", 4)]
+    + [("tf-llama", 2), ("tf-llama", 4), ("position-ids-btp", 2)],
+)
+def test_step_matches_single_process(cp_results, name, cp):
+    """`context_parallel_step` (sharding, loss divisor, gradient sum; verify on) on a foreign
+    decoder taking `position_ids` [s] starting at 7, some labels -100, every parameter
+    random (1-D ones in [0.5, 1.5]), fp64: the loss and every gradient equal one process,
+    with attention in its own module, SDPA in the block's forward (named by ""),
+    transformers' LlamaForCausalLM (`hf_layout`: `position_ids` [b, s], GQA), and
+    after a BTP TP 2 plan (CP 2 x TP 2; BTP's norms take their statistic in fp32, so
+    1e-5 there)."""
+    errors = _step_errors(name, cp, cp_results)
+    tol = FP32_RTOL if STEP_CASES[name][3] else FP64_TOL
+    bad = {k: e for k, e in errors.items() if not e <= tol}
+    assert not bad, f"{name} at CP {cp}: relative errors above {tol}: {bad}"
+    print(f"{name} CP {cp}: largest relative error {max(errors.values()):.1e}")
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_verify_catches_positions_read_but_unused(cp_results, cp):
+    """A model that reads `position_ids` (a bounds check) but computes RoPE from 0..s-1
+    passes the first-forward checks and trains wrong; `verify=True` refuses it in one line."""
+    errors = _step_errors("checked-positions", cp, cp_results)
+    assert max(errors.values()) > BROKEN_MIN, errors
+    message = cp_results["step"]["checked-positions-verified", cp]
+    assert isinstance(message, str) and "\n" not in message, message
+    assert message.startswith("context_parallel_step verify: the CP forward differs"), message
+    print(f"CP {cp} unverified: largest relative error {max(errors.values()):.2f}; {message}")
+
+
+def test_docs_page_example_trains_as_one_process(cp_results):
+    """docs/your_model.md's CP example, run as the page shows it at CP 2: its losses equal
+    a plain one-process loop of the same model, data and AdamW (fp32)."""
+    from boost_titan.examples.own_model import VOCAB, Decoder
+
+    torch.manual_seed(0)
+    model = Decoder()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = torch.randint(0, VOCAB, (8, 65), generator=torch.Generator().manual_seed(1))
+    want = []
+    for step in range(4):
+        batch = data[2 * step : 2 * step + 2]
+        logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        want.append(loss.item())
+    got = cp_results["step"]["docs"]
+    print(f"docs example CP 2 losses {got}, one process {want}")
+    assert got == pytest.approx(want, rel=1e-5, abs=0)
+
+
+def test_step_refuses_different_batches_on_the_cp_ranks(cp_results):
+    message = cp_results["step"].get("different-batches", "no error")
+    assert message.startswith(
+        "context_parallel_step: the ranks of the CP group passed different batches"
+    ), message

@@ -1,6 +1,7 @@
-"""Context parallelism in one process: the sequence sharding and its inverse, and the
-one-line refusals of `apply_context_parallel` (twin: tests/distributed/
-test_context_parallel.py, CP against one process on 4 gloo ranks)."""
+"""Context parallelism in one process: the sequence sharding and its inverse, the one-line
+refusals of `apply_context_parallel` and of a model's first CP forward (on a 1-rank gloo
+group), and `context_parallel_step` (twin: tests/distributed/test_context_parallel.py, CP
+against one process on 4 gloo ranks)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import dataclasses
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental._context_parallel import _attention as ring
 
 from boost_titan.boost_llama import BoostTransformer, flavor_args
@@ -21,6 +24,8 @@ from boost_titan.parallelize.context_parallel import (
     shard_sequence,
     unshard_sequence,
 )
+from boost_titan.parallelize.cp_step import context_parallel_step
+from tests.helpers import cp_models
 from tests.helpers.foreign_models import CONFIG, PLAIN_LAYOUT, PlainDecoder
 
 
@@ -51,6 +56,23 @@ def test_shards_reassemble_the_sequence(world, balance):
             assert torch.equal(shard, torch.cat([chunks[r], chunks[2 * world - 1 - r]], 1))
 
 
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_positions_of_shape_s_shard_along_their_only_dim(world):
+    """Positions [s] (shared by the batch) give each rank what the rows of [b, s] get."""
+    positions = torch.arange(8 * world) + 5
+    rows = positions.expand(3, -1)
+    for r in range(world):
+        one, both = shard_sequence(Rank(world, r), [positions, rows])
+        assert one.shape == (8,) and torch.equal(both, one.expand(3, -1))
+    shards = [shard_sequence(Rank(world, r), [positions])[0] for r in range(world)]
+    assert torch.equal(unshard_sequence(shards), positions)
+
+
+def test_refuses_a_tensor_without_a_sequence_dim():
+    with pytest.raises(PlanError, match=r"shards along dim 1, but a tensor has shape \(\)"):
+        shard_sequence(Rank(2, 0), [torch.tensor(3)])
+
+
 def test_chunk_order():
     assert chunk_order(2, True) == [0, 3, 1, 2]
     assert chunk_order(2, False) == [0, 1, 2, 3]
@@ -78,6 +100,9 @@ def test_refuses_a_model_without_positions():
     layout = dataclasses.replace(PLAIN_LAYOUT, attention=("attn",))
     with pytest.raises(PlanError, match=r"PlainDecoder\.forward to take `positions`"):
         apply_context_parallel(model, None, layout)
+    hf_keyword = dataclasses.replace(cp_models.LAYOUT, positions="position_ids_")
+    with pytest.raises(PlanError, match=r"to take `position_ids_`.*ModelLayout\.positions"):
+        apply_context_parallel(cp_models.build("position-ids")[0], None, hf_keyword)
 
 
 class Masked(nn.Module):
@@ -91,7 +116,7 @@ class Wrapper(nn.Module):
         self.layers = nn.ModuleList([Masked()])
 
     def forward(self, q, positions=None):
-        return self.layers[0](q, q, q)
+        return self.layers[0](q + positions, q, q)
 
 
 @pytest.fixture
@@ -107,4 +132,110 @@ def test_refuses_masked_attention(ring_dispatch_restored):
         model, None, dataclasses.replace(PLAIN_LAYOUT, blocks="layers", attention=("0",))
     )
     with pytest.raises(PlanError, match="without attn_mask; this model passes a mask"):
-        model(torch.zeros(1, 1, 4, 8))
+        model(torch.zeros(1, 1, 4, 8), positions=torch.zeros(1))
+
+
+@pytest.fixture
+def one_rank(ring_dispatch_restored):
+    """A 1-rank CP mesh (gloo): the ring runs, on the whole sequence."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,))
+    dist.destroy_process_group()
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.randint(0, CONFIG["vocab"], (2, 16), generator=torch.Generator().manual_seed(1))
+    return tokens, tokens.roll(-1, 1)
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        (
+            "hand-written",
+            r"^context parallelism: blocks\.0\.attn's forward called no "
+            r"F\.scaled_dot_product_attention; only SDPA runs as ring attention",
+        ),
+        (
+            "unused-positions",
+            r"^context parallelism: UnusedPositions\.forward took `position_ids` but no "
+            r"operation read it",
+        ),
+        (
+            "block-sdpa",
+            r"^context parallelism: F\.scaled_dot_product_attention ran at cp_models\.py:\d+ "
+            r"in forward, outside the modules ModelLayout\.attention names \(blocks\.\*\.attn\)",
+        ),
+    ],
+)
+def test_silently_wrong_models_are_refused_at_the_first_step(one_rank, kind, message):
+    """The three models that CP trained silently wrong (issue 46: gradients up to 88% off)
+    are refused in one line by their first CP forward."""
+    model, layout = cp_models.build(kind)
+    apply_context_parallel(model, one_rank, layout)
+    with pytest.raises(PlanError, match=message) as refused:
+        context_parallel_step(model, *_batch())
+    assert "\n" not in str(refused.value)
+
+
+def test_refuses_a_forward_without_positions_and_a_second_apply(one_rank):
+    model, layout = cp_models.build("position-ids")
+    apply_context_parallel(model, one_rank, layout)
+    with pytest.raises(PlanError, match=r"PositionIdsDecoder was called without `position_ids`"):
+        model(_batch()[0])
+    with pytest.raises(PlanError, match="already applied to this PositionIdsDecoder"):
+        apply_context_parallel(model, one_rank, layout)
+
+
+def test_step_refuses_a_model_without_cp_an_fsdp_model_and_a_wrong_batch(one_rank):
+    from torch.distributed.fsdp import fully_shard
+
+    model, layout = cp_models.build("position-ids")
+    tokens, labels = _batch()
+    with pytest.raises(PlanError, match="call apply_context_parallel.*first"):
+        context_parallel_step(model, tokens, labels)
+    sharded, _ = cp_models.build("position-ids")
+    apply_context_parallel(sharded, one_rank, layout)
+    fully_shard(sharded, mesh=one_rank)
+    with pytest.raises(PlanError, match="FSDP would reduce them again"):
+        context_parallel_step(sharded, tokens, labels)
+    apply_context_parallel(model, one_rank, layout)
+    with pytest.raises(PlanError, match=r"tokens and labels \[batch, seq\] of one shape"):
+        context_parallel_step(model, tokens, labels[:, :8])
+    with pytest.raises(PlanError, match=r"positions of shape \(8,\) for tokens \(2, 16\)"):
+        context_parallel_step(model, tokens, labels, positions=torch.arange(8))
+
+
+@pytest.mark.parametrize("kind, attention", [("position-ids", "attn"), ("block-sdpa", "")])
+def test_step_computes_the_models_loss_and_gradients(one_rank, kind, attention):
+    """`position_ids` [s] with an offset, and SDPA in the block's forward named by "": the
+    step's loss and every gradient are the model's own (1 rank; CP 2 and 4 in the twin)."""
+    model, layout = cp_models.build(kind, attention=(attention,))
+    reference, _ = cp_models.build(kind)
+    tokens, labels = _batch()
+    positions = torch.arange(16) + 7
+    labels[0, :3] = -100
+    apply_context_parallel(model, one_rank, layout)
+    loss = context_parallel_step(model, tokens, labels, positions=positions, verify=True)
+    logits = reference(tokens, position_ids=positions)
+    want = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    want.backward()
+    torch.testing.assert_close(loss, want.detach(), rtol=1e-12, atol=0)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_refuses_transformers_eager_attention(one_rank):
+    """transformers' "eager" attention is attention written by hand: refused; its
+    `hf_layout` names `self_attn` and `position_ids` (SDPA: equal to one process at CP 2
+    and 4 in the twin)."""
+    from boost_titan.parallelize import hf_layout
+    from tests.helpers.hf_models import build
+
+    model = build("tf-llama", "megatron", layers=1)
+    layout = hf_layout(model)
+    assert (layout.attention, layout.positions) == (("self_attn",), "position_ids")
+    apply_context_parallel(model, one_rank, layout)
+    tokens, labels = _batch()
+    with pytest.raises(PlanError, match=r"model\.layers\.0\.self_attn's forward called no"):
+        context_parallel_step(model, tokens, labels, positions=torch.arange(16).expand(2, -1))
