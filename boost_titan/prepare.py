@@ -2,7 +2,7 @@
 
     python -m boost_titan.prepare --tokenizer TOK --out DIR [--workers N] INPUT...
 
-INPUT: .jsonl/.json/.parquet/.txt files (the text formats also .gz/.bz2/.xz-compressed),
+INPUT: .jsonl/.json/.parquet/.txt files (the text formats also .gz/.bz2/.xz/.zst-compressed),
 folders (searched recursively) or globs. TOK: what `--model.hf_assets_path` takes. Train on
 the folder with `--training.dataset_path DIR`, or blend several with `--boost.data_mix
 "web=DIR1:0.7,code=DIR2:0.3"` (docs/datasets.md). Rerunning the same command after an

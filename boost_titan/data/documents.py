@@ -11,8 +11,8 @@ document order, is the same however many workers read them:
   or whitespace-only lines separate documents), and a chunk holds the paragraphs that start
   inside its range;
 - `.parquet`: one chunk per row group, its "text" column;
-- `.jsonl.gz`, `.json.gz`, `.txt.gz` (also `.bz2`, `.xz`): one chunk per file (a compressed
-  stream cannot be entered in the middle), read as a stream.
+- `.jsonl.gz`, `.json.gz`, `.txt.gz` (also `.bz2`, `.xz`, `.zst`): one chunk per file (a
+  compressed stream cannot be entered in the middle), read as a stream.
 
 `Reading` says where a record keeps its text (`text_keys`: the first key the record holds
 with a non-null value wins; parquet: the first key that is a column) and how bytes decode
@@ -35,15 +35,19 @@ from pathlib import Path
 from typing import IO, BinaryIO
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.data.zstd_stream import open_zstd
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 COMPRESSIONS: dict[str, Callable[[str], IO[bytes]]] = {
     ".gz": gzip.open,
     ".bz2": bz2.open,
     ".xz": lzma.open,
+    ".zst": open_zstd,
+    ".zstd": open_zstd,
 }
-"""Compressions read by the standard library, by suffix (after a text format's suffix)."""
-UNREAD_COMPRESSIONS = {".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4", ".br": "brotli"}
+"""Compressions read, by suffix (after a text format's suffix): the standard library's, and
+zstd (`zstandard`)."""
+UNREAD_COMPRESSIONS = {".lz4": "lz4", ".br": "brotli", ".sz": "snappy"}
 """Compressed corpora refused in one line rather than skipped (docs/datasets.md)."""
 NAMES = "/".join(SUFFIXES) + " (text formats also " + "/".join(COMPRESSIONS) + "-compressed)"
 _BROKEN_STREAM = (OSError, EOFError, zlib.error, lzma.LZMAError)
@@ -260,10 +264,11 @@ def _text_of(record: object, where: str, reading: Reading) -> str | None:
 
 def _lines(f: BinaryIO, start: int, end: float) -> Iterator[tuple[int, bytes]]:
     """(offset, line) for the lines of `f` that start in [start, end)."""
+    position = 0  # (a zstd stream cannot tell)
     if start > 0:
         f.seek(start - 1)
         f.readline()  # the line holding byte start - 1 belongs to the previous chunk
-    position = f.tell()
+        position = f.tell()
     while position < end:
         line = f.readline()
         if not line:
@@ -344,8 +349,10 @@ def _paragraphs(chunk: Chunk, reading: Reading) -> Iterator[str | None]:
         first = next(lines, None)
         if first is None:
             return
-        starts_paragraph = _after_blank_line(f, first[0])
-        f.seek(first[0] + len(first[1]))
+        starts_paragraph = True
+        if first[0] > 0:  # (a compressed stream, which cannot seek, starts at 0)
+            starts_paragraph = _after_blank_line(f, first[0])
+            f.seek(first[0] + len(first[1]))
         paragraph: list[bytes] = []
         offset = first[0]
         line: bytes | None = first[1]

@@ -1,5 +1,5 @@
 """`python -m boost_titan.prepare` on corpora as users have them (issue 46): text under
-another key (`--text-key`), gzip/bz2/xz files, another encoding (`--encoding`), lone
+another key (`--text-key`), gzip/bz2/xz/zstd files, another encoding (`--encoding`), lone
 surrogates, and inputs that must be one `error:` line, exit 2 and nothing left in --out (an
 empty result, a parquet without the text column, undecodable or damaged files). Every input
 gives the same line, or the same bytes, at 1 and 2 workers."""
@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 from boost_titan import prepare
 from boost_titan.data.documents import Chunk, Reading, documents
@@ -157,7 +158,13 @@ def test_lone_surrogates_become_the_replacement_character(tmp_path, capsys):
     assert list(memoryview(stream).cast("H")) == want
 
 
-COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+def zstd_frames(text: str) -> bytes:
+    """`text` as a zstd file of two frames (as `pzstd` and concatenated downloads write)."""
+    data, compress = text.encode(), zstandard.ZstdCompressor().compress
+    return compress(data[: len(data) // 2]) + compress(data[len(data) // 2 :])
+
+
+COMPRESSED = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
 
 
 def test_compressed_files_read_as_their_plain_copies(tmp_path, capsys):
@@ -170,17 +177,20 @@ def test_compressed_files_read_as_their_plain_copies(tmp_path, capsys):
         "c.txt": "\n\n".join(docs(25, "paragraph")) + "\n",
         "d.jsonl": lines([{"text": d} for d in docs(30, "bzip")]),
         "e.jsonl": lines([{"text": d} for d in docs(30, "xz")]),
+        "f.jsonl": lines([{"text": d} for d in docs(30, "zstd")]),
+        "g.txt": "\n\n".join(docs(20, "zstd paragraph")) + "\n",
     }
     compression = {"a.jsonl": ".gz", "b.json": ".gz", "c.txt": ".gz", "d.jsonl": ".bz2"}
+    compression |= {"e.jsonl": ".xz", "f.jsonl": ".zst", "g.txt": ".zst"}
     for name, text in files.items():
         (plain / name).write_text(text)
-        suffix = compression.get(name, ".xz")
-        with COMPRESSED[suffix](packed / (name + suffix), "wt") as f:
-            f.write(text)
+        suffix = compression[name]
+        packer = COMPRESSED.get(suffix, lambda data: zstd_frames(data.decode()))
+        (packed / (name + suffix)).write_bytes(packer(text.encode()))
     want, _ = prepared_twice(tmp_path / "p", capsys, str(plain))
     got, _ = prepared_twice(tmp_path / "c", capsys, str(packed))
-    assert len(got["shards"]) == 5  # a compressed file is one shard
-    assert got["documents"] + got["held_out_documents"] == 145
+    assert len(got["shards"]) == 7  # a compressed file is one shard
+    assert got["documents"] + got["held_out_documents"] == 195
     for key in ("tokens", "documents", "held_out_documents"):
         assert got[key] == want[key], key
 
@@ -191,11 +201,14 @@ def test_compressed_files_read_as_their_plain_copies(tmp_path, capsys):
 
 
 def test_damaged_and_unread_compressed_files_are_one_line(tmp_path, capsys):
-    good = gzip.compress(lines([{"text": d} for d in docs(200)]).encode())
+    text = lines([{"text": d} for d in docs(200)])
+    good, frames = gzip.compress(text.encode()), zstd_frames(text)
     cases = {
         "not-gzip.jsonl.gz": (b"plain bytes", "is not a readable compressed file"),
         "cut.jsonl.gz": (good[: len(good) // 2], "is not a readable compressed file"),
-        "x.jsonl.zst": (b"\x28\xb5\x2f\xfd", "is zstd-compressed, which prepare does not read"),
+        "not-zstd.jsonl.zst": (b"plain bytes", "is not a readable compressed file"),
+        "cut.jsonl.zst": (frames[:-9], "stream ended before the end of its frame"),
+        "x.jsonl.lz4": (b"\x04\x22\x4d\x18", "is lz4-compressed, which prepare does not read"),
         "x.parquet.gz": (b"PAR1", "parquet compresses its own columns"),
     }
     for name, (data, fragment) in cases.items():
