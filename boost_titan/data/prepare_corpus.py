@@ -59,7 +59,8 @@ CHUNK_MB = 16.0
 COUNTS = ("tokens", "documents", "held_out_documents", "skipped_records", "lone_surrogates")
 """What each shard's JSON and the manifest count."""
 FLUSH_TOKENS = 1 << 20
-"""Tokens a worker holds before appending them to its shard (memory does not grow with it)."""
+"""Tokens a worker holds before appending them to its shard file (the shard's tokens never
+sit in memory whole)."""
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -177,7 +178,7 @@ def write_shard(out: Path, index: int, plan: dict[str, Any]) -> dict[str, int]:
     separator = entry["separator_id"]
     dtype = TOKEN_DTYPES[plan["dtype"]]
     counts = dict.fromkeys(COUNTS, 0)
-    pending = array.array("I")  # 4 bytes on every platform numpy and torch run on
+    batch = array.array("I")  # 4 bytes on every platform numpy and torch run on
     ends = array.array("Q")
     kept: list[bytes] = []
     name = shard_name(index)
@@ -193,13 +194,13 @@ def write_shard(out: Path, index: int, plan: dict[str, Any]) -> dict[str, int]:
                 kept.append(json.dumps({"text": text}).encode() + b"\n")
                 continue
             document = tokenizer.encode(text, add_bos=True, add_eos=True)
-            pending.extend(document + ([] if separator is None else [separator]))
+            batch.extend(document + ([] if separator is None else [separator]))
             counts["tokens"] += len(document) + (separator is not None)
             ends.append(counts["tokens"])
-            if len(pending) >= FLUSH_TOKENS:
-                _append(f, pending, entry["vocab_size"], dtype)
-                pending = array.array("I")
-        _append(f, pending, entry["vocab_size"], dtype)
+            if len(batch) >= FLUSH_TOKENS:
+                _append(f, batch, entry["vocab_size"], dtype)
+                batch = array.array("I")
+        _append(f, batch, entry["vocab_size"], dtype)
     os.replace(tmp, out / f"{name}.bin")
     _write(out / f"{name}.idx", np.asarray(ends, dtype="<u8").tobytes())
     if kept:

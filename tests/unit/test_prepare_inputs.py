@@ -245,3 +245,18 @@ def test_bad_options_are_one_line(tmp_path, capsys, option, fragment):
     corpus = tmp_path / "a.jsonl"
     corpus.write_text(lines([{"text": d} for d in docs(5)]))
     assert fragment in refused_twice(tmp_path, capsys, *option, str(corpus))
+
+
+def test_a_shard_appended_in_pieces_has_the_same_bytes(tmp_path, monkeypatch):
+    """A worker appends its tokens to the shard file every FLUSH_TOKENS (a compressed file
+    is one shard of any size): appending every 7 tokens writes the same folder."""
+    from boost_titan.data import prepare_corpus as pc
+
+    corpus = tmp_path / "a.jsonl.gz"
+    corpus.write_bytes(gzip.compress(lines([{"text": d} for d in docs(60)]).encode()))
+    plan = pc.make_plan([str(corpus)], "default")
+    whole = pc.prepare(plan, str(tmp_path / "whole"))
+    monkeypatch.setattr(pc, "FLUSH_TOKENS", 7)
+    assert pc.prepare(plan, str(tmp_path / "pieces")) == whole
+    assert whole["tokens"] > 100 * 7
+    assert folder_bytes(tmp_path / "pieces") == folder_bytes(tmp_path / "whole")
