@@ -28,6 +28,7 @@ import glob
 import gzip
 import json
 import lzma
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,8 +51,15 @@ zstd (`zstandard`)."""
 UNREAD_COMPRESSIONS = {".lz4": "lz4", ".br": "brotli", ".sz": "snappy"}
 """Compressed corpora refused in one line rather than skipped (docs/datasets.md)."""
 NAMES = "/".join(SUFFIXES) + " (text formats also " + "/".join(COMPRESSIONS) + "-compressed)"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _BROKEN_STREAM = (OSError, EOFError, zlib.error, lzma.LZMAError)
 """What a damaged compressed file raises while it is read (gzip.BadGzipFile is an OSError)."""
+
+
+def replace_lone_surrogates(text: str) -> tuple[str, int]:
+    """`text` with each lone UTF-16 surrogate (a JSON escape such as "\\ud800" that pairs
+    with nothing; no tokenizer encodes it) replaced by U+FFFD, and how many there were."""
+    return _LONE_SURROGATE.subn("\ufffd", text)
 
 
 def file_format(path: Path) -> tuple[str, str | None] | None:

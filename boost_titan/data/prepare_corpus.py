@@ -9,9 +9,8 @@ of the same command into the same folder skips the complete shards, so an interr
 finishes where it stopped, with the same bytes. `manifest.json` is written last.
 
 A preparation that ends in a ConfigError (bad data, or no tokens at all) leaves nothing
-behind (`discarded_on_error`): the same inputs would fail again. Lone UTF-16 surrogates
-(JSON escapes such as "\\ud800" that pair with nothing; no tokenizer encodes them) become
-U+FFFD and are counted.
+behind (`discarded_on_error`): the same inputs would fail again. Lone surrogates become
+U+FFFD and are counted (`documents.replace_lone_surrogates`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import re
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +38,7 @@ from boost_titan.data.documents import (
     first_record_keys,
     plan_chunks,
     records,
+    replace_lone_surrogates,
 )
 from boost_titan.data.prepared import (
     FORMAT,
@@ -61,7 +60,6 @@ COUNTS = ("tokens", "documents", "held_out_documents", "skipped_records", "lone_
 FLUSH_TOKENS = 1 << 20
 """Tokens a worker holds before appending them to its shard file (the shard's tokens never
 sit in memory whole)."""
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def held_out(text: str, percent: float) -> bool:
@@ -188,7 +186,7 @@ def write_shard(out: Path, index: int, plan: dict[str, Any]) -> dict[str, int]:
             if text is None:
                 counts["skipped_records"] += 1
                 continue
-            text, replaced = _LONE_SURROGATE.subn("\ufffd", text)
+            text, replaced = replace_lone_surrogates(text)
             counts["lone_surrogates"] += replaced
             if held_out(text, plan["held_out_percent"]):
                 kept.append(json.dumps({"text": text}).encode() + b"\n")
