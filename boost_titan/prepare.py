@@ -2,11 +2,12 @@
 
     python -m boost_titan.prepare --tokenizer TOK --out DIR [--workers N] INPUT...
 
-INPUT: .jsonl/.json/.parquet/.txt files, folders (searched recursively) or globs. TOK: what
-`--model.hf_assets_path` takes. Train on the folder with `--training.dataset_path DIR`, or
-blend several with `--boost.data_mix "web=DIR1:0.7,code=DIR2:0.3"` (docs/datasets.md).
-Rerunning the same command after an interruption finishes the folder; the bytes do not
-depend on `--workers`. Exit status: 0; 2 and one `error:` line; 130 when interrupted.
+INPUT: .jsonl/.json/.parquet/.txt files (the text formats also .gz/.bz2/.xz/.zst-compressed),
+folders (searched recursively) or globs. TOK: what `--model.hf_assets_path` takes. Train on
+the folder with `--training.dataset_path DIR`, or blend several with `--boost.data_mix
+"web=DIR1:0.7,code=DIR2:0.3"` (docs/datasets.md). Rerunning the same command after an
+interruption finishes the folder; the bytes do not depend on `--workers`. Exit status: 0; 2
+and one `error:` line (nothing is left in DIR); 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worker process
 
@@ -49,18 +51,81 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--separator",
         help="a token to end every document with, for a tokenizer without BOS and EOS",
     )
+    parser.add_argument(
+        "--text-key",
+        default="text",
+        metavar="KEY[,KEY...]",
+        help="the JSON key or parquet column holding the text; a comma list: the first one a "
+        "record holds wins (text)",
+    )
+    parser.add_argument(
+        "--encoding",
+        default="utf-8",
+        help="how .jsonl/.json/.txt bytes decode, ASCII-compatible (utf-8; e.g. latin-1)",
+    )
     return parser.parse_args(argv)
+
+
+def write(args: argparse.Namespace, plan: dict[str, Any], todo: list[int] | None) -> None:
+    """Write the shards still to do (`todo`; None: the folder is complete) with a progress
+    bar of shards and tokens/s; exit 130 on Ctrl-C (a rerun finishes the folder)."""
+    from tqdm import tqdm
+
+    from boost_titan.data.prepare_corpus import run_chunks
+
+    if not todo:
+        return
+    total = len(plan["chunks"])
+    # on a terminal only, and cleared when it closes: an error stays one line
+    bar = tqdm(
+        total=total,
+        initial=total - len(todo),
+        unit="shard",
+        file=sys.stderr,
+        disable=None,
+        leave=False,
+    )
+    start, tokens = time.perf_counter(), 0
+    try:
+        for _, counts in run_chunks(Path(args.out).expanduser(), plan, todo, max(1, args.workers)):
+            tokens += counts["tokens"]
+            rate = tokens / max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix_str(f"{rate / 1e6:.2f}M tokens/s", refresh=False)
+            bar.update()
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"interrupted: rerun the same command to finish {args.out}", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        bar.close()
+
+
+def summary(out: str, manifest: dict[str, Any]) -> str:
+    """The line printed for a prepared folder."""
+    notes = "".join(
+        f", {manifest[key]:,} {what}"
+        for key, what in (
+            ("skipped_records", "records without text skipped"),
+            ("lone_surrogates", "lone surrogates replaced by U+FFFD"),
+        )
+        if manifest.get(key)
+    )
+    return (
+        f"prepared {out}: {manifest['tokens']:,} tokens in {manifest['documents']:,} "
+        f"documents ({manifest['dtype']}, {len(manifest['shards'])} shards), "
+        f"{manifest['held_out_documents']:,} documents held out{notes}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    from tqdm import tqdm
-
     from boost_titan.config.cli import fail
     from boost_titan.config.errors import ConfigError
-    from boost_titan.data.prepare_corpus import finish, make_plan, pending, run_chunks
+    from boost_titan.data.documents import Reading, check_encoding, parse_text_keys
+    from boost_titan.data.prepare_corpus import discarded_on_error, finish, make_plan, pending
 
     try:
+        reading = Reading(parse_text_keys(args.text_key), check_encoding(args.encoding))
         plan = make_plan(
             args.inputs,
             args.tokenizer,
@@ -68,33 +133,15 @@ def main(argv: list[str] | None = None) -> None:
             args.held_out_percent,
             args.separator,
             args.out,
+            reading,
         )
         todo = pending(plan, args.out)
-        if todo:
-            total = len(plan["chunks"])
-            bar = tqdm(total=total, initial=total - len(todo), unit="shard", file=sys.stderr)
-            start, tokens = time.perf_counter(), 0
-            try:
-                for _, counts in run_chunks(
-                    Path(args.out).expanduser(), plan, todo, max(1, args.workers)
-                ):
-                    tokens += counts["tokens"]
-                    rate = tokens / max(time.perf_counter() - start, 1e-9)
-                    bar.set_postfix_str(f"{rate / 1e6:.2f}M tokens/s", refresh=False)
-                    bar.update()
-            except KeyboardInterrupt:
-                bar.close()
-                print(f"interrupted: rerun the same command to finish {args.out}", file=sys.stderr)
-                raise SystemExit(130) from None
-            bar.close()
-        manifest = finish(plan, args.out)
+        with discarded_on_error(plan, args.out):
+            write(args, plan, todo)
+            manifest = finish(plan, args.out)
     except ConfigError as e:
         fail(str(e))
-    print(
-        f"prepared {args.out}: {manifest['tokens']:,} tokens in {manifest['documents']:,} "
-        f"documents ({manifest['dtype']}, {len(manifest['shards'])} shards), "
-        f"{manifest['held_out_documents']:,} documents held out"
-    )
+    print(summary(args.out, manifest))
 
 
 if __name__ == "__main__":

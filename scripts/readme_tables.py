@@ -291,6 +291,21 @@ def float8_13b_memory() -> str:
     return f"{model_record(*F8_13B)['memory_bytes_per_rank']['total'] / 2**30:.0f} GiB"
 
 
+CP_7B_32K = ("model", "--config", "train_configs/7B_32k.toml", "--nproc", "8", "--gpu", "h100")
+
+
+def cp_7b_32k_memory() -> str:
+    """`bench model`'s memory per GPU for train_configs/7B_32k.toml on 8 H100s, `36.7 GiB`
+    (also quoted in that file's header: tests/unit/test_readme_tables.py)."""
+    return f"{model_record(*CP_7B_32K)['memory_bytes_per_rank']['total'] / 2**30:.1f} GiB"
+
+
+def cp_7b_32k_figure() -> str:
+    """docs/parallelism.md's step time and memory of train_configs/7B_32k.toml."""
+    seconds = model_record(*CP_7B_32K)["predicted_step_s"]["h100"]
+    return f"{seconds:.3f} s per step on H100s, {cp_7b_32k_memory()} per GPU"
+
+
 TABLES: dict[str, Table] = {
     "params": Table("python -m boost_titan.boost_llama", params_table),
     "lowrank-ac": Table(
@@ -349,6 +364,9 @@ TABLES: dict[str, Table] = {
     ),
     "float8-13b-memory": Table(
         f"python -m boost_titan.bench {' '.join(F8_13B)}", float8_13b_memory, inline=True
+    ),
+    "cp-7b-32k": Table(
+        f"python -m boost_titan.bench {' '.join(CP_7B_32K)} --json -", cp_7b_32k_figure, inline=True
     ),
     "planner": Table(  # render function: boost_titan.perf.layout_search
         "python -m boost_titan.plan --auto --flavor F --gpus N --gpu G --global-batch B",

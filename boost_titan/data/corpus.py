@@ -36,6 +36,7 @@ from torchtitan.hf_datasets.text_datasets import DATASETS
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.data.documents import file_format
 from boost_titan.data.global_order import GlobalOrderRows
 from boost_titan.data.loader import CheckpointedDataloader
 from boost_titan.data.mix import MixedWindows, open_sources, training_sources
@@ -117,6 +118,7 @@ def local_files(path: str, field: str = "training.dataset_path") -> list[Path]:
             f"{field} {path} does not exist; point it at a {_SUFFIXES} file or a directory of them"
         )
     if p.is_file() and p.suffix.lower() not in BUILDERS:
+        _refuse_compressed([p], field, path)
         raise ConfigError(
             f"{field} {path} has unsupported extension {p.suffix!r}; use a {_SUFFIXES} file"
         )
@@ -131,10 +133,26 @@ def local_files(path: str, field: str = "training.dataset_path") -> list[Path]:
     )
     files = [f for f in found if f.stat().st_size > 0]
     if not files:
+        if p.is_dir():
+            _refuse_compressed(sorted(p.rglob("*")), field, path)
         raise ConfigError(
             f"{field} {path} holds no documents (no non-empty {_SUFFIXES} file); add some text"
         )
     return files
+
+
+def _refuse_compressed(files: list[Path], field: str, path: str) -> None:
+    """ConfigError when `files` hold a compressed corpus file, which only `prepare` reads."""
+    for f in files:
+        try:
+            compressed = f.is_file() and (file_format(f) or ("", None))[1] is not None
+        except ConfigError:  # a compression prepare refuses too
+            compressed = True
+        if compressed:
+            raise ConfigError(
+                f"{field} {path}: {f.name} is compressed, which training reads only prepared; "
+                "run python -m boost_titan.prepare on it and pass the prepared folder"
+            )
 
 
 def _load_files(builder: str, files: list[Path], path: str) -> datasets.IterableDataset:

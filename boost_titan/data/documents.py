@@ -10,23 +10,129 @@ document order, is the same however many workers read them:
 - `.txt`: byte ranges; a document is a paragraph (a run of lines that are not blank; blank
   or whitespace-only lines separate documents), and a chunk holds the paragraphs that start
   inside its range;
-- `.parquet`: one chunk per row group, its "text" column.
+- `.parquet`: one chunk per row group, its "text" column;
+- `.jsonl.gz`, `.json.gz`, `.txt.gz` (also `.bz2`, `.xz`, `.zst`): one chunk per file (a
+  compressed stream cannot be entered in the middle), read as a stream.
 
-Documents without text (missing, null or whitespace only) are skipped.
+`Reading` says where a record keeps its text (`text_keys`: the first key the record holds
+with a non-null value wins; parquet: the first key that is a column) and how bytes decode
+(`encoding`, ASCII-compatible; parquet strings are UTF-8 by format). Records without text
+(no key, null, or whitespace only) are skipped and counted by the caller (`records`).
 """
 
 from __future__ import annotations
 
+import bz2
+import codecs
 import glob
+import gzip
 import json
-from collections.abc import Iterator
+import lzma
+import re
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.data.zstd_stream import open_zstd
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
+COMPRESSIONS: dict[str, Callable[[str], IO[bytes]]] = {
+    ".gz": gzip.open,
+    ".bz2": bz2.open,
+    ".xz": lzma.open,
+    ".zst": open_zstd,
+    ".zstd": open_zstd,
+}
+"""Compressions read, by suffix (after a text format's suffix): the standard library's, and
+zstd (`zstandard`)."""
+UNREAD_COMPRESSIONS = {".lz4": "lz4", ".br": "brotli", ".sz": "snappy"}
+"""Compressed corpora refused in one line rather than skipped (docs/datasets.md)."""
+NAMES = "/".join(SUFFIXES) + " (text formats also " + "/".join(COMPRESSIONS) + "-compressed)"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_BROKEN_STREAM = (OSError, EOFError, zlib.error, lzma.LZMAError)
+"""What a damaged compressed file raises while it is read (gzip.BadGzipFile is an OSError)."""
+
+
+def replace_lone_surrogates(text: str) -> tuple[str, int]:
+    """`text` with each lone UTF-16 surrogate (a JSON escape such as "\\ud800" that pairs
+    with nothing; no tokenizer encodes it) replaced by U+FFFD, and how many there were."""
+    return _LONE_SURROGATE.subn("\ufffd", text)
+
+
+def file_format(path: Path) -> tuple[str, str | None] | None:
+    """(format suffix, compression suffix or None) of a corpus file, None if not one;
+    ConfigError for a compressed corpus file this module cannot read."""
+    suffixes = [s.lower() for s in path.suffixes[-2:]]
+    if not suffixes:
+        return None
+    last, inner = suffixes[-1], (suffixes[0] if len(suffixes) == 2 else "")
+    if last in SUFFIXES:
+        return last, None
+    if last in UNREAD_COMPRESSIONS and inner in SUFFIXES:
+        raise ConfigError(
+            f"{path} is {UNREAD_COMPRESSIONS[last]}-compressed, which prepare does not read; "
+            f"decompress it, or recompress it with gzip (read: {NAMES})"
+        )
+    if last in COMPRESSIONS and inner in SUFFIXES:
+        if inner == ".parquet":
+            raise ConfigError(
+                f"{path}: parquet compresses its own columns; decompress the file to .parquet"
+            )
+        return inner, last
+    return None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Where records keep their text and how bytes decode (see the module doc)."""
+
+    text_keys: tuple[str, ...] = ("text",)
+    encoding: str = "utf-8"
+
+    @property
+    def keys_named(self) -> str:
+        return ", ".join(repr(k) for k in self.text_keys)
+
+
+UTF8_TEXT = Reading()
+"""The default: UTF-8, the text under "text"."""
+
+
+def parse_text_keys(value: str) -> tuple[str, ...]:
+    """`--text-key`: one key or a comma list, first present wins; ConfigError for none."""
+    keys = tuple(k.strip() for k in value.split(","))
+    if not all(keys):
+        raise ConfigError(
+            f"--text-key {value!r} holds an empty key; give one key or a comma list "
+            "(--text-key content,text)"
+        )
+    return keys
+
+
+def check_encoding(name: str) -> str:
+    """The codec name of `--encoding`; ConfigError for an unknown one or one that is not
+    ASCII-compatible (lines and JSON are split on ASCII bytes before decoding)."""
+    try:
+        codec = codecs.lookup(name)
+    except LookupError:
+        raise ConfigError(
+            f"--encoding {name!r} is not an encoding Python knows; name one such as utf-8, "
+            "latin-1 or cp1252"
+        ) from None
+    probe = '\n\r {}[]":,\\ azAZ09'
+    try:
+        compatible = codec.encode(probe)[0] == probe.encode("ascii")
+    except UnicodeError:
+        compatible = False
+    if not compatible:
+        raise ConfigError(
+            f"--encoding {name} is not ASCII-compatible, so lines and JSON cannot be split "
+            f"before decoding; convert the files to UTF-8 (iconv -f {name} -t utf-8)"
+        )
+    return codec.name
 
 
 @dataclass(frozen=True)
@@ -39,7 +145,31 @@ class Chunk:
 
     @property
     def kind(self) -> str:
-        return Path(self.path).suffix.lower()
+        """The format's suffix (`.jsonl` for `x.jsonl.gz`)."""
+        return _format(Path(self.path))[0]
+
+    @property
+    def compressed(self) -> bool:
+        return _format(Path(self.path))[1] is not None
+
+    def open(self) -> IO[bytes]:
+        """The file's bytes (decompressed)."""
+        compression = _format(Path(self.path))[1]
+        if compression is None:
+            return open(self.path, "rb")
+        return COMPRESSIONS[compression](self.path)
+
+    @property
+    def bounds(self) -> tuple[int, float]:
+        """The byte range to read: a compressed file's is the whole stream."""
+        return (0, float("inf")) if self.compressed else (self.start, self.end)
+
+
+def _format(path: Path) -> tuple[str, str | None]:
+    found = file_format(path)
+    if found is None:
+        raise ConfigError(f"{path} is not a {NAMES} file")
+    return found
 
 
 def expand_inputs(inputs: list[str]) -> list[Path]:
@@ -54,40 +184,71 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
                 files += [
                     f
                     for f in match.rglob("*")
-                    if f.is_file() and f.suffix.lower() in SUFFIXES and not f.name.startswith(".")
+                    if f.is_file() and not f.name.startswith(".") and file_format(f)
                 ]
-            elif match.is_file() and match.suffix.lower() in SUFFIXES:
+            elif match.is_file() and file_format(match):
                 files.append(match)
         files = [f.resolve() for f in files if f.stat().st_size > 0]
         if not files:
             raise ConfigError(
-                f"input {item} names no non-empty {'/'.join(SUFFIXES)} file; give corpus "
-                "files, folders or globs"
+                f"input {item} names no non-empty {NAMES} file; give corpus files, folders or globs"
             )
         found.update(files)
     return sorted(found)
 
 
-def _is_json_array(path: Path) -> bool:
-    with open(path, "rb") as f:
+def _is_json_array(chunk: Chunk) -> bool:
+    with _reading(chunk) as f:
         return f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")
 
 
-def plan_chunks(files: list[Path], chunk_bytes: int) -> list[Chunk]:
+class _reading:
+    """`chunk.open()`; a damaged compressed stream (found while reading) is a ConfigError."""
+
+    def __init__(self, chunk: Chunk) -> None:
+        self.chunk = chunk
+
+    def __enter__(self) -> IO[bytes]:
+        self.file = self.chunk.open()
+        return self.file
+
+    def __exit__(self, kind: type | None, error: BaseException | None, _: object) -> None:
+        self.file.close()
+        if self.chunk.compressed and isinstance(error, _BROKEN_STREAM):
+            raise ConfigError(
+                f"{self.chunk.path} is not a readable compressed file ({error}); fix or remove it"
+            ) from None
+
+
+def _parquet_column(path: Path, reading: Reading) -> tuple[int, str]:
+    """(row groups, the text column) of a parquet file; ConfigError if none of the text
+    keys is a column."""
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise ConfigError(f"{path} is not a readable parquet file ({e})") from None
+    columns = file.schema_arrow.names
+    column = next((k for k in reading.text_keys if k in columns), None)
+    if column is None:
+        raise ConfigError(
+            f"{path} has no column {reading.keys_named} (its columns: {', '.join(columns)}); "
+            "pass --text-key with the column that holds the text"
+        )
+    return file.num_row_groups, column
+
+
+def plan_chunks(files: list[Path], chunk_bytes: int, reading: Reading = UTF8_TEXT) -> list[Chunk]:
     """Every file's chunks in file order (see the module doc)."""
     chunks = []
     for path in files:
-        suffix = path.suffix.lower()
-        if suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            try:
-                groups = pq.ParquetFile(path).num_row_groups
-            except Exception as e:  # pyarrow raises several types for a damaged file
-                raise ConfigError(f"{path} is not a readable parquet file ({e})") from None
+        whole = Chunk(str(path), 0, path.stat().st_size)
+        if whole.kind == ".parquet":
+            groups, _ = _parquet_column(path, reading)
             chunks += [Chunk(str(path), g, g + 1) for g in range(groups)]
-        elif suffix == ".json" and _is_json_array(path):
-            chunks.append(Chunk(str(path), 0, path.stat().st_size))
+        elif whole.compressed or (whole.kind == ".json" and _is_json_array(whole)):
+            chunks.append(whole)
         else:
             size = path.stat().st_size
             chunks += [
@@ -96,23 +257,26 @@ def plan_chunks(files: list[Path], chunk_bytes: int) -> list[Chunk]:
     return chunks
 
 
-def _text_of(record: object, where: str) -> str | None:
+def _text_of(record: object, where: str, reading: Reading) -> str | None:
     if isinstance(record, str):
         return record
     if not isinstance(record, dict):
         raise ConfigError(f'{where} is not a JSON object; store one {{"text": ...}} per line')
-    text = record.get("text")
-    if text is not None and not isinstance(text, str):
-        raise ConfigError(f'{where} has a "text" that is not a string; store text as a string')
-    return text
+    key = next((k for k in reading.text_keys if record.get(k) is not None), None)
+    if key is None:
+        return None
+    if not isinstance(record[key], str):
+        raise ConfigError(f"{where} has a {key!r} that is not a string; store text as a string")
+    return record[key]
 
 
-def _lines(f: BinaryIO, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+def _lines(f: BinaryIO, start: int, end: float) -> Iterator[tuple[int, bytes]]:
     """(offset, line) for the lines of `f` that start in [start, end)."""
+    position = 0  # (a zstd stream cannot tell)
     if start > 0:
         f.seek(start - 1)
         f.readline()  # the line holding byte start - 1 belongs to the previous chunk
-    position = f.tell()
+        position = f.tell()
     while position < end:
         line = f.readline()
         if not line:
@@ -121,31 +285,45 @@ def _lines(f: BinaryIO, start: int, end: int) -> Iterator[tuple[int, bytes]]:
         position += len(line)
 
 
-def _json_lines(chunk: Chunk) -> Iterator[str]:
-    with open(chunk.path, "rb") as f:
-        for offset, line in _lines(f, chunk.start, chunk.end):
+def _decode(data: bytes, where: str, reading: Reading) -> str:
+    try:
+        return data.decode(reading.encoding)
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{where} is not {reading.encoding} text ({e}); pass --encoding (such as "
+            "--encoding latin-1) or convert it to UTF-8"
+        ) from None
+
+
+def _without_bom(data: bytes, reading: Reading) -> bytes:
+    """`data` (a file's start) less a UTF-8 byte-order mark, when reading UTF-8."""
+    return data.removeprefix(b"\xef\xbb\xbf") if reading.encoding == "utf-8" else data
+
+
+def _json_lines(chunk: Chunk, reading: Reading) -> Iterator[str | None]:
+    with _reading(chunk) as f:
+        for offset, line in _lines(f, *chunk.bounds):
             if offset == 0:
-                line = line.removeprefix(b"\xef\xbb\xbf")
+                line = _without_bom(line, reading)
             if not line.strip():
                 continue
             where = f"{chunk.path} at byte {offset}"
             try:
-                text = _text_of(json.loads(line), where)
-            except ValueError as e:  # includes UnicodeDecodeError
+                record = json.loads(_decode(line, where, reading))
+            except ValueError as e:
                 raise ConfigError(f"{where} is not a JSON line ({e}); fix the file") from None
-            if text is not None:
-                yield text
+            yield _text_of(record, where, reading)
 
 
-def _json_array(chunk: Chunk) -> Iterator[str]:
+def _json_array(chunk: Chunk, reading: Reading) -> Iterator[str | None]:
+    with _reading(chunk) as f:
+        data = _without_bom(f.read(), reading)
     try:
-        items = json.loads(Path(chunk.path).read_bytes().removeprefix(b"\xef\xbb\xbf"))
+        items = json.loads(_decode(data, chunk.path, reading))
     except ValueError as e:
         raise ConfigError(f"{chunk.path} is not a JSON array ({e}); fix the file") from None
     for i, item in enumerate(items):
-        text = _text_of(item, f"{chunk.path} item {i}")
-        if text is not None:
-            yield text
+        yield _text_of(item, f"{chunk.path} item {i}", reading)
 
 
 def _blank(line: bytes) -> bool:
@@ -172,21 +350,17 @@ def _after_blank_line(f: BinaryIO, position: int) -> bool:
     return _blank(tail)
 
 
-def _decode(data: bytes, where: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{where} is not UTF-8 text ({e}); convert it to UTF-8") from None
-
-
-def _paragraphs(chunk: Chunk) -> Iterator[str]:
-    with open(chunk.path, "rb") as f:
-        lines = _lines(f, chunk.start, chunk.end)
+def _paragraphs(chunk: Chunk, reading: Reading) -> Iterator[str | None]:
+    start, end = chunk.bounds
+    with _reading(chunk) as f:
+        lines = _lines(f, start, end)
         first = next(lines, None)
         if first is None:
             return
-        starts_paragraph = _after_blank_line(f, first[0])
-        f.seek(first[0] + len(first[1]))
+        starts_paragraph = True
+        if first[0] > 0:  # (a compressed stream, which cannot seek, starts at 0)
+            starts_paragraph = _after_blank_line(f, first[0])
+            f.seek(first[0] + len(first[1]))
         paragraph: list[bytes] = []
         offset = first[0]
         line: bytes | None = first[1]
@@ -197,37 +371,62 @@ def _paragraphs(chunk: Chunk) -> Iterator[str]:
         while line is not None:
             if _blank(line):
                 if paragraph:
-                    yield _decode(b"".join(paragraph).rstrip(b"\r\n"), chunk.path)
+                    yield _decode(b"".join(paragraph).rstrip(b"\r\n"), chunk.path, reading)
                     paragraph = []
-            elif paragraph or offset < chunk.end:
-                paragraph.append(line.removeprefix(b"\xef\xbb\xbf") if offset == 0 else line)
+            elif paragraph or offset < end:
+                paragraph.append(_without_bom(line, reading) if offset == 0 else line)
             else:
                 return  # the next paragraph starts in the next chunk
             offset += len(line)
             line = f.readline() or None
         if paragraph:
-            yield _decode(b"".join(paragraph).rstrip(b"\r\n"), chunk.path)
+            yield _decode(b"".join(paragraph).rstrip(b"\r\n"), chunk.path, reading)
 
 
-def _parquet(chunk: Chunk) -> Iterator[str]:
+def _parquet(chunk: Chunk, reading: Reading) -> Iterator[str | None]:
     import pyarrow.parquet as pq
 
-    table = pq.ParquetFile(chunk.path).read_row_group(chunk.start, columns=["text"])
-    for text in table.column("text").to_pylist():
+    _, column = _parquet_column(Path(chunk.path), reading)
+    table = pq.ParquetFile(chunk.path).read_row_group(chunk.start, columns=[column])
+    for text in table.column(column).to_pylist():
         if text is not None and not isinstance(text, str):
-            raise ConfigError(f'{chunk.path} has a "text" column that is not a string')
-        if text is not None:
-            yield text
+            raise ConfigError(f"{chunk.path} has a {column!r} column that is not a string")
+        yield text
 
 
-def documents(chunk: Chunk) -> Iterator[str]:
-    """The non-empty documents of `chunk`, in file order."""
+def records(chunk: Chunk, reading: Reading = UTF8_TEXT) -> Iterator[str | None]:
+    """Each record's text in file order, None for a record without text (see the module
+    doc; a `.txt` paragraph always has text)."""
     if chunk.kind == ".parquet":
         reader = _parquet
     elif chunk.kind == ".txt":
         reader = _paragraphs
-    elif chunk.kind == ".json" and _is_json_array(Path(chunk.path)):
+    elif chunk.kind == ".json" and _is_json_array(chunk):
         reader = _json_array
     else:
         reader = _json_lines
-    return (text for text in reader(chunk) if text.strip())
+    return (text if text is None or text.strip() else None for text in reader(chunk, reading))
+
+
+def documents(chunk: Chunk, reading: Reading = UTF8_TEXT) -> Iterator[str]:
+    """The documents with text of `chunk`, in file order."""
+    return (text for text in records(chunk, reading) if text is not None)
+
+
+def first_record_keys(chunks: list[Chunk], reading: Reading) -> list[str] | None:
+    """The keys of the first JSON object record among `chunks` (a hint for `--text-key`)."""
+    for chunk in chunks:
+        if chunk.kind not in (".jsonl", ".json") or _is_json_array(chunk):
+            continue
+        with _reading(chunk) as f:
+            for offset, line in _lines(f, *chunk.bounds):
+                if not line.strip():
+                    continue
+                try:
+                    line = _without_bom(line, reading) if offset == 0 else line
+                    record = json.loads(_decode(line, chunk.path, reading))
+                except (ValueError, ConfigError):
+                    return None
+                if isinstance(record, dict):
+                    return list(record)
+    return None

@@ -7,6 +7,10 @@ renamed, then its `shard-NNNNN.json` (counts) is renamed into place: a shard wit
 is complete. The plan (tokenizer, sources, chunks) is saved first as `plan.json`; a rerun
 of the same command into the same folder skips the complete shards, so an interrupted run
 finishes where it stopped, with the same bytes. `manifest.json` is written last.
+
+A preparation that ends in a ConfigError (bad data, or no tokens at all) leaves nothing
+behind (`discarded_on_error`): the same inputs would fail again. Lone surrogates become
+U+FFFD and are counted (`documents.replace_lone_surrogates`).
 """
 
 from __future__ import annotations
@@ -18,14 +22,24 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.corpus import HELD_OUT_PERCENT
-from boost_titan.data.documents import Chunk, documents, expand_inputs, plan_chunks
+from boost_titan.data.documents import (
+    UTF8_TEXT,
+    Chunk,
+    Reading,
+    expand_inputs,
+    first_record_keys,
+    plan_chunks,
+    records,
+    replace_lone_surrogates,
+)
 from boost_titan.data.prepared import (
     FORMAT,
     HELD_OUT,
@@ -41,6 +55,11 @@ from boost_titan.data.tokenizer import load_tokenizer, tokenizer_files
 PLAN = "plan.json"
 CHUNK_MB = 16.0
 """Default input megabytes per shard (a shard is one unit of work)."""
+COUNTS = ("tokens", "documents", "held_out_documents", "skipped_records", "lone_surrogates")
+"""What each shard's JSON and the manifest count."""
+FLUSH_TOKENS = 1 << 20
+"""Tokens a worker holds before appending them to its shard file (the shard's tokens never
+sit in memory whole)."""
 
 
 def held_out(text: str, percent: float) -> bool:
@@ -88,6 +107,7 @@ def make_plan(
     held_out_percent: float = HELD_OUT_PERCENT,
     separator: str | None = None,
     out: str | None = None,
+    reading: Reading = UTF8_TEXT,
 ) -> dict[str, Any]:
     """Everything that determines the folder's bytes, with its chunk list (files under the
     output folder `out` are no input)."""
@@ -114,7 +134,9 @@ def make_plan(
         "sources": [{"path": str(f), "bytes": f.stat().st_size} for f in files],
         "chunk_bytes": chunk_bytes,
         "held_out_percent": held_out_percent,
-        "chunks": [[c.path, c.start, c.end] for c in plan_chunks(files, chunk_bytes)],
+        "text_keys": list(reading.text_keys),
+        "encoding": reading.encoding,
+        "chunks": [[c.path, c.start, c.end] for c in plan_chunks(files, chunk_bytes, reading)],
     }
 
 
@@ -132,6 +154,19 @@ def _dumps(value: Any) -> bytes:
 _TOKENIZERS: dict[str, Any] = {}
 
 
+def _reading(plan: dict[str, Any]) -> Reading:
+    return Reading(tuple(plan["text_keys"]), plan["encoding"])
+
+
+def _append(f: IO[bytes], tokens: array.array, vocab_size: int, dtype: np.dtype) -> None:
+    """Append `tokens` (uint32) to the shard file `f` in `dtype`; ConfigError for an id past
+    the vocabulary."""
+    ids = np.frombuffer(tokens, dtype=np.uint32) if tokens else np.empty(0, np.uint32)
+    if ids.size and int(ids.max()) >= vocab_size:
+        raise ConfigError(f"the tokenizer gave id {int(ids.max())} past its vocabulary")
+    f.write(ids.astype(dtype).tobytes())
+
+
 def write_shard(out: Path, index: int, plan: dict[str, Any]) -> dict[str, int]:
     """Tokenize chunk `index` of `plan` into shard `index` under `out`; its counts."""
     entry = plan["tokenizer"]
@@ -139,27 +174,37 @@ def write_shard(out: Path, index: int, plan: dict[str, Any]) -> dict[str, int]:
         _TOKENIZERS[entry["assets"]] = load_tokenizer(entry["assets"])
     tokenizer = _TOKENIZERS[entry["assets"]]
     separator = entry["separator_id"]
-    tokens = array.array("I")  # 4 bytes on every platform numpy and torch run on
+    dtype = TOKEN_DTYPES[plan["dtype"]]
+    counts = dict.fromkeys(COUNTS, 0)
+    batch = array.array("I")  # 4 bytes on every platform numpy and torch run on
     ends = array.array("Q")
     kept: list[bytes] = []
-    for text in documents(Chunk(*plan["chunks"][index])):
-        if held_out(text, plan["held_out_percent"]):
-            kept.append(json.dumps({"text": text}).encode() + b"\n")
-            continue
-        tokens.extend(tokenizer.encode(text, add_bos=True, add_eos=True))
-        if separator is not None:
-            tokens.append(separator)
-        ends.append(len(tokens))
     name = shard_name(index)
-    ids = np.frombuffer(tokens, dtype=np.uint32) if tokens else np.empty(0, np.uint32)
-    if ids.size and int(ids.max()) >= entry["vocab_size"]:
-        raise ConfigError(f"the tokenizer gave id {int(ids.max())} past its vocabulary")
-    _write(out / f"{name}.bin", ids.astype(TOKEN_DTYPES[plan["dtype"]]).tobytes())
+    tmp = out / f".{name}.bin.tmp"
+    with open(tmp, "wb") as f:
+        for text in records(Chunk(*plan["chunks"][index]), _reading(plan)):
+            if text is None:
+                counts["skipped_records"] += 1
+                continue
+            text, replaced = replace_lone_surrogates(text)
+            counts["lone_surrogates"] += replaced
+            if held_out(text, plan["held_out_percent"]):
+                kept.append(json.dumps({"text": text}).encode() + b"\n")
+                continue
+            document = tokenizer.encode(text, add_bos=True, add_eos=True)
+            batch.extend(document + ([] if separator is None else [separator]))
+            counts["tokens"] += len(document) + (separator is not None)
+            ends.append(counts["tokens"])
+            if len(batch) >= FLUSH_TOKENS:
+                _append(f, batch, entry["vocab_size"], dtype)
+                batch = array.array("I")
+        _append(f, batch, entry["vocab_size"], dtype)
+    os.replace(tmp, out / f"{name}.bin")
     _write(out / f"{name}.idx", np.asarray(ends, dtype="<u8").tobytes())
     if kept:
         (out / HELD_OUT).mkdir(exist_ok=True)
         _write(out / HELD_OUT / f"{name}.jsonl", b"".join(kept))
-    counts = {"tokens": len(tokens), "documents": len(ends), "held_out_documents": len(kept)}
+    counts |= {"documents": len(ends), "held_out_documents": len(kept)}
     _write(out / f"{name}.json", _dumps(counts))
     return counts
 
@@ -223,8 +268,33 @@ def pending(plan: dict[str, Any], out: str) -> list[int] | None:
     ]
 
 
+def _no_tokens(plan: dict[str, Any], totals: dict[str, int]) -> str:
+    """Why a preparation holds no training token, and the fix (one line)."""
+    if totals["held_out_documents"]:
+        return (
+            f"every one of the {totals['held_out_documents']} documents was held out "
+            f"(--held-out-percent {plan['held_out_percent']:g}); add documents or lower "
+            "--held-out-percent"
+        )
+    reading = _reading(plan)
+    if not totals["skipped_records"]:
+        return "the inputs hold no text (every file is blank); name the corpus files"
+    keys = first_record_keys([Chunk(*c) for c in plan["chunks"]], reading)
+    if keys and set(keys) & set(reading.text_keys):
+        return (
+            f"the text of each of the inputs' {totals['skipped_records']:,} records is empty "
+            "or whitespace; give documents text"
+        )
+    found = f"; the first record's keys: {', '.join(keys)}" if keys else ""
+    return (
+        f"none of the inputs' {totals['skipped_records']:,} records has text under "
+        f"{reading.keys_named}{found}; pass --text-key with the key that holds the text"
+    )
+
+
 def finish(plan: dict[str, Any], out: str) -> dict[str, Any]:
-    """Write (or read) the manifest of a folder whose shards are all complete."""
+    """Write (or read) the manifest of a folder whose shards are all complete; ConfigError
+    when they hold no training token."""
     folder = Path(out).expanduser()
     if (folder / MANIFEST).is_file():
         return json.loads((folder / MANIFEST).read_text())
@@ -232,17 +302,49 @@ def finish(plan: dict[str, Any], out: str) -> dict[str, Any]:
     for i in range(len(plan["chunks"])):
         counts = json.loads((folder / f"{shard_name(i)}.json").read_text())
         shards.append({"name": shard_name(i), **counts})
-    totals = {k: sum(s[k] for s in shards) for k in ("tokens", "documents", "held_out_documents")}
+    totals = {k: sum(s[k] for s in shards) for k in COUNTS}
+    if not totals["tokens"]:
+        raise ConfigError(f"--out {out} would hold no tokens: {_no_tokens(plan, totals)}")
     manifest = {**plan, "shards": shards, **totals}
     _write(folder / MANIFEST, _dumps(manifest))
     (folder / PLAN).unlink()
     return manifest
 
 
+def discard(plan: dict[str, Any], out: str) -> None:
+    """Remove every file a preparation of `plan` writes under `out`, then the folders
+    left empty (nothing else: the folder was empty or this plan's when it was opened)."""
+    folder = Path(out).expanduser()
+    names = [PLAN, MANIFEST]
+    for i in range(len(plan["chunks"])):
+        shard = shard_name(i)
+        names += [f"{shard}.{kind}" for kind in ("bin", "idx", "json")]
+        names.append(f"{HELD_OUT}/{shard}.jsonl")
+    for name in names:
+        path = folder / name
+        path.unlink(missing_ok=True)
+        path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)
+    for empty in (folder / HELD_OUT, folder):
+        if empty.is_dir() and not any(empty.iterdir()):
+            empty.rmdir()
+
+
+@contextmanager
+def discarded_on_error(plan: dict[str, Any], out: str) -> Iterator[None]:
+    """Run the body; on a ConfigError remove what the preparation wrote (`discard`), as
+    rerunning the same inputs would fail again. An interrupt keeps the shards to resume."""
+    try:
+        yield
+    except ConfigError:
+        discard(plan, out)
+        raise
+
+
 def prepare(plan: dict[str, Any], out: str, workers: int = 1) -> dict[str, Any]:
     """Write the prepared folder `out` for `plan`, resuming a partial one; its manifest."""
     todo = pending(plan, out)
-    if todo:
-        for _ in run_chunks(Path(out).expanduser(), plan, todo, workers):
-            pass
-    return finish(plan, out)
+    with discarded_on_error(plan, out):
+        if todo:
+            for _ in run_chunks(Path(out).expanduser(), plan, todo, workers):
+                pass
+        return finish(plan, out)

@@ -347,12 +347,18 @@ def test_matches_single_process(cp_results, name):
     errors = _errors(name, cp_results)
     bad = {k: e for k, e in errors.items() if not e <= tol}
     assert not bad, f"{name}: relative errors above {tol}: {bad}"
+    grads = {k: e for k, e in errors.items() if k not in ("logits", "loss")}
+    print(
+        f"| {name} | {str(CASES[name][1]).removeprefix('torch.')} | {errors['logits']:.1e} | "
+        f"{errors['loss']:.1e} | {max(grads.values()):.1e} ({len(grads)} gradients) |"
+    )
 
 
 @pytest.mark.parametrize("name", [n for n, case in CASES.items() if case[5] is not None])
 def test_broken_on_purpose_differs(cp_results, name):
     errors = _errors(name, cp_results)
     assert errors["logits"] > BROKEN_MIN, f"{name}: {errors['logits']}"
+    print(f"| {name} | logits {errors['logits']:.1e} |")
 
 
 def _kv_elements(name: str, tp: int = 1) -> int:

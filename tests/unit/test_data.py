@@ -3,6 +3,7 @@ one-line errors, and batches from torchtitan's dataloader."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import threading
@@ -173,9 +174,14 @@ def test_dataset_errors(tmp_path):
     (tmp_path / "notext.jsonl").write_text('{"body": "x"}\n')
     (tmp_path / "zero.jsonl").write_text("")
     (tmp_path / "bad.jsonl").write_text("{not json\n")
+    (tmp_path / "packed").mkdir()
+    (tmp_path / "packed" / "a.jsonl.gz").write_bytes(gzip.compress(b'{"text": "x"}\n'))
     cases = {
         ("local", str(tmp_path / "nope.jsonl")): "does not exist",
         ("local", str(tmp_path / "data.csv")): "unsupported extension",
+        ("local", str(tmp_path / "packed")): "a.jsonl.gz is compressed, which training reads "
+        "only prepared; run python -m boost_titan.prepare",
+        ("local", str(tmp_path / "packed" / "a.jsonl.gz")): "a.jsonl.gz is compressed",
         ("local", str(tmp_path / "empty")): "holds no",
         ("local", str(tmp_path / "notext.jsonl")): "no 'text' field",
         ("local", str(tmp_path / "zero.jsonl")): "holds no documents",

@@ -1,7 +1,7 @@
 """Every relative link in README.md, docs/*.md and tests/README.md reaches a file, and every
 anchor (`page.md#anchor`, `#anchor`) a heading of that page, by GitHub's slug rules.
 External (http, https, mailto) links are not checked. README's "your own model" example is
-the example's code, line for line."""
+the example's code, line for line, and README (the front door) stays within its length."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ import pytest
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "README.md"]
 EXAMPLE = ROOT / "boost_titan" / "examples" / "own_model.py"
+README_LINES = 250
+"""The front door's limit: the rest belongs to docs/."""
+FIRST_SCREEN = 25
 
 FENCE = re.compile(r"^ {0,3}(```|~~~)")
 HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$")
@@ -160,3 +163,14 @@ def test_the_example_shown_is_the_example_code(page):
         else:
             at = found + 1
     assert not missing, f"{page} shows lines not in {EXAMPLE.name} (in order): {missing}"
+
+
+def test_readme_is_a_front_door():
+    """README.md holds at most README_LINES lines, and its first screen's code block is
+    exactly the two set-up commands (train, test)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines; move text to docs/"
+    start = lines.index("```bash")
+    block = lines[start + 1 : lines.index("```", start)]
+    assert start < FIRST_SCREEN
+    assert [line.split("#")[0].strip() for line in block] == ["./run_train.sh", "./run_tests.sh"]

@@ -20,6 +20,7 @@ from scripts.readme_tables import (
     TRACE_STRATEGIES,
     blocks,
     check,
+    cp_7b_32k_memory,
     locate,
     main,
     regenerate,
@@ -157,3 +158,13 @@ def test_a_figure_must_be_marked_inline(tmp_path, capsys):
         assert main(["--check", "--only", "paper-7b", "--root", str(root)]) == 2, case
         err = capsys.readouterr().err
         assert err.startswith("error: a.md: ") and "must be marked as" in err, (case, err)
+
+
+def test_the_7b_32k_config_quotes_the_models_memory():
+    """train_configs/7B_32k.toml's header quotes the memory per GPU that `bench model`
+    predicts for it (and docs/parallelism.md's `cp-7b-32k` figure): it said 35.7 GiB while
+    the model gave 36.7."""
+    header = (ROOT / "train_configs" / "7B_32k.toml").read_text()
+    quoted = re.search(r"\(([0-9.]+ GiB)\s*#\s*per GPU predicted on H100s", header)
+    assert quoted, "the header no longer quotes the memory per GPU"
+    assert quoted[1] == cp_7b_32k_memory(), f"{quoted[1]} in the header; run bench model"
