@@ -72,48 +72,23 @@ def _missing_ancestors(folder: str) -> list[str]:
     return missing
 
 
-def check_model(job, world: int) -> int | None:
-    """Prepare default assets, then let the TrainSpec validate model x parallelism; return
-    the vocabulary size of a boost_llama model."""
-    from torchtitan.protocols.train_spec import get_train_spec
-
-    import boost_titan.boost_llama.spec
+def check_model(job, world: int, data_parallel: int) -> int | None:
+    """Prepare default assets, let our TrainSpec validate model x parallelism, and build what
+    the worker builds before training (`job.construction`: the model on the meta device
+    for every TrainSpec; the tokenizer and dataloaders of one with TorchTitan's data);
+    return the vocabulary size of a boost_llama model."""
     import boost_titan.data
+    from boost_titan.boost_llama.spec import SPEC_NAME, validate_job
+    from boost_titan.job.construction import build_model, build_titan_data, model_args, train_spec
 
-    boost_titan.boost_llama.spec.register_spec()
-    try:
-        spec = get_train_spec(job.model.name)
-    except ValueError:
-        raise ConfigError(f"unknown model.name {job.model.name!r}; use boost_llama") from None
+    spec = train_spec(job)
     boost_titan.data.prepare_default_assets()
-    boost_titan.boost_llama.spec.validate_job(job, world)
-    if job.model.name != boost_titan.boost_llama.spec.SPEC_NAME:
-        check_titan_tokenizer(job, spec)
-        return None
-    return boost_titan.boost_llama.spec.job_args(job).vocab_size
-
-
-def check_titan_tokenizer(job, spec) -> None:
-    """A TorchTitan model's tokenizer loads (its own builder: HF files) and fits the
-    flavor's vocabulary, which TorchTitan's models do not grow (an id past it is an
-    IndexError in the embedding)."""
-    where = f"model.hf_assets_path {job.model.hf_assets_path!r}"
-    if spec.build_tokenizer_fn is None:
-        return
-    try:
-        tokenizer = spec.build_tokenizer_fn(job)
-    except Exception as e:  # TorchTitan raises FileNotFoundError, ValueError, ...
-        reason = " ".join(str(e).split())[:300]
-        raise ConfigError(
-            f"{where}: {job.model.name} cannot load its tokenizer: {reason}"
-        ) from None
-    vocab = getattr(spec.model_args.get(job.model.flavor), "vocab_size", None)
-    if vocab is not None and tokenizer.get_vocab_size() > vocab:
-        raise ConfigError(
-            f"{where}: the tokenizer has {tokenizer.get_vocab_size()} tokens but "
-            f"{job.model.name} {job.model.flavor} embeds {vocab}; use a tokenizer that fits, "
-            "or a flavor with a larger vocabulary"
-        )
+    validate_job(job, world)
+    args = model_args(spec, job)
+    if job.model.name != SPEC_NAME:
+        build_titan_data(spec, args, job, data_parallel)
+    build_model(spec, args, job)
+    return args.vocab_size if job.model.name == SPEC_NAME else None
 
 
 LARGE_RAW_CORPUS = 1 << 30
@@ -297,6 +272,18 @@ def check_initial_export(job) -> None:
     check_export(job.checkpoint.initial_load_path, job_args(job))
 
 
+def _our_model(job) -> str:
+    """` (arch, tp_strategy auto -> btp)` for our model; TorchTitan's and users' models have
+    no arch or strategy of ours."""
+    from boost_titan.boost_llama.spec import SPEC_NAME
+    from boost_titan.boost_llama.strategies import resolve_strategy
+
+    if job.model.name != SPEC_NAME:
+        return ""
+    strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
+    return f" ({job.boost.arch}, tp_strategy {job.boost.tp_strategy} -> {strategy})"
+
+
 def _count_source(nproc: int | None) -> str:
     """Where the process count came from, when no one gave it."""
     if nproc is not None:
@@ -328,7 +315,7 @@ def check_job(job, nproc: int | None) -> str:
     data_note = check_data(job)
     check_initial_checkpoint(job.checkpoint)
     resumed = check_resume(job)
-    vocab = check_model(job, world)
+    vocab = check_model(job, world, degrees["dp_replicate"] * degrees["dp_shard"])
     check_prepared_data(job, vocab)
     if vocab is not None:
         check_checkpoint_model(job)
@@ -339,16 +326,12 @@ def check_job(job, nproc: int | None) -> str:
             f"training.steps is {job.training.steps}; raise --training.steps to continue, or "
             "set --job.dump_folder to a new folder to start over"
         )
-    from boost_titan.boost_llama.strategies import resolve_strategy
-
-    strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
     layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no parallelism"
     start = f", resumes from step {resumed}" if resumed is not None else ""
     fsdp = degrees["dp_shard"] > 1 or degrees["cp"] > 1
     precision = Precision.of(job.training).describe(fsdp=fsdp)
     return (
-        f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
-        f"{job.boost.tp_strategy} -> {strategy}) "
+        f"config ok: {job.model.name} {job.model.flavor}{_our_model(job)} "
         f"on {world} process{'es' if world > 1 else ''} ({layout}{_count_source(nproc)}), "
         f"{precision}, {f'vocab {vocab}, ' if vocab else ''}"
         f"global batch {batch} x seq_len {job.training.seq_len}, "

@@ -2,12 +2,13 @@
 run summary and a NaN stop.
 
 - The step (`train_step`) reads top to bottom in the order it runs: the micro-batches inside
-  the run's micro-batch protocol (`runtime.microbatches`, picked with the data parallelism:
-  `boost_llama.data_parallel`), clipping, one all-reduce of the loss and the stop flags,
-  the non-finite skip or stop, the optimizer and learning-rate step, the metrics line and
-  the run log's row. The loop (`run_steps`, TorchTitan's `train` loop) saves the
-  checkpoint, validates, and after a stop the ranks agreed on saves the stop checkpoint
-  and ends. Every use of TorchTitan's private API is in `runtime.titan_internals`.
+  the run's micro-batch protocol (`runtime.microbatches`, read from the parallel layout
+  the TrainSpec's `parallelize_fn` built, so any TrainSpec's model trains), clipping, one
+  all-reduce of the loss and the stop flags, the non-finite skip or stop, the optimizer and
+  learning-rate step, the metrics line and the run log's row. The loop (`run_steps`,
+  TorchTitan's `train` loop) saves the checkpoint, validates, and after a stop the ranks
+  agreed on saves the stop checkpoint and ends. Every use of TorchTitan's private API is
+  in `runtime.titan_internals`.
 - Pipeline parallelism: TorchTitan 0.2.2 backpropagates the *summed* per-microbatch loss
   under PP while every other layout divides it by the step's global valid-token count, so
   PP gradients come out batch*seq times too large (clipping and AdamW hide most of it).
@@ -93,7 +94,7 @@ from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
 from boost_titan.runtime.held_out_loss import owns_loss
-from boost_titan.runtime.microbatches import MicrobatchProtocol
+from boost_titan.runtime.microbatches import protocol_for
 from boost_titan.runtime.nonfinite import (
     NonFiniteGuard,
     RankView,
@@ -139,9 +140,9 @@ class TokenScaledLoss:
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 """A micro-batch as the data loader gives it: the inputs by name, and the labels."""
 
-MemoryModel = Callable[[Any, int, int], tuple[int | None, str]]
-"""(job config, world size, vocabulary) -> (rank 0's predicted peak bytes or None, what it
-covers)."""
+MemoryModel = Callable[[Any, int, int | None], tuple[int | None, str]]
+"""(job config, world size, vocabulary where the model's args give one) -> (rank 0's
+predicted peak bytes or None, what it covers)."""
 
 
 class BoostTrainer(Trainer):
@@ -176,8 +177,8 @@ class BoostTrainer(Trainer):
             self.pp_schedule._loss_fn = self.pp_loss
         # The loss lives on the last PP stage and is replicated over TP: count it once.
         self.owns_loss = owns_loss(dims, dims.pp_enabled and self.pp_has_last_stage)
-        self.microbatch_protocol: MicrobatchProtocol = self.model_parts[0].microbatch_protocol
-        """Chosen with the data parallelism (`boost_llama.data_parallel`)."""
+        self.microbatch_protocol = protocol_for(self.model_parts, dims, job_config)
+        """Read from the layout `parallelize_fn` built (`runtime.microbatches`)."""
         self.graphed = self.graphed_microbatch() if boost.cuda_graphs else None
         self.dp_degree = dims.dp_replicate * dims.dp_shard
         log_path = None
@@ -470,7 +471,8 @@ class BoostTrainer(Trainer):
         if self.memory_model is None:
             return f"{head}; no prediction (no memory model given to the trainer)"
         world = dist.get_world_size()
-        predicted, covers = self.memory_model(self.priced, world, self.model_args.vocab_size)
+        vocab = getattr(self.model_args, "vocab_size", None)  # a user's model may have none
+        predicted, covers = self.memory_model(self.priced, world, vocab)
         if predicted is None:
             return f"{head}; {covers}"
         change = 100 * (measured - predicted) / predicted
