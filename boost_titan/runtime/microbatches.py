@@ -81,6 +81,12 @@ class HeldCopies(MicrobatchProtocol):
         self.copies.end_step()  # the masters' gradients are complete
 
 
+def casts_itself(model_parts: list[nn.Module]) -> bool:
+    """Whether the built layout casts weights for compute itself (compute copies or FSDP2's
+    mixed-precision policy); elsewhere a TorchTitan model gets TorchTitan's autocast."""
+    return any(map(compute_copies_of, model_parts)) or bool(fsdp_modules(model_parts))
+
+
 def protocol_for(model_parts: list[nn.Module], parallel_dims, job_config) -> MicrobatchProtocol:
     """The protocol of the layout `model_parts` were built with (module docstring's table):
     `parallel_dims` says whether it is a pipeline stage and whether FSDP2 shards weights."""
@@ -102,4 +108,4 @@ def protocol_for(model_parts: list[nn.Module], parallel_dims, job_config) -> Mic
     return FsdpSwitches(modules, accumulation)
 
 
-__all__ = ["FsdpSwitches", "HeldCopies", "MicrobatchProtocol", "protocol_for"]
+__all__ = ["FsdpSwitches", "HeldCopies", "MicrobatchProtocol", "casts_itself", "protocol_for"]

@@ -53,9 +53,10 @@ run summary and a NaN stop.
 - Precision (`config.precision`): one of the first log lines states it ("Precision: bf16
   compute, fp32 master weights and gradient reductions" or "Precision: fp32"). TorchTitan's
   `maybe_enable_amp` (autocast on one device and under DDP; fp32 and a warning for TP or PP
-  without FSDP) is replaced by `no_autocast` before `Trainer.__init__` calls it: FSDP2's
-  mixed-precision policy or the compute copies do every cast (which layout takes which
-  path: `boost_llama.data_parallel`).
+  without FSDP) is replaced by `autocast_for_layout`: where the built layout casts for
+  compute itself (FSDP2's mixed-precision policy or the compute copies: every layout of our
+  model in bf16, `boost_llama.data_parallel`) there is no autocast; a layout that casts
+  nothing (a TorchTitan model on one device or under DDP) gets TorchTitan's own.
 - On CPU the NCCL-only settings stay quiet: the flight recorder is off (it would only leave
   an empty `comm_traces/`), and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is dropped
   (TorchTitan warns that it overrides it).
@@ -94,7 +95,7 @@ from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
 from boost_titan.runtime.held_out_loss import owns_loss
-from boost_titan.runtime.microbatches import protocol_for
+from boost_titan.runtime.microbatches import casts_itself, protocol_for
 from boost_titan.runtime.nonfinite import (
     NonFiniteGuard,
     RankView,
@@ -158,7 +159,7 @@ class BoostTrainer(Trainer):
         self.guard = NonFiniteGuard(boost.skip_nonfinite_steps)
         self.finished = False
         self.step_loss = 0.0
-        replace_amp(no_autocast)  # Trainer.__init__ calls it
+        self.titan_amp = replace_amp(self.autocast_for_layout)  # Trainer.__init__ calls it
         world = int(os.environ.get("WORLD_SIZE", 1))
         self.memory_model = memory_model
         self.rss_before_model = current_rss()
@@ -194,6 +195,14 @@ class BoostTrainer(Trainer):
             self.validator.on_result = lambda step, result, seconds: self.run_log.record_validation(
                 step, result.loss, result.tokens, seconds
             )
+
+    def autocast_for_layout(self, parallel_dims, mixed_precision_param: str, device_type: str):
+        """The autocast context of the built model (module docstring): none where the layout
+        casts for compute itself or the job computes in fp32, else TorchTitan's."""
+        precision = Precision.of(self.job_config.training)
+        if casts_itself(self.model_parts) or not precision.casts_for_compute:
+            return no_autocast()
+        return self.titan_amp(parallel_dims, mixed_precision_param, device_type)
 
     def graphed_microbatch(self) -> GraphedCall | None:
         """The CUDA-graphed micro-batch (`runtime.cuda_graphs`), or None off CUDA."""

@@ -166,3 +166,33 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.clone()
+
+
+@pytest.mark.parametrize(
+    ("layout", "compute", "autocast"),
+    [("plain", "bfloat16", True), ("plain", "float32", False), ("copies", "bfloat16", False)],
+)
+def test_autocast_only_where_the_layout_casts_nothing(layout, compute, autocast):
+    """bf16 compute on a model whose layout casts nothing (TorchTitan's llama3 on one device)
+    gets TorchTitan's autocast, as TorchTitan gives it; where the compute copies (or FSDP2)
+    cast, and in fp32, there is none (every layout of our model)."""
+    from torchtitan.config import JobConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.utils import maybe_enable_amp
+
+    from boost_titan.runtime.trainer import BoostTrainer
+
+    model = _plain()
+    if layout == "copies":
+        apply_compute_copies(model, torch.bfloat16, [model[0], model[2]])
+    job = JobConfig()
+    job.training.mixed_precision_param = compute
+    trainer = SimpleNamespace(model_parts=[model], job_config=job, titan_amp=maybe_enable_amp)
+    dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    context = BoostTrainer.autocast_for_layout(trainer, dims, compute, "cpu")
+    assert isinstance(context, torch.autocast) == autocast
+    if autocast:
+        with context:
+            assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled(
+                "cpu"
+            )
