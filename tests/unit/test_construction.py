@@ -2,7 +2,8 @@
 any TrainSpec: TorchTitan's llama3 and TrainSpecs a user registers through
 `--experimental.custom_import` (`tests.helpers.user_spec`). A job it accepts trains
 (`tests/distributed/test_titan_models.py`); each job that would die while the trainer is
-built gets one `error:` line and exit 2. All cases in one child (`check_each`).
+built gets one `error:` line and exit 2, and so does a checkpoint that is not the job's
+model (here one of ours, for llama3). All cases in one child (`check_each`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 
 from boost_titan.data.tokenizer import prepare_default_assets
 from tests.helpers import DEBUG_TOML
+from tests.helpers.checkpoints import save_model_checkpoint
 from tests.helpers.commands import assert_one_error, check_each
 from tests.helpers.corpus import write_hf_tokenizer
 
@@ -53,6 +55,14 @@ CASES = {
         ["--model.hf_assets_path", "default"],
         ["model.hf_assets_path 'default': llama3 cannot load its tokenizer: FileNotFoundError"],
     ),
+    "a checkpoint of our model": (
+        ["--job.dump_folder", "{ours}", "--training.steps", "10"],
+        [
+            "error: the checkpoint to resume from, ",
+            "but the job's model (llama3 debugmodel) expects",
+            "or train with the model.name and model.flavor it was saved with",
+        ],
+    ),
     "tokenizer too large": (
         ["--model.hf_assets_path", str(prepare_default_assets())],  # our 4096-token default
         ["the tokenizer has 4096 tokens but llama3 debugmodel embeds 2048"],
@@ -83,7 +93,10 @@ def results(tmp_path_factory) -> dict:
         "1",
         "--validation.no_enable",
     ]
-    outcomes = check_each([base + extra for extra, _ in CASES.values()], root)
+    ours = root / "ours"
+    save_model_checkpoint(ours / "checkpoint" / "step-3", with_state=True)
+    argvs = [base + [a.format(ours=ours) for a in extra] for extra, _ in CASES.values()]
+    outcomes = check_each(argvs, root)
     return dict(zip(CASES, outcomes, strict=True))
 
 
