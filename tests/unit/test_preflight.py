@@ -364,6 +364,18 @@ def test_config_naming_a_module_is_refused_before_it_runs(tmp_path, monkeypatch)
     assert marker.read_text() == "ran"
 
 
+def test_worker_refuses_degrees_its_ranks_cannot_hold(tmp_path):
+    """A worker started without `check` (debug.toml's TP 2 on 1 process, as `torchrun
+    --nproc_per_node=1` would start it): `check`'s line, exit 2, before the dump folder or
+    TorchTitan's assertion in `ParallelDims` (a traceback)."""
+    dump = tmp_path / "dump"
+    worker = run_module(
+        "boost_titan.train", "--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(dump)
+    )
+    assert_one_error(worker, "1 process cannot hold tp 2", "--parallelism.tensor_parallel_degree 1")
+    assert worker.returncode == 2 and not dump.exists()
+
+
 # ---- command lines start fast ------------------------------------------------------------------
 FAST_COMMANDS = {
     "bench --help": ["boost_titan.bench", "--help"],
