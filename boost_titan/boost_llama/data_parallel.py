@@ -1,6 +1,6 @@
-"""Data parallelism and mixed precision, the last step of `parallelize_boost`; it also picks
-the run's micro-batch protocol (`runtime.microbatches`), attached as
-`model.microbatch_protocol`. Which layout takes which path (the one table of it):
+"""Data parallelism and mixed precision, the last step of `parallelize_boost`. Which layout
+takes which path (the one table of it), and the micro-batch protocol the trainer then reads
+from the built model (`runtime.microbatches.protocol_for`; nothing is attached to the model):
 
 | layout | data parallelism, mixed precision | micro-batch protocol |
 |---|---|---|
@@ -53,16 +53,9 @@ from torchtitan.models.llama3.infra.parallelize import apply_ddp, apply_fsdp
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.precision import Precision
-from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
 from boost_titan.runtime.compute_copies import apply_compute_copies
-from boost_titan.runtime.device import force_sum_reductions, on_cpu
-from boost_titan.runtime.microbatches import FsdpSwitches, HeldCopies, MicrobatchProtocol
+from boost_titan.runtime.device import force_sum_reductions, graphs_on_cuda
 from boost_titan.runtime.titan_internals import one_rank_mesh
-
-
-def _graphs_on_cuda(job_config) -> bool:
-    """`--boost.cuda_graphs` where it takes effect (off the GPU it does nothing)."""
-    return job_config.boost.cuda_graphs and not on_cpu()
 
 
 def _casts_without_fsdp(parallel_dims: ParallelDims, job_config) -> bool:
@@ -71,7 +64,7 @@ def _casts_without_fsdp(parallel_dims: ParallelDims, job_config) -> bool:
     return (
         Precision.of(training).casts_for_compute
         and not training.enable_cpu_offload
-        and not _graphs_on_cuda(job_config)  # graphs replay FSDP2's casts
+        and not graphs_on_cuda(job_config)  # graphs replay FSDP2's casts
         and not (parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled)
         and not parallel_dims.pp_enabled
     )
@@ -79,25 +72,25 @@ def _casts_without_fsdp(parallel_dims: ParallelDims, job_config) -> bool:
 
 def apply_data_parallel(
     model: nn.Module, parallel_dims: ParallelDims, job_config, compile_model: bool
-) -> MicrobatchProtocol:
-    """FSDP2 / HSDP, compute copies or the 1-rank FSDP2 of mixed precision, or DDP; returns
-    the run's micro-batch protocol (module docstring)."""
+) -> None:
+    """FSDP2 / HSDP, compute copies or the 1-rank FSDP2 of mixed precision, or DDP (module
+    docstring)."""
     training = job_config.training
     replicate = parallel_dims.dp_replicate_enabled
     names = ["dp_replicate", "fsdp"] if replicate else ["fsdp"]
     if not parallel_dims.fsdp_enabled and not Precision.of(training).casts_for_compute:
         if replicate:
             apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
-        return MicrobatchProtocol()
+        return
     if _casts_without_fsdp(parallel_dims, job_config):
-        copies = apply_compute_copies(
+        apply_compute_copies(
             model, TORCH_DTYPE_MAP[training.mixed_precision_param], model.layers.values()
         )
         logger.info(
             "Mixed precision without FSDP2 (nothing sharded): each fp32 weight cast once per "
             "step, gradients accumulated in fp32"
         )
-        return HeldCopies(copies)
+        return
     sharded = parallel_dims.fsdp_enabled
     apply_fsdp(
         model,
@@ -122,19 +115,3 @@ def apply_data_parallel(
             "Applied FSDP2 on a 1-rank mesh for mixed precision (no collective; weights cast "
             "once per step outside CUDA graphs)"
         )
-    return _fsdp_protocol(model, parallel_dims, job_config)
-
-
-def _fsdp_protocol(model: nn.Module, parallel_dims: ParallelDims, job_config) -> MicrobatchProtocol:
-    """The switches of an FSDP2 model: none on a pipeline stage, none kept under CUDA graphs,
-    else `Accumulation`'s policy of the layout (module docstring)."""
-    if parallel_dims.pp_enabled:
-        return MicrobatchProtocol()
-    if _graphs_on_cuda(job_config):
-        accumulation = Accumulation(keep_weights=False, defer_reduction=False)
-    else:
-        accumulation = Accumulation.for_layout(
-            shards_weights=parallel_dims.fsdp_enabled,
-            reshard_policy=job_config.parallelism.fsdp_reshard_after_forward,
-        )
-    return FsdpSwitches(fsdp_modules([model]), accumulation)

@@ -34,8 +34,8 @@ _SAC_SAVE = selective_ac_saves() | {
 
 
 def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config) -> nn.Module:
-    """Apply TP, activation checkpointing, torch.compile and data parallelism; the model
-    carries its micro-batch protocol as `model.microbatch_protocol` (`data_parallel`)."""
+    """Apply TP, activation checkpointing, torch.compile and data parallelism (the trainer
+    reads its micro-batch protocol from the built layout: `runtime.microbatches`)."""
     boost = job_config.boost
     if parallel_dims.tp_enabled:
         strategy = resolve_strategy(boost.arch, boost.tp_strategy).name
@@ -72,7 +72,7 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
     if compile_model:
         apply_compile(model, job_config.compile)
 
-    model.microbatch_protocol = apply_data_parallel(model, parallel_dims, job_config, compile_model)
+    apply_data_parallel(model, parallel_dims, job_config, compile_model)
     return model
 
 

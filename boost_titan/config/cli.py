@@ -236,8 +236,8 @@ IMPORTING_OPTIONS = (
     "experimental.custom_args_module",
 )
 """Options whose value TorchTitan imports as a Python module: custom_import in every worker
-(`torchtitan.train`), custom_config_module while parsing (in `check` too), custom_args_module
-its deprecated name."""
+(`torchtitan.train`; `check` too, to find a TrainSpec it registers), custom_config_module
+while parsing (in `check` too), custom_args_module its deprecated name."""
 ALLOW_IMPORT = "boost.allow_custom_import"
 
 

@@ -14,8 +14,9 @@ job per folder) and warns when torchrun restarts are enabled over its shared TCP
 `./run_train.sh` validates the job with `boost_titan.check` first, but never in a worker's
 process (torchrun starts new ones), and a worker may be launched without it (`torchrun -m
 boost_titan.train`): so the worker checks again what would otherwise fail on some rank only,
-or late (`train`: the run limits, CUDA graphs and TorchTitan's own assertions, before the
-trainer is built; the dump folder's lock; the data, tokenizer and checkpoints where they
+or late (`run`: the parallel degrees against the process count, right after the parse;
+`train`: the run limits, CUDA graphs and TorchTitan's own assertions, before the trainer is
+built; the dump folder's lock; the data, tokenizer and checkpoints where they
 are read).
 """
 
@@ -35,6 +36,7 @@ from boost_titan.config import check_cuda_graphs, check_run_limits
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.titan_settings import check_titan_settings
+from boost_titan.config.world import resolve_world
 from boost_titan.data.tokenizer import DefaultAssetsWarningFilter
 from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.device import use_cpu_if_no_accelerator
@@ -75,6 +77,8 @@ def run(trainer_cls: type[BoostTrainer] = BoostTrainer) -> int:
     try:
         init_logger()  # before the parse: TorchTitan's warnings about the job reach its log
         job = parse_job_config(sys.argv[1:], titan_warnings=True)
+        if job.comm.mode not in ("fake_backend", "local_tensor"):  # those simulate NGPU ranks
+            resolve_world(job, int(os.environ.get("WORLD_SIZE", "1")))  # degrees fit the ranks
         if rank0:
             lock = DumpFolderLock(job.job.dump_folder)
             lock.acquire()

@@ -72,48 +72,24 @@ def _missing_ancestors(folder: str) -> list[str]:
     return missing
 
 
-def check_model(job, world: int) -> int | None:
-    """Prepare default assets, then let the TrainSpec validate model x parallelism; return
-    the vocabulary size of a boost_llama model."""
-    from torchtitan.protocols.train_spec import get_train_spec
-
-    import boost_titan.boost_llama.spec
+def check_model(job, world: int, data_parallel: int) -> tuple[int | None, Shapes]:
+    """Prepare default assets, let our TrainSpec validate model x parallelism, and build what
+    the worker builds before training (`job.construction`: the model on the meta device
+    for every TrainSpec; the tokenizer and dataloaders of one with TorchTitan's data);
+    return the vocabulary size of a boost_llama model and the model's state-dict shapes."""
     import boost_titan.data
+    from boost_titan.boost_llama.spec import SPEC_NAME, validate_job
+    from boost_titan.job.construction import build_model, build_titan_data, model_args, train_spec
 
-    boost_titan.boost_llama.spec.register_spec()
-    try:
-        spec = get_train_spec(job.model.name)
-    except ValueError:
-        raise ConfigError(f"unknown model.name {job.model.name!r}; use boost_llama") from None
+    spec = train_spec(job)
     boost_titan.data.prepare_default_assets()
-    boost_titan.boost_llama.spec.validate_job(job, world)
-    if job.model.name != boost_titan.boost_llama.spec.SPEC_NAME:
-        check_titan_tokenizer(job, spec)
-        return None
-    return boost_titan.boost_llama.spec.job_args(job).vocab_size
-
-
-def check_titan_tokenizer(job, spec) -> None:
-    """A TorchTitan model's tokenizer loads (its own builder: HF files) and fits the
-    flavor's vocabulary, which TorchTitan's models do not grow (an id past it is an
-    IndexError in the embedding)."""
-    where = f"model.hf_assets_path {job.model.hf_assets_path!r}"
-    if spec.build_tokenizer_fn is None:
-        return
-    try:
-        tokenizer = spec.build_tokenizer_fn(job)
-    except Exception as e:  # TorchTitan raises FileNotFoundError, ValueError, ...
-        reason = " ".join(str(e).split())[:300]
-        raise ConfigError(
-            f"{where}: {job.model.name} cannot load its tokenizer: {reason}"
-        ) from None
-    vocab = getattr(spec.model_args.get(job.model.flavor), "vocab_size", None)
-    if vocab is not None and tokenizer.get_vocab_size() > vocab:
-        raise ConfigError(
-            f"{where}: the tokenizer has {tokenizer.get_vocab_size()} tokens but "
-            f"{job.model.name} {job.model.flavor} embeds {vocab}; use a tokenizer that fits, "
-            "or a flavor with a larger vocabulary"
-        )
+    validate_job(job, world)
+    args = model_args(spec, job)
+    if job.model.name != SPEC_NAME:
+        build_titan_data(spec, args, job, data_parallel)
+    model = build_model(spec, args, job)
+    shapes = {key: tuple(t.shape) for key, t in model.state_dict().items()}
+    return (args.vocab_size if job.model.name == SPEC_NAME else None), shapes
 
 
 LARGE_RAW_CORPUS = 1 << 30
@@ -238,18 +214,40 @@ def check_initial_checkpoint(checkpoint) -> None:
         )
 
 
-SAVED_WITH = "the model.flavor, [boost] arch and rank, and tokenizer it was saved with"
+Shapes = dict[str, tuple[int, ...]]
+"""A model's state-dict keys and their shapes."""
 
 
-def check_holds_model(job, metadata, where: str, fix: str) -> None:
+def _saved_with(job) -> str:
+    """What a checkpoint of another model was saved with, to train with instead."""
+    from boost_titan.boost_llama.spec import SPEC_NAME
+
+    if job.model.name == SPEC_NAME:
+        return "the model.flavor, [boost] arch and rank, and tokenizer it was saved with"
+    return "the model.name and model.flavor it was saved with"
+
+
+def _job_model(job) -> str:
+    """The job's model as the mismatch line names it."""
+    from boost_titan.boost_llama.spec import SPEC_NAME, job_args
+
+    if job.model.name != SPEC_NAME:
+        return f"{job.model.name} {job.model.flavor}"
+    args = job_args(job)
+    return (
+        f"{job.model.flavor}, arch {job.boost.arch}, rank {args.effective_rank}, vocab "
+        f"{args.vocab_size}"
+    )
+
+
+def check_holds_model(job, metadata, where: str, fix: str, expected: Shapes) -> None:
     """A DCP checkpoint (its `metadata`: keys and shapes, nothing else is read) holds the
     job's model: every weight, with the same shape, and no other weight (TorchTitan would
     stop with a traceback on a missing one and silently drop an extra one)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
 
-    from boost_titan.boost_llama.export_format import first_shape_mismatch, model_shapes
-    from boost_titan.boost_llama.spec import job_args
+    from boost_titan.boost_llama.export_format import first_shape_mismatch
 
     training_state = {DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE}
     stored = {
@@ -257,34 +255,33 @@ def check_holds_model(job, metadata, where: str, fix: str) -> None:
         for key, meta in metadata.state_dict_metadata.items()
         if key.split(".")[0] not in training_state and isinstance(meta, TensorStorageMetadata)
     }
-    args = job_args(job)
-    expected = model_shapes(args)
     key = first_shape_mismatch(expected, stored)
     if key is not None:
         raise ConfigError(
             f"{where} has {key} {stored.get(key, 'missing')} but the job's model "
-            f"({job.model.flavor}, arch {job.boost.arch}, rank {args.effective_rank}, vocab "
-            f"{args.vocab_size}) expects {expected.get(key, 'no such weight')}; {fix}"
+            f"({_job_model(job)}) expects {expected.get(key, 'no such weight')}; {fix}"
         )
 
 
-def check_checkpoint_model(job) -> None:
+def check_checkpoint_model(job, expected: Shapes) -> None:
     """The DCP checkpoint the job loads holds the job's model (`check_holds_model`): the
     one it resumes from (already checked readable), else `checkpoint.initial_load_path`,
     which must also open (its metadata unpickles and every file it names is whole)."""
     resume = resume_checkpoint(job)
     if resume is not None:
         where = f"the checkpoint to resume from, {resume},"
-        fix = f"set --job.dump_folder to a new folder for this model, or train with {SAVED_WITH}"
-        check_holds_model(job, read_metadata(resume, where), where, fix)
+        fix = (
+            f"set --job.dump_folder to a new folder for this model, or train with "
+            f"{_saved_with(job)}"
+        )
+        check_holds_model(job, read_metadata(resume, where), where, fix, expected)
         return
     checkpoint = job.checkpoint
     path = checkpoint.initial_load_path
     if path and checkpoint.enable and not checkpoint.initial_load_in_hf:
         where = f"checkpoint.initial_load_path {path}"
-        check_holds_model(
-            job, check_loadable(path, resuming=False), where, f"train with {SAVED_WITH}"
-        )
+        metadata = check_loadable(path, resuming=False)
+        check_holds_model(job, metadata, where, f"train with {_saved_with(job)}", expected)
 
 
 def check_initial_export(job) -> None:
@@ -295,6 +292,18 @@ def check_initial_export(job) -> None:
     from boost_titan.boost_llama.state_dict_adapter import check_export
 
     check_export(job.checkpoint.initial_load_path, job_args(job))
+
+
+def _our_model(job) -> str:
+    """` (arch, tp_strategy auto -> btp)` for our model; TorchTitan's and users' models have
+    no arch or strategy of ours."""
+    from boost_titan.boost_llama.spec import SPEC_NAME
+    from boost_titan.boost_llama.strategies import resolve_strategy
+
+    if job.model.name != SPEC_NAME:
+        return ""
+    strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
+    return f" ({job.boost.arch}, tp_strategy {job.boost.tp_strategy} -> {strategy})"
 
 
 def _count_source(nproc: int | None) -> str:
@@ -328,10 +337,9 @@ def check_job(job, nproc: int | None) -> str:
     data_note = check_data(job)
     check_initial_checkpoint(job.checkpoint)
     resumed = check_resume(job)
-    vocab = check_model(job, world)
+    vocab, shapes = check_model(job, world, degrees["dp_replicate"] * degrees["dp_shard"])
     check_prepared_data(job, vocab)
-    if vocab is not None:
-        check_checkpoint_model(job)
+    check_checkpoint_model(job, shapes)
     check_initial_export(job)
     if resumed is not None and resumed >= job.training.steps:
         raise NothingToTrain(
@@ -339,16 +347,12 @@ def check_job(job, nproc: int | None) -> str:
             f"training.steps is {job.training.steps}; raise --training.steps to continue, or "
             "set --job.dump_folder to a new folder to start over"
         )
-    from boost_titan.boost_llama.strategies import resolve_strategy
-
-    strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
     layout = " x ".join(f"{k} {v}" for k, v in degrees.items() if v > 1) or "no parallelism"
     start = f", resumes from step {resumed}" if resumed is not None else ""
     fsdp = degrees["dp_shard"] > 1 or degrees["cp"] > 1
     precision = Precision.of(job.training).describe(fsdp=fsdp)
     return (
-        f"config ok: {job.model.name} {job.model.flavor} ({job.boost.arch}, tp_strategy "
-        f"{job.boost.tp_strategy} -> {strategy}) "
+        f"config ok: {job.model.name} {job.model.flavor}{_our_model(job)} "
         f"on {world} process{'es' if world > 1 else ''} ({layout}{_count_source(nproc)}), "
         f"{precision}, {f'vocab {vocab}, ' if vocab else ''}"
         f"global batch {batch} x seq_len {job.training.seq_len}, "

@@ -32,6 +32,7 @@ copies did (`perf.memory`, checked against torch's MemTracker by `bench memory`)
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from functools import partial
 
@@ -42,6 +43,10 @@ from torch.utils._pytree import tree_map
 
 CAST_RANGE = "boost::cast_weights"
 """The profiler range around a step's weight casts (counted by `bench step`)."""
+
+_APPLIED: weakref.WeakKeyDictionary[nn.Module, ComputeCopies] = weakref.WeakKeyDictionary()
+"""Each model given compute copies: part of the layout the runtime reads its micro-batch
+protocol from (`runtime.microbatches.protocol_for`)."""
 
 Slot = tuple[nn.Module, str]
 """Where a weight sits: its module and its name there."""
@@ -170,7 +175,13 @@ def apply_compute_copies(
     model: nn.Module, dtype: torch.dtype, units: Iterable[nn.Module]
 ) -> ComputeCopies:
     """Give `model` bf16 (`dtype`) compute from its fp32 weights (module docstring)."""
-    return ComputeCopies(model, dtype, units)
+    copies = _APPLIED[model] = ComputeCopies(model, dtype, units)
+    return copies
 
 
-__all__ = ["CAST_RANGE", "ComputeCopies", "apply_compute_copies"]
+def compute_copies_of(model: nn.Module) -> ComputeCopies | None:
+    """The compute copies `apply_compute_copies` gave `model`, or None."""
+    return _APPLIED.get(model)
+
+
+__all__ = ["CAST_RANGE", "ComputeCopies", "apply_compute_copies", "compute_copies_of"]

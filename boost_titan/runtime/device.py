@@ -44,6 +44,11 @@ def on_cpu() -> bool:
     return _get_available_device_type() is None
 
 
+def graphs_on_cuda(job_config) -> bool:
+    """`--boost.cuda_graphs` where it takes effect (off the GPU it does nothing)."""
+    return job_config.boost.cuda_graphs and not on_cpu()
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -17,14 +17,20 @@ from typing import Any
 
 from torch.distributed.device_mesh import DeviceMesh
 
-
 # ---- module globals rebound -------------------------------------------------------------
-def replace_amp(context: Callable[..., Any]) -> None:
+_REPLACED: dict[str, Callable[..., Any]] = {}
+"""TorchTitan's own functions, as first found, by the name of the global rebound."""
+
+
+def replace_amp(context: Callable[..., Any]) -> Callable[..., Any]:
     """Make `Trainer.__init__` take its autocast context from `context` (it calls
-    `torchtitan.distributed.utils.maybe_enable_amp` through the module)."""
+    `torchtitan.distributed.utils.maybe_enable_amp` through the module); returns TorchTitan's
+    own `maybe_enable_amp`."""
     import torchtitan.distributed.utils as titan_dist_utils
 
+    titan_amp = _REPLACED.setdefault("maybe_enable_amp", titan_dist_utils.maybe_enable_amp)
     titan_dist_utils.maybe_enable_amp = context
+    return titan_amp
 
 
 def point_at_cpu(cpu_module: Any, peak_flops: Callable[..., float]) -> None:

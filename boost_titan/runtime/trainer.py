@@ -2,12 +2,13 @@
 run summary and a NaN stop.
 
 - The step (`train_step`) reads top to bottom in the order it runs: the micro-batches inside
-  the run's micro-batch protocol (`runtime.microbatches`, picked with the data parallelism:
-  `boost_llama.data_parallel`), clipping, one all-reduce of the loss and the stop flags,
-  the non-finite skip or stop, the optimizer and learning-rate step, the metrics line and
-  the run log's row. The loop (`run_steps`, TorchTitan's `train` loop) saves the
-  checkpoint, validates, and after a stop the ranks agreed on saves the stop checkpoint
-  and ends. Every use of TorchTitan's private API is in `runtime.titan_internals`.
+  the run's micro-batch protocol (`runtime.microbatches`, read from the parallel layout
+  the TrainSpec's `parallelize_fn` built, so any TrainSpec's model trains), clipping, one
+  all-reduce of the loss and the stop flags, the non-finite skip or stop, the optimizer and
+  learning-rate step, the metrics line and the run log's row. The loop (`run_steps`,
+  TorchTitan's `train` loop) saves the checkpoint, validates, and after a stop the ranks
+  agreed on saves the stop checkpoint and ends. Every use of TorchTitan's private API is
+  in `runtime.titan_internals`.
 - Pipeline parallelism: TorchTitan 0.2.2 backpropagates the *summed* per-microbatch loss
   under PP while every other layout divides it by the step's global valid-token count, so
   PP gradients come out batch*seq times too large (clipping and AdamW hide most of it).
@@ -52,9 +53,10 @@ run summary and a NaN stop.
 - Precision (`config.precision`): one of the first log lines states it ("Precision: bf16
   compute, fp32 master weights and gradient reductions" or "Precision: fp32"). TorchTitan's
   `maybe_enable_amp` (autocast on one device and under DDP; fp32 and a warning for TP or PP
-  without FSDP) is replaced by `no_autocast` before `Trainer.__init__` calls it: FSDP2's
-  mixed-precision policy or the compute copies do every cast (which layout takes which
-  path: `boost_llama.data_parallel`).
+  without FSDP) is replaced by `autocast_for_layout`: where the built layout casts for
+  compute itself (FSDP2's mixed-precision policy or the compute copies: every layout of our
+  model in bf16, `boost_llama.data_parallel`) there is no autocast; a layout that casts
+  nothing (a TorchTitan model on one device or under DDP) gets TorchTitan's own.
 - On CPU the NCCL-only settings stay quiet: the flight recorder is off (it would only leave
   an empty `comm_traces/`), and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is dropped
   (TorchTitan warns that it overrides it).
@@ -93,7 +95,7 @@ from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
 from boost_titan.runtime.held_out_loss import owns_loss
-from boost_titan.runtime.microbatches import MicrobatchProtocol
+from boost_titan.runtime.microbatches import casts_itself, protocol_for
 from boost_titan.runtime.nonfinite import (
     NonFiniteGuard,
     RankView,
@@ -139,9 +141,9 @@ class TokenScaledLoss:
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 """A micro-batch as the data loader gives it: the inputs by name, and the labels."""
 
-MemoryModel = Callable[[Any, int, int], tuple[int | None, str]]
-"""(job config, world size, vocabulary) -> (rank 0's predicted peak bytes or None, what it
-covers)."""
+MemoryModel = Callable[[Any, int, int | None], tuple[int | None, str]]
+"""(job config, world size, vocabulary where the model's args give one) -> (rank 0's
+predicted peak bytes or None, what it covers)."""
 
 
 class BoostTrainer(Trainer):
@@ -157,7 +159,7 @@ class BoostTrainer(Trainer):
         self.guard = NonFiniteGuard(boost.skip_nonfinite_steps)
         self.finished = False
         self.step_loss = 0.0
-        replace_amp(no_autocast)  # Trainer.__init__ calls it
+        self.titan_amp = replace_amp(self.autocast_for_layout)  # Trainer.__init__ calls it
         world = int(os.environ.get("WORLD_SIZE", 1))
         self.memory_model = memory_model
         self.rss_before_model = current_rss()
@@ -176,8 +178,8 @@ class BoostTrainer(Trainer):
             self.pp_schedule._loss_fn = self.pp_loss
         # The loss lives on the last PP stage and is replicated over TP: count it once.
         self.owns_loss = owns_loss(dims, dims.pp_enabled and self.pp_has_last_stage)
-        self.microbatch_protocol: MicrobatchProtocol = self.model_parts[0].microbatch_protocol
-        """Chosen with the data parallelism (`boost_llama.data_parallel`)."""
+        self.microbatch_protocol = protocol_for(self.model_parts, dims, job_config)
+        """Read from the layout `parallelize_fn` built (`runtime.microbatches`)."""
         self.graphed = self.graphed_microbatch() if boost.cuda_graphs else None
         self.dp_degree = dims.dp_replicate * dims.dp_shard
         log_path = None
@@ -193,6 +195,14 @@ class BoostTrainer(Trainer):
             self.validator.on_result = lambda step, result, seconds: self.run_log.record_validation(
                 step, result.loss, result.tokens, seconds
             )
+
+    def autocast_for_layout(self, parallel_dims, mixed_precision_param: str, device_type: str):
+        """The autocast context of the built model (module docstring): none where the layout
+        casts for compute itself or the job computes in fp32, else TorchTitan's."""
+        precision = Precision.of(self.job_config.training)
+        if casts_itself(self.model_parts) or not precision.casts_for_compute:
+            return no_autocast()
+        return self.titan_amp(parallel_dims, mixed_precision_param, device_type)
 
     def graphed_microbatch(self) -> GraphedCall | None:
         """The CUDA-graphed micro-batch (`runtime.cuda_graphs`), or None off CUDA."""
@@ -470,7 +480,8 @@ class BoostTrainer(Trainer):
         if self.memory_model is None:
             return f"{head}; no prediction (no memory model given to the trainer)"
         world = dist.get_world_size()
-        predicted, covers = self.memory_model(self.priced, world, self.model_args.vocab_size)
+        vocab = getattr(self.model_args, "vocab_size", None)  # a user's model may have none
+        predicted, covers = self.memory_model(self.priced, world, vocab)
         if predicted is None:
             return f"{head}; {covers}"
         change = 100 * (measured - predicted) / predicted

@@ -84,7 +84,7 @@ def _step(layout: str, rank: int, world_size: int) -> dict:
     from boost_titan.config.cli import parse_job_config
     from boost_titan.runtime.device import use_cpu_if_no_accelerator
     from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
-    from boost_titan.runtime.microbatches import HeldCopies
+    from boost_titan.runtime.microbatches import HeldCopies, protocol_for
 
     use_cpu_if_no_accelerator()
     tp, replicate = (1, world_size) if layout == "dp_replicate2-bf16" else (world_size, 1)
@@ -129,7 +129,7 @@ def _step(layout: str, rank: int, world_size: int) -> dict:
     local = {n: (g.to_local() if isinstance(g, DTensor) else g) for n, g in grads.items()}
     return {
         "fsdp_modules": sum(isinstance(m, FSDPModule) for m in model.modules()),
-        "compute_copies": isinstance(model.microbatch_protocol, HeldCopies),
+        "compute_copies": isinstance(protocol_for([model], dims, job), HeldCopies),
         "gemms": log.gemms,
         "block_gemms": log.block_gemms,
         "collectives": log.collectives,

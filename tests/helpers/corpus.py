@@ -1,5 +1,6 @@
 """A real-data job in miniature, written by the test: a tiktoken BPE file (the format of
-Llama 3's `original/tokenizer.model`) and a JSON-lines corpus, nothing downloaded."""
+Llama 3's `original/tokenizer.model`) and a JSON-lines corpus, nothing downloaded; and a
+small Hugging Face `tokenizer.json` for TorchTitan's own models (`write_hf_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,28 @@ def real_data_args(folder: Path) -> list[str]:
     """The documented real-data flags on files written under `folder`."""
     corpus, tokenizer = write_corpus(folder)
     return ["--training.dataset_path", str(corpus), "--model.hf_assets_path", str(tokenizer)]
+
+
+def write_hf_tokenizer(folder: Path, vocab_size: int = 512) -> Path:
+    """A byte-level BPE `tokenizer.json` of at most `vocab_size` tokens, with the default
+    tokenizer's BOS/EOS in `tokenizer_config.json`: small enough for TorchTitan's llama3
+    debugmodel (2048 embeddings), which loads tokenizers through Hugging Face's files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from boost_titan.data.tokenizer import BOS_TOKEN, EOS_TOKEN
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS_TOKEN, EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(["def f(x):\n    return x + 1\n"] * 64, trainer=trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "add_bos_token": True}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"add_eos_token": True}))
+    return folder

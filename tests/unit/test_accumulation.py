@@ -6,7 +6,7 @@ One process, a 1-rank gloo group: the debug model (CoLA, every parameter randomi
 in bf16, trained two steps of 4 micro-batches each with AdamW, then one held-out forward
 after each step:
 - "copies": as the trainer builds it (`runtime.compute_copies`: no FSDP2), with the
-  micro-batch protocol `parallelize_fn` attaches to the model;
+  micro-batch protocol the trainer reads from that layout (`protocol_for`);
 - "fsdp_kept": FSDP2 on a 1-rank mesh with `runtime.accumulation`'s policy (what
   dp_replicate layouts still run);
 - "every_microbatch": FSDP2 on a 1-rank mesh resharding and reducing after every
@@ -30,7 +30,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from boost_titan.bench.measure.step_trace import MICROBATCH, STEP, step_counts
 from boost_titan.runtime.accumulation import Accumulation, fsdp_modules
-from boost_titan.runtime.microbatches import FsdpSwitches, HeldCopies
+from boost_titan.runtime.microbatches import (
+    FsdpSwitches,
+    HeldCopies,
+    MicrobatchProtocol,
+    protocol_for,
+)
 from tests.helpers import DEBUG_TOML
 from tests.helpers.distributed import randomize
 
@@ -46,9 +51,10 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
-def _model(fsdp: bool):
+def _model(fsdp: bool) -> tuple[torch.nn.Module, MicrobatchProtocol]:
     """The debug model at TP 1 with bf16 compute: as the trainer builds it, or (`fsdp`) with
-    FSDP2 on a 1-rank mesh as `boost_llama.data_parallel` applies it where it still does."""
+    FSDP2 on a 1-rank mesh as `boost_llama.data_parallel` applies it where it still does;
+    and the protocol the trainer reads from that layout."""
     from torchtitan.distributed import ParallelDims
     from torchtitan.models.llama3.infra.parallelize import apply_fsdp
 
@@ -93,7 +99,7 @@ def _model(fsdp: bool):
         model.init_weights(buffer_device=None)
     # a 1-rank mesh: each DTensor parameter's local tensor is the whole of it
     randomize(_LocalView(model))
-    return model
+    return model, protocol_for([model], dims, job)
 
 
 class _LocalView(torch.nn.Module):
@@ -115,12 +121,12 @@ def _train(path: str, profiled_step: int) -> tuple[list[dict], dict, list[torch.
     """Two steps of MICROBATCHES micro-batches on `path` (module docstring): each step's
     gradients, the profiler trace of step `profiled_step`, and the held-out logits after
     each step."""
-    model = _model(fsdp=path != "copies")
+    model, product = _model(fsdp=path != "copies")
     units = fsdp_modules([model])
     copies = path == "copies"
-    assert isinstance(model.microbatch_protocol, HeldCopies) == copies
+    assert isinstance(product, HeldCopies) == copies
     assert bool(units) != copies
-    protocol = model.microbatch_protocol if copies else FsdpSwitches(units, POLICIES[path])
+    protocol = product if copies else FsdpSwitches(units, POLICIES[path])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     tokens = torch.randint(0, model.args.vocab_size, (2, MICROBATCHES, 17), generator=None)
     grads, trace, held_out, given_back = [], {}, [], []
@@ -222,35 +228,3 @@ def test_each_weight_cast_once_per_step(runs, path):
     assert product.microbatches == MICROBATCHES
     assert product.casts_per_step == params
     assert reference.casts_per_step == MICROBATCHES * params
-
-
-@pytest.mark.parametrize(
-    ("pp", "sharded", "reshard", "graphs_on_cuda", "expected"),
-    [
-        (False, False, "default", False, Accumulation(keep_weights=True, defer_reduction=True)),
-        (False, True, "never", False, Accumulation(keep_weights=True, defer_reduction=False)),
-        (False, True, "default", False, Accumulation(keep_weights=False, defer_reduction=False)),
-        (False, False, "default", True, Accumulation(keep_weights=False, defer_reduction=False)),
-        (True, False, "default", False, None),
-    ],
-)
-def test_fsdp_protocol_of_each_layout(monkeypatch, pp, sharded, reshard, graphs_on_cuda, expected):
-    """`apply_data_parallel`'s protocol for an FSDP2 model (the table in
-    `boost_llama.data_parallel`): the layout's switches, none kept under CUDA graphs on
-    CUDA, no protocol on a pipeline stage."""
-    from types import SimpleNamespace
-
-    from boost_titan.boost_llama import data_parallel
-    from boost_titan.runtime.microbatches import MicrobatchProtocol
-
-    monkeypatch.setattr(data_parallel, "on_cpu", lambda: not graphs_on_cuda)
-    dims = SimpleNamespace(pp_enabled=pp, fsdp_enabled=sharded)
-    job = SimpleNamespace(
-        boost=SimpleNamespace(cuda_graphs=True),
-        parallelism=SimpleNamespace(fsdp_reshard_after_forward=reshard),
-    )
-    protocol = data_parallel._fsdp_protocol(torch.nn.Linear(2, 2), dims, job)
-    if expected is None:
-        assert type(protocol) is MicrobatchProtocol
-    else:
-        assert isinstance(protocol, FsdpSwitches) and protocol.accumulation == expected

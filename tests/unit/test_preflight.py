@@ -330,8 +330,9 @@ def test_hf_commands_without_transformers_name_the_extra(tmp_path):
 
 def test_config_naming_a_module_is_refused_before_it_runs(tmp_path, monkeypatch):
     """`check` and the worker refuse a module to import, naming it, and never import it;
-    `--boost.allow_custom_import` on the command line lets it through (`check` itself does
-    not import custom_import: the workers do), the same key in the TOML does not."""
+    `--boost.allow_custom_import` on the command line lets it through (then `check` imports
+    custom_import as every worker does: a TrainSpec it registers is looked up), the same key
+    in the TOML does not."""
     marker = tmp_path / "ran"
     monkeypatch.setenv("BOOST_TITAN_TEST_PAYLOAD", str(marker))
     toml = tmp_path / "job.toml"
@@ -342,22 +343,37 @@ def test_config_naming_a_module_is_refused_before_it_runs(tmp_path, monkeypatch)
         f'[boost]\nallow_custom_import = true\n[experimental]\ncustom_import = "{payload}"\n'
     )
     dump = ["--job.dump_folder", str(tmp_path / "dump")]
-    refused, config_module, self_allowed, allowed = check_each(
+    refused, config_module, self_allowed = check_each(
         [
             ["--job.config_file", str(toml), *dump],
             ["--job.config_file", str(DEBUG_TOML), *dump, "--job.custom_config_module", payload],
             ["--job.config_file", str(allows_itself), *dump],
-            ["--job.config_file", str(toml), *dump, "--boost.allow_custom_import"],
         ],
         tmp_path,
     )
     assert_one_error(refused, f"experimental.custom_import = '{payload}'", f"module {payload}")
     assert_one_error(config_module, f"job.custom_config_module = '{payload}'")
     assert_one_error(self_allowed, f"experimental.custom_import = '{payload}'")
-    assert allowed.returncode == 0 and allowed.stdout.startswith("config ok"), allowed.stdout
     worker = run_module("boost_titan.train", "--job.config_file", str(toml), *dump)
     assert_one_error(worker, f"experimental.custom_import = '{payload}'")
     assert worker.returncode == 2 and not marker.exists()
+    (allowed,) = check_each(
+        [["--job.config_file", str(toml), *dump, "--boost.allow_custom_import"]], tmp_path
+    )
+    assert allowed.returncode == 0 and allowed.stdout.startswith("config ok"), allowed.stdout
+    assert marker.read_text() == "ran"
+
+
+def test_worker_refuses_degrees_its_ranks_cannot_hold(tmp_path):
+    """A worker started without `check` (debug.toml's TP 2 on 1 process, as `torchrun
+    --nproc_per_node=1` would start it): `check`'s line, exit 2, before the dump folder or
+    TorchTitan's assertion in `ParallelDims` (a traceback)."""
+    dump = tmp_path / "dump"
+    worker = run_module(
+        "boost_titan.train", "--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(dump)
+    )
+    assert_one_error(worker, "1 process cannot hold tp 2", "--parallelism.tensor_parallel_degree 1")
+    assert worker.returncode == 2 and not dump.exists()
 
 
 # ---- command lines start fast ------------------------------------------------------------------
