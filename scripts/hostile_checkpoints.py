@@ -359,7 +359,7 @@ CASES: dict[str, Callable[[str, str], None] | None] = {
     ),
     "7 a folder named step-0002": None,
     "8 tensor archive: 2,000 zip entries on one 2 MiB record": zip_entries(2_000),
-    "8 tensor archive: 65,535 zip entries on one 2 MiB record": zip_entries(65_535),
+    "8 tensor archive: 65,535 zip entries on one 2 MiB record": zip_entries(65_535 - 6),
     "9 .metadata: 40,000 int keys that hash alike": flood_metadata(40_000),
     "9 .metadata: 150,000 int keys that hash alike": flood_metadata(150_000),
     "9 dataloader state: 40,000 int keys that hash alike": flood_dataloader(40_000),
