@@ -1,14 +1,18 @@
-"""Issue 39's hostile checkpoints, rebuilt by hand (not with the test helpers) on a
+"""Issues 39's and 46's hostile checkpoints, rebuilt by hand (not with the test helpers) on a
 checkpoint the product wrote, each run through `python -m boost_titan.check` under
-`/usr/bin/time -v`: exit status, `error:` lines, wall time, peak RSS, whether the payload
-ran. Then `export` of the folders whose entries point outside (must fail, writing nothing),
-and `generate` on the 1M-token vocabulary. The figures in docs/reliability.md come from it.
+`/usr/bin/time -v` (an 8 GiB address-space limit, killed after 300 s): exit status,
+`error:` lines, wall time, peak RSS, whether the payload ran. Then `export` and `generate`
+where they read the case (entries outside the folder, a 1M-token vocabulary, zip entries
+sharing one record, a split embedding). It ends with a table of every run (outcome: `one
+line` is exit 2 with one `error:` line within issue 39's caps, 60 s and 1.5 GiB); the
+tables in docs/reliability.md come from it.
 
     ./run_train.sh --training.steps 2 --checkpoint.enable --checkpoint.interval 2 \\
         --job.dump_folder /tmp/fresh
-    python scripts/hostile_checkpoints.py /tmp/fresh/checkpoint/step-2 /tmp/hostile [PREFIX]
+    python scripts/hostile_checkpoints.py /tmp/fresh/checkpoint/step-2 /tmp/hostile [PREFIX...]
 
-PREFIX: only the cases whose name starts with it (e.g. `0`: the clean checkpoint).
+PREFIX: only the cases whose name starts with one of them (e.g. `0`: the clean checkpoint;
+`8 9 A B`: issue 46's).
 """
 
 from __future__ import annotations
@@ -235,9 +239,9 @@ def zip_entries(count: int) -> Callable[[str, str], None]:
                 archive.writestr(name, data)
         names = [f"{prefix}/data/{k}" for k in range(1, count)]
         archive = _central_copies(buffer.getvalue(), f"{prefix}/data/0", names)
-        print(
-            f"    a {len(archive):,}-byte archive: {count:,} entries, one {numel * 4:,}-byte record"
-        )
+        entries = len(original.namelist()) - 1 + count
+        size = f"{len(archive):,}-byte archive"
+        print(f"    a {size}: {entries:,} entries, one {numel * 4:,}-byte record")
         shard = os.path.join(folder, info.relative_path)
         offset = os.path.getsize(shard)
         with open(shard, "ab") as f:
