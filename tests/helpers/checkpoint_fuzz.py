@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import io
 import json
 import os
@@ -625,6 +626,8 @@ def run_case(
         signal.setitimer(signal.ITIMER_REAL, 0)
         watch.folder = None
     grown = _peak_rss_mib() - base
+    if grown > 100:  # what an exception's traceback cycle holds is freed now, not at random
+        gc.collect()
     if loaded is not None:
         step = loaded["train_state"]["step"]
         wrong = shape_of({k: v for k, v in loaded.items() if not hasattr(v, "shape")})
@@ -717,6 +720,7 @@ def main(argv: list[str] | None = None) -> None:
                 results["broken"][guard] = fuzz(ns, work, state, watch, results, guard)
             finally:
                 undo()
+                gc.collect()  # what the hole left behind, before the next guard
             _write(ns.results, results)
         if not ns.broken:
             fuzz(ns, work, state, watch, results, None)
