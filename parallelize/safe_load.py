@@ -32,8 +32,9 @@ mutate replaced:
   `MAX_DEPTH` (a dict key is hashed recursively, in C) and, once loaded, is walked without
   recursion: no container deeper than `MAX_DEPTH`, no cycle.
 - Hash flooding: a dict, set or frozenset may hold at most `MAX_SAME_HASH` keys of one
-  hash (`KeyHashes`), counted before they are inserted, so no insert probes more than that;
-  `KeyHashes` serves any container a reader builds from a checkpoint's values too.
+  hash (`KeyHashes`), counted before they are inserted, so no insert probes more than that
+  (and a PUT index stays below `MAX_MEMO_INDEX`); `KeyHashes` serves any container a reader
+  builds from a checkpoint's values too (`dcp_layout`'s chunk index).
 
 - `guard_dcp()`: every later DCP load in this process (`FileSystemReader.read_metadata`,
   `DefaultLoadPlanner.load_bytes` and their subclasses) reads through the allowlist.
@@ -84,7 +85,7 @@ OPCODE_COST = {
 MAX_DEPTH = 64
 """How deep containers may nest (DCP's metadata nests about 8 deep)."""
 MAX_SAME_HASH = 8
-"""The most keys of one dict or set (or memo) whose hashes are equal: each insert compares a
+"""The most keys of one dict or set whose hashes are equal: each insert compares a
 key with every earlier one of its hash, so a flood of alike keys (ints that are multiples of
 2**61 - 1 all hash to 0) is quadratic however few opcodes build it."""
 COUNTED_FROM = 16
@@ -92,7 +93,8 @@ COUNTED_FROM = 16
 KEY_COST = 2
 """What each counted key costs against `MAX_OPCODES` (its hash is kept: about 70 bytes)."""
 MAX_MEMO_INDEX = 1 << 32
-"""PUT's text index is any int (BINPUT's at most 4 bytes); beyond this, ints hash alike."""
+"""PUT's text index may be any int, and ints from 2**61 - 1 on hash alike (the memo is a
+dict): it is kept to LONG_BINPUT's 4-byte range."""
 
 
 class UnsafeCheckpoint(pickle.UnpicklingError):
