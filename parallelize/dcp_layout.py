@@ -8,12 +8,19 @@ says, since every later read trusts it: `check_layout(path, metadata)` raises
   tensor and covering it), byte items (at most `safe_load.MAX_ITEM_BYTES`, which a reader
   holds in memory), and storage entries (`relative_path`, `offset`, `length` as a name and
   integers, no storage transforms), one per chunk and byte item;
+- the storage indices of a tensor's chunks do not
+  flood one hash (`safe_load.KeyHashes`); each storage entry finds its chunk by index;
 - every file an entry names is a relative name without `..` that resolves (symlinks
-  included) inside the checkpoint folder, and is a regular file (a FIFO would block its
-  reader), and every entry's bytes lie inside it;
-- every tensor chunk's entry is a torch.save archive whose uncompressed data holds exactly
-  the chunk's bytes (shape x dtype size): a `.metadata` cannot make a reader allocate a
-  tensor its files do not hold.
+  included) inside the checkpoint folder (`check_inside`), and is a regular file (a FIFO
+  would block its reader), and every entry's bytes lie inside it;
+- every tensor chunk's entry is a torch.save archive that torch.load's own zip reader sees
+  as one tensor (`records_problem`: at most 16 records, each named once, one tensor record,
+  `data/0`, the others small: zip entries that all point at one record would each be
+  materialised) holding exactly the chunk's bytes (`size_problem`: shape x dtype size): a
+  `.metadata` cannot make a reader allocate a tensor its files do not hold.
+
+`check_confined(path)`: a `step-N` folder a reader picked in a run's folder is not a symlink
+to a folder elsewhere.
 
 `read_checked(path)` is all of it with `safe_load`'s reads: what `load_sharded` runs first.
 """
@@ -23,16 +30,19 @@ from __future__ import annotations
 import io
 import math
 import os
-import stat
-import zipfile
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .safe_load import MAX_ITEM_BYTES, shown
+from . import safe_load
+from .safe_load import MAX_ITEM_BYTES, KeyHashes, UnsafeCheckpoint, shown
 
 if TYPE_CHECKING:
-    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+    )
 
 
 class BadCheckpoint(ValueError):
@@ -60,8 +70,10 @@ def _field(value: Any, name: str) -> Any:
     return fields.get(name, getattr(type(value), name, None))
 
 
-def check_types(metadata: Metadata) -> None:
-    """Every entry of `metadata` has the types DCP writes (see the module docstring)."""
+def check_types(metadata: Metadata) -> dict[MetadataIndex, ChunkStorageMetadata | None]:
+    """Every entry of `metadata` has the types DCP writes (see the module docstring).
+    Returns the storage index of each tensor chunk (-> its chunk) and byte item (-> None):
+    what `storage_data` must hold, no more, no less."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import (
         BytesStorageMetadata,
@@ -81,12 +93,23 @@ def check_types(metadata: Metadata) -> None:
         raise BadCheckpoint(f"{where} has no state_dict_metadata and storage_data dicts")
     if type(_field(metadata, "storage_meta")) not in (StorageMeta, type(None)):
         raise BadCheckpoint(f"{where} has a storage_meta that is not DCP's")
-    needed: set[MetadataIndex] = set()
+    needed: dict[MetadataIndex, ChunkStorageMetadata | None] = {}
+    hashes = KeyHashes()  # chunk offsets are the file's: they may all hash alike
+
+    def need(index: MetadataIndex, chunk: ChunkStorageMetadata | None) -> None:
+        if index in needed:  # one storage entry serves both (empty chunks of two ranks)
+            return
+        try:
+            hashes.add([index])
+        except UnsafeCheckpoint as e:
+            raise BadCheckpoint(f"{where}: {shown(index.fqn)} {e.what}") from None
+        needed[index] = chunk
+
     for fqn, entry in entries.items():
         if type(fqn) is not str:
             raise BadCheckpoint(f"{where} has an entry named by a {type(fqn).__name__}")
         if type(entry) is BytesStorageMetadata:
-            needed.add(MetadataIndex(fqn))
+            need(MetadataIndex(fqn), None)
             continue
         properties = _field(entry, "properties")
         size, chunks = _field(entry, "size"), _field(entry, "chunks")
@@ -111,7 +134,7 @@ def check_types(metadata: Metadata) -> None:
             ):
                 raise BadCheckpoint(f"{where}: a chunk of {shown(fqn)} does not lie inside {size}")
             covered += math.prod(sizes)
-            needed.add(MetadataIndex(fqn, offsets))
+            need(MetadataIndex(fqn, offsets), chunk)
         if covered != math.prod(size):
             raise BadCheckpoint(
                 f"{where}: the chunks of {shown(fqn)} hold {covered:,} elements, its size {size} "
@@ -138,15 +161,15 @@ def check_types(metadata: Metadata) -> None:
             )
         if _field(info, "transform_descriptors"):  # none in what this product writes
             raise BadCheckpoint(f"{where}: {shown(index.fqn)} is stored through a transform")
-    missing = needed - storage.keys()
+    missing = [index.fqn for index in needed if index not in storage]
     if missing:
-        raise BadCheckpoint(f"{where} stores no bytes for {shown(min(i.fqn for i in missing))}")
+        raise BadCheckpoint(f"{where} stores no bytes for {shown(min(missing))}")
+    return needed
 
 
-def check_file(folder: str, name: str) -> int:
-    """The size of the regular file `name` inside `folder`; BadCheckpoint when `name` is
-    absolute, has a `..` part, resolves (through a symlink) outside `folder`, or is not a
-    regular file."""
+def check_inside(folder: str, name: str) -> str:
+    """The path of the file `name` inside `folder`; BadCheckpoint when `name` is absolute,
+    has a `..` part or resolves (through a symlink) outside `folder`."""
     if "\0" in name or os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
         # the kernel resolves `a/../b` through `a` (which may be a symlink, or missing):
         # realpath's textual `..` would not see what an open does
@@ -158,13 +181,30 @@ def check_file(folder: str, name: str) -> int:
             f"its .metadata names {shown(name)}, which resolves to {shown(path)}, outside "
             "the checkpoint folder"
         )
+    return path
+
+
+def check_file(folder: str, name: str) -> int:
+    """The size of the regular file `name` inside `folder` (`check_inside`); BadCheckpoint
+    when it is missing or not a regular file (`safe_load.is_regular`)."""
+    path = check_inside(folder, name)
     try:
         info = os.stat(path)
     except OSError:
         raise BadCheckpoint(f"{shown(name)} is missing (its .metadata names it)") from None
-    if not stat.S_ISREG(info.st_mode):
+    if not safe_load.is_regular(info.st_mode):
         raise BadCheckpoint(f"{shown(name)} is not a regular file")
     return info.st_size
+
+
+def check_confined(path: str) -> None:
+    """The checkpoint folder `path`, which a reader picked in its parent folder (the newest
+    `step-N` of a run), resolves to a folder of that parent: a symlink to a folder elsewhere
+    is refused (its files would pass every check against their own folder)."""
+    parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != parent:
+        raise BadCheckpoint(f"it is a symlink to {shown(real)}, outside {shown(parent)}")
 
 
 class _Window(io.RawIOBase):
@@ -197,26 +237,69 @@ class _Window(io.RawIOBase):
         return len(data)
 
 
-def stored_tensor_bytes(file: io.BufferedIOBase, offset: int, length: int) -> int | None:
-    """The bytes of the tensor a torch.save archive at `offset` holds (its `data/0`), or
-    None when it is not an uncompressed single-tensor archive."""
+MAX_ARCHIVE_RECORDS = 16
+"""Records a tensor chunk's archive may hold (torch.save writes 7: data.pkl, the tensor's
+data/0, and five small ones)."""
+MAX_SMALL_RECORD = 64 << 10
+"""The largest record of such an archive besides data/0 (data.pkl of one tensor: ~200 bytes)."""
+
+
+READ_WHOLE = 1 << 20
+"""An archive up to this long is read into memory at once (many small chunks: one read
+each); a longer one is read through a window of its file."""
+
+
+def tensor_records(file: io.BufferedIOBase, offset: int, length: int) -> list[tuple[str, int]]:
+    """(name, size) of each record of the torch.save archive at `offset` (`length` bytes) of
+    `file`, as torch.load's own zip reader lists them (each one it may materialise, however
+    many directory entries point at the same bytes); ValueError when it is no archive."""
+    if length <= READ_WHOLE:
+        file.seek(offset)
+        source: Any = io.BytesIO(file.read(length))
+    else:
+        source = _Window(file, offset, length)
     try:
-        with zipfile.ZipFile(_Window(file, offset, length)) as archive:
-            data = [i for i in archive.infolist() if i.filename.endswith("/data/0")]
-    except Exception:  # zipfile fails in many ways (BadZipFile, NotImplementedError...)
+        reader = torch._C.PyTorchFileReader(source)
+        names = reader.get_all_records()
+        names = names[: MAX_ARCHIVE_RECORDS + 1]  # one more: too many
+        return [(name, reader.get_record_size(name)) for name in names]
+    except Exception:  # a damaged archive fails in many ways
+        raise ValueError("no tensor archive") from None
+
+
+def records_problem(records: list[tuple[str, int]]) -> str | None:
+    """What makes `tensor_records` more than one tensor's archive, or None: more than
+    MAX_ARCHIVE_RECORDS records, a name twice, other tensor records than `data/0`, another
+    record over MAX_SMALL_RECORD. What torch.load allocates is then data/0 and a few KB."""
+    names = [name for name, _ in records]
+    if len(names) > MAX_ARCHIVE_RECORDS:
+        return f"more than {MAX_ARCHIVE_RECORDS} zip records (torch.save writes 7)"
+    if len(set(names)) != len(names):
+        return "a zip record named twice"
+    tensors = [name for name in names if name.startswith("data/")]
+    if tensors != ["data/0"]:
+        return f"{len(tensors):,} tensor records (a chunk is one, data/0)"
+    big = [(n, size) for n, size in records if n != "data/0" and size > MAX_SMALL_RECORD]
+    if big:
+        return f"a record {shown(big[0][0])} of {big[0][1]:,} bytes"
+    return None
+
+
+def size_problem(records: list[tuple[str, int]], declared: int) -> str | None:
+    """None when the archive's tensor record `data/0` holds exactly `declared` bytes (what
+    the metadata's shape x dtype says), else what it holds."""
+    stored = dict(records).get("data/0")
+    if stored == declared:
         return None
-    if len(data) != 1 or data[0].compress_type != zipfile.ZIP_STORED:
-        return None
-    return data[0].file_size
+    return "no tensor record" if stored is None else f"{stored:,} bytes"
 
 
 def check_layout(path: str, metadata: Metadata) -> None:
     """`metadata` (of the checkpoint folder `path`) has DCP's types, names only regular
     files inside `path`, and every item lies inside its file; each tensor chunk stores
     exactly its bytes. Raises BadCheckpoint naming the file."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    check_types(metadata)
+    chunks = check_types(metadata)
     entries = metadata.state_dict_metadata
     by_file: dict[str, list] = {}
     for index, info in metadata.storage_data.items():
@@ -234,18 +317,20 @@ def check_layout(path: str, metadata: Metadata) -> None:
             raise BadCheckpoint(f"{shown(name)} cannot be opened ({e.strerror})") from None
         with file:
             for index, info in items:
-                entry = entries[index.fqn]
-                if type(entry) is not TensorStorageMetadata:
+                chunk = chunks[index]  # by index: a scan is quadratic in the chunks
+                if chunk is None:  # a byte item: safe_load reads it
                     continue
-                chunk = next(c for c in entry.chunks if c.offsets == index.offset)
-                declared = math.prod(chunk.sizes) * entry.properties.dtype.itemsize
-                stored = stored_tensor_bytes(file, info.offset, info.length)
-                if stored != declared:
-                    held = "no tensor" if stored is None else f"{stored:,} bytes"
+                dtype = entries[index.fqn].properties.dtype
+                declared = math.prod(chunk.sizes) * dtype.itemsize
+                try:
+                    records = tensor_records(file, info.offset, info.length)
+                    problem = records_problem(records) or size_problem(records, declared)
+                except ValueError as e:
+                    problem = str(e)
+                if problem:
                     raise BadCheckpoint(
-                        f"{shown(name)}: {shown(index.fqn)} {tuple(chunk.sizes)} of "
-                        f"{entry.properties.dtype} needs {declared:,} bytes but its entry holds "
-                        f"{held}"
+                        f"{shown(name)}: {shown(index.fqn)} {tuple(chunk.sizes)} of {dtype} needs "
+                        f"{declared:,} bytes but its entry holds {problem}"
                     )
 
 

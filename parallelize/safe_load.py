@@ -31,6 +31,10 @@ mutate replaced:
   empty sets, dicts or memo entries costs more), builds no tuple nested deeper than
   `MAX_DEPTH` (a dict key is hashed recursively, in C) and, once loaded, is walked without
   recursion: no container deeper than `MAX_DEPTH`, no cycle.
+- Hash flooding: a dict, set or frozenset may hold at most `MAX_SAME_HASH` keys of one
+  hash (`KeyHashes`), counted before they are inserted, so no insert probes more than that
+  (and a PUT index stays below `MAX_MEMO_INDEX`); `KeyHashes` serves any container a reader
+  builds from a checkpoint's values too (`dcp_layout`'s chunk index).
 
 - `guard_dcp()`: every later DCP load in this process (`FileSystemReader.read_metadata`,
   `DefaultLoadPlanner.load_bytes` and their subclasses) reads through the allowlist.
@@ -80,6 +84,17 @@ OPCODE_COST = {
 """Opcodes that keep more than a small object (an int, a pointer: weight 1)."""
 MAX_DEPTH = 64
 """How deep containers may nest (DCP's metadata nests about 8 deep)."""
+MAX_SAME_HASH = 8
+"""The most keys of one dict or set whose hashes are equal: each insert compares a
+key with every earlier one of its hash, so a flood of alike keys (ints that are multiples of
+2**61 - 1 all hash to 0) is quadratic however few opcodes build it."""
+COUNTED_FROM = 16
+"""Keys a dict or set holds before its hashes are counted (a smaller one cannot flood)."""
+KEY_COST = 2
+"""What each counted key costs against `MAX_OPCODES` (its hash is kept: about 70 bytes)."""
+MAX_MEMO_INDEX = 1 << 32
+"""PUT's text index may be any int, and ints from 2**61 - 1 on hash alike (the memo is a
+dict): it is kept to LONG_BINPUT's 4-byte range."""
 
 
 class UnsafeCheckpoint(pickle.UnpicklingError):
@@ -160,6 +175,32 @@ def _callables() -> frozenset[int]:
     return frozenset(id(obj) for obj in allowed_globals().values() if callable(obj))
 
 
+class KeyHashes:
+    """The hashes of the keys put into one dict or set, counted as they come: more than
+    `MAX_SAME_HASH` alike is a hash flood (UnsafeCheckpoint), refused before it is inserted."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}  # a hash is an int that hashes to itself
+
+    def add(self, keys: Any) -> int:
+        """Count `keys`; returns how many."""
+        counts, added = self.counts, 0
+        for key in keys:
+            try:
+                code = hash(key)
+            except TypeError:
+                raise pickle.UnpicklingError("an unhashable dict key or set member") from None
+            seen = counts.get(code, 0) + 1
+            if seen > MAX_SAME_HASH:
+                raise UnsafeCheckpoint(
+                    f"holds more than {MAX_SAME_HASH} keys of one hash in a dict or set (a hash "
+                    "flood: each insert would compare with every one)"
+                )
+            counts[code] = seen
+            added += 1
+        return added
+
+
 def _check_key(value: Any) -> Any:
     """`value`, refused if it is a dict key (MetadataIndex, hashed through its fields) whose
     fields are not a name, a torch.Size and an int: a key nested in a key would hash
@@ -198,6 +239,7 @@ class CheckpointUnpickler(pickle._Unpickler):
         super().__init__(file)
         self.opcodes = 0
         self.tuple_depth: dict[int, tuple[Any, int]] = {}  # id -> (tuple, depth), kept alive
+        self.key_hashes: dict[int, tuple[Any, KeyHashes]] = {}  # id -> (container, its hashes)
 
     def find_class(self, module: str, name: str) -> Any:
         # Python 2 names (protocol 2, torch.save's: __builtin__, commands) as Python 3's
@@ -287,9 +329,59 @@ class CheckpointUnpickler(pickle._Unpickler):
         self._made(self.stack[-1])
 
     def load_frozenset(self) -> None:
-        frozen = frozenset(self.pop_mark())
+        items = self.pop_mark()
+        self._admit(None, items)
+        frozen = frozenset(items)
         self._made(frozen)
         self.append(frozen)
+
+    def _admit(self, container: Any, keys: list) -> None:
+        """Count the hashes of `keys`, about to go into `container` (a dict or set; None: a
+        frozenset about to be made of them), once it holds COUNTED_FROM keys; each counted
+        key costs KEY_COST opcodes."""
+        known = self.key_hashes.get(id(container))
+        if known is None or known[0] is not container:
+            held = 0 if container is None else len(container)
+            if type(container) not in (dict, set, type(None)) or held + len(keys) < COUNTED_FROM:
+                return
+            known = (container, KeyHashes())
+            if container is not None:  # its later inserts are counted on top
+                self.key_hashes[id(container)] = known
+            keys = [*(container or ()), *keys]  # the keys it holds already: counted now
+        self.opcodes += KEY_COST * known[1].add(keys)
+        if self.opcodes > MAX_OPCODES:
+            raise UnsafeCheckpoint(f"runs more than {MAX_OPCODES:,} pickle opcodes")
+
+    def load_dict(self) -> None:
+        items = self.pop_mark()
+        made: dict = {}
+        self._admit(made, items[::2])
+        made.update(zip(items[::2], items[1::2], strict=True))
+        self.append(made)
+
+    def load_setitem(self) -> None:
+        self._admit(self.stack[-3], [self.stack[-2]])
+        super().load_setitem()
+
+    def load_setitems(self) -> None:
+        items = self.pop_mark()
+        self._admit(self.stack[-1], items[::2])
+        for key, value in zip(items[::2], items[1::2], strict=True):
+            self.stack[-1][key] = value
+
+    def load_additems(self) -> None:
+        items = self.pop_mark()
+        target = self.stack[-1]
+        if type(target) is not set:  # dict.update would take pairs, unchecked
+            raise pickle.UnpicklingError(f"ADDITEMS on a {type(target).__name__}, not a set")
+        self._admit(target, items)
+        target.update(items)
+
+    def load_put(self) -> None:
+        index = int(self.readline()[:-1])
+        if not 0 <= index < MAX_MEMO_INDEX:
+            raise pickle.UnpicklingError(f"a PUT index outside 0..{MAX_MEMO_INDEX - 1}")
+        self.memo[index] = self.stack[-1]
 
     def load_bytearray8(self) -> None:
         # pickle._Unpickler allocates the declared length first, whatever the data holds
@@ -314,6 +406,11 @@ class CheckpointUnpickler(pickle._Unpickler):
         (pickle.TUPLE3, "load_tuple3"),
         (pickle.FROZENSET, "load_frozenset"),
         (pickle.BYTEARRAY8, "load_bytearray8"),
+        (pickle.DICT, "load_dict"),
+        (pickle.SETITEM, "load_setitem"),
+        (pickle.SETITEMS, "load_setitems"),
+        (pickle.ADDITEMS, "load_additems"),
+        (pickle.PUT, "load_put"),
         (pickle.PERSID, "load_persid"),
         (pickle.BINPERSID, "load_persid"),
     ):
@@ -382,6 +479,19 @@ def loads(data: bytes) -> Any:
     return unpickle(data)
 
 
+def check_stored(info: zipfile.ZipInfo) -> None:
+    """A byte item's `data.pkl` is stored, as torch.save writes it: a compressed one (a
+    1 KB bzip2 member may inflate to 256 MiB) is refused before it is read."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise UnsafeCheckpoint("is a compressed archive (torch.save writes them stored)")
+
+
+def is_regular(mode: int) -> bool:
+    """Whether a file of `st_mode` `mode` may be read: a regular file (a FIFO blocks its
+    reader, a device never ends)."""
+    return stat.S_ISREG(mode)
+
+
 def load_saved(stream: IO[bytes]) -> Any:
     """A value `torch.save` wrote (a DCP byte item): its archive's `data.pkl` through the
     allowlist. Byte items hold no tensors (DCP stores those apart), so a persistent id,
@@ -393,8 +503,7 @@ def load_saved(stream: IO[bytes]) -> Any:
         if len(pickles) != 1:
             raise pickle.UnpicklingError("not a torch.save archive (no single data.pkl)")
         info = pickles[0]
-        if info.compress_type != zipfile.ZIP_STORED:
-            raise UnsafeCheckpoint("is a compressed archive (torch.save writes them stored)")
+        check_stored(info)
         if info.file_size > MAX_PICKLE_BYTES:
             raise UnsafeCheckpoint(f"holds a pickle of {info.file_size:,} bytes")
         with archive.open(info) as data:
@@ -407,7 +516,7 @@ def read_file(path: str, limit: int) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+        if not is_regular(info.st_mode):
             raise UnsafeCheckpoint("is not a regular file")
         if info.st_size > limit:
             raise UnsafeCheckpoint(f"holds {info.st_size:,} bytes (most: {limit:,})")

@@ -165,9 +165,17 @@ def check_readable(path: str, where: str, fix: str = DAMAGED, step: int | None =
 
 def check_loadable(path: str, resuming: bool) -> Metadata:
     """`check_readable`, worded for the checkpoint's role in a training job: the one it
-    resumes from (`resuming`: its dump folder's) or its `checkpoint.initial_load_path`."""
+    resumes from (`resuming`: its dump folder's newest, which must be a folder of that
+    folder, not a symlink out: `dcp_layout.check_confined`) or its
+    `checkpoint.initial_load_path`."""
     if resuming:
+        from boost_titan.parallelize import dcp_layout
+
         where, step = f"the checkpoint to resume from, {path}", folder_step(path)
+        try:
+            dcp_layout.check_confined(path)
+        except dcp_layout.BadCheckpoint as e:
+            raise ConfigError(f"{where}: {e}; {RESUME_FIX}") from None
         return check_readable(path, where, fix=RESUME_FIX, step=step)
     return check_readable(path, where=f"checkpoint.initial_load_path {path}")
 

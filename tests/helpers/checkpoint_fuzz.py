@@ -1,33 +1,41 @@
-"""A seeded mutation fuzzer over a real DCP checkpoint's pickles and metadata, run in one
-child interpreter by `tests/unit/test_checkpoint_fuzz.py`:
+"""A seeded mutation fuzzer over a real DCP checkpoint's pickles, metadata, shapes and
+archives, run in one child interpreter by `tests/unit/test_checkpoint_fuzz.py`:
 
-    python -m tests.helpers.checkpoint_fuzz RESULTS.json --cases N --seed S [--break WHAT]
+    python -m tests.helpers.checkpoint_fuzz RESULTS.json --cases N --seed S [--break G,...]
 
-It writes one small checkpoint (tensors of three dtypes and TorchTitan's non-tensor items:
-train state, LR scheduler, a real dataloader state), then for each case copies it, mutates
-it (`MUTATIONS`: byte flips, truncations, spliced pickle opcodes and hostile pickles in
-`.metadata`, a byte item's pickle, the dataloader state's pickle or the raw archives;
-wrong types, sizes and file names in the metadata), and reads it as the product does:
-`check_readable` (what `check` and the trainer run before a load), then, if it passes, the
-load itself (`read_tensors`, through DCP's guarded reads, and the dataloader state through
-`CheckpointedDataloader`). A case passes when it loads, or ends in one `ConfigError` line
-that does not hide a resource error; and runs no payload (a marker file), opens no file
-outside its folder (an audit hook sees every `open`), changes no class, and ends within
-`CASE_SECONDS` (an alarm). The process runs under `MEMORY_LIMIT` of address space
-(`RLIMIT_AS`), so an allocation a checkpoint asks for fails instead of taking the machine.
+It writes one small checkpoint (tensors of three dtypes and a 1 MiB one, TorchTitan's
+non-tensor items: train state, LR scheduler, a real dataloader state) as a run's `step-3`,
+then for each case copies it, mutates it (`MUTATIONS`: byte flips, truncations, spliced
+pickle opcodes and hostile pickles in `.metadata`, a byte item's pickle, the dataloader
+state's pickle or the raw archives; wrong types, sizes and file names in the metadata;
+shapes and sizes changed together, so that DCP's own size check agrees with them; zip
+directories whose entries share one record; a tensor split into 2,048 chunks; hash and
+opcode floods, compression bombs; the step folder a symlink out) and reads it as the product
+resumes from it: `check_loadable` (what `check` and the trainer run before a load), then,
+if it passes, the load itself into tensors shaped as its metadata says (as `export`, `eval`
+and `generate` build their model): `read_tensors`, through DCP's guarded reads, and the
+dataloader state through `CheckpointedDataloader`. A case passes when it loads, or ends in
+one `ConfigError` line that does not hide a resource error; and runs no payload (a marker
+file), opens no file outside its folder (an audit hook sees every `open`), changes no class,
+loads nothing nested deeper than 64 or cyclic and the folder's own step, grows the peak RSS
+by at most `CASE_MEMORY_MIB` (`/proc/self/clear_refs` resets it per case), and ends within
+its alarm, comparing storage indices at most `COMPARISONS` times. The process runs under
+`MEMORY_LIMIT` of address space (`RLIMIT_AS`); run it with `MALLOC_MMAP_THRESHOLD_=131072`
+(as the test does) so that a case's large allocations go back to the system when freed.
 RESULTS.json: each failing case (seed, mutation, what went wrong), the count of cases per
 outcome, and peak RSS; the file is rewritten as cases run (`started`: the case in flight),
 so a crash of the interpreter names its case.
 
-`--break allowlist` swaps the restricted unpickler for `pickle.loads`, `--break
-confinement` the file checks for a bare size lookup: the fuzzer must then find the hole
-(it stops at the first failure). `--case-seconds`: the alarm (default CASE_SECONDS).
+`--break G1,G2,...` (names of `checkpoint_guards.GUARDS`): for each guard in turn, switch it
+off, fuzz until the first failure (at most `--cases`), switch it back on; `broken` in the
+results maps each guard to its first failure (None: not found). `--case-seconds`: the alarm.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import io
 import json
 import os
@@ -48,10 +56,20 @@ from typing import Any
 
 MEMORY_LIMIT = 3 << 30
 """Address space of the fuzzing process (torch itself maps about 0.7 GiB)."""
+CASE_MEMORY_MIB = 400
+"""How much one case may raise the peak RSS: the checkpoint is 2 MiB, a pickle's opcode cap
+allows about 260 MiB."""
+BIG = "big.weight"
+"""A 1 MiB tensor (256 x 1024): the record zip entries share, the tensor split in chunks."""
+STEP = 3
+"""The step the checkpoint is saved at (its folder: `step-3`)."""
+MAX_OPCODES = 1 << 20
+"""The unpickler's opcode cap in this process (the product's is 16M): the fuzzer's pickles
+cost a few thousand, and a flood is then refused in a tenth of a second, not two."""
 CASE_SECONDS = 30.0
 """Time cap of one case, wall clock (a case takes milliseconds; a FIFO would block forever,
 and the machine may be busy)."""
-HIDDEN = ("MemoryError", "RecursionError", "CaseTimeout")
+HIDDEN = ("MemoryError", "RecursionError", "CaseTimeout", "allocate")
 """Failures that a one-line refusal must not hide."""
 
 
@@ -75,9 +93,10 @@ def write_checkpoint(folder: Path) -> dict:
     next(iter(loader))
     state = {
         "tok_embeddings.weight": torch.randn(16, 8),
+        BIG: torch.randn(256, 1024),
         "norm.weight": torch.randn(8, dtype=torch.bfloat16),
         "output.bias": torch.arange(5),
-        "train_state": {"step": 3, "ntokens_seen": 96},
+        "train_state": {"step": STEP, "ntokens_seen": 96},
         "lr_scheduler": {"last_epoch": 3, "base_lrs": [3e-3], "lr_lambdas": [{}]},
         "dataloader": loader.state_dict(),
     }
@@ -87,18 +106,26 @@ def write_checkpoint(folder: Path) -> dict:
     return state
 
 
-def empty_like(state: dict) -> dict:
-    """What a load fills: the tensors zeroed, the other items as a fresh run has them."""
+def load_target(metadata: Any, state: dict) -> dict:
+    """What a load fills: each tensor of `state` shaped and typed as `metadata` says (as
+    `export`, `eval` and `generate` build their model from it), the other items as a fresh
+    run has them."""
     import torch
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    return {
-        "tok_embeddings.weight": torch.zeros(16, 8),
-        "norm.weight": torch.zeros(8, dtype=torch.bfloat16),
-        "output.bias": torch.zeros(5, dtype=torch.int64),
+    target: dict[str, Any] = {
         "train_state": {"step": 0, "ntokens_seen": 0},
         "lr_scheduler": {"last_epoch": 0, "base_lrs": [0.0], "lr_lambdas": [{}]},
         "dataloader": {"dp_rank_0": b"", "world_size": 0},
     }
+    for fqn, value in state.items():
+        entry = metadata.state_dict_metadata.get(fqn)
+        if isinstance(value, torch.Tensor):
+            if isinstance(entry, TensorStorageMetadata):
+                target[fqn] = torch.zeros(entry.size, dtype=entry.properties.dtype)
+            else:
+                target[fqn] = torch.zeros_like(value)
+    return target
 
 
 # ---- mutations --------------------------------------------------------------------------------
@@ -118,6 +145,7 @@ SNIPPETS = [
     pickle.BINPERSID,
     pickle.FRAME + b"\xff" * 8,
     pickle.BINBYTES8 + b"\x00\x00\x00\x00\x00\x00\x00\x10",
+    pickle.BYTEARRAY8 + b"\x00\x00\x00\x00\x00\x00\x00\x10",
     pickle.LONG4 + b"\xff\xff\xff\x7f",
     pickle.EMPTY_TUPLE + pickle.TUPLE1 * 5000,
     pickle.EMPTY_LIST * 3000 + pickle.APPEND * 2999,
@@ -204,8 +232,12 @@ def mutate_metadata_bytes(rng: random.Random, folder: Path, marker: Path) -> str
 
 
 def mutate_item_pickle(rng: random.Random, folder: Path, marker: Path) -> str:
-    from tests.helpers.hostile import replace_byte_item
+    from tests.helpers.hostile import replace_byte_item, saved
 
+    if rng.random() < 0.1:
+        value = rng.choice([STEP + 4, -1, str(STEP), float(STEP), [STEP]])
+        replace_byte_item(folder, "train_state.step", saved(value))
+        return f"train_state.step saved as {value!r}"
     index = rng.choice(_byte_items(folder))
     archive = _archive(folder, index)
     if rng.random() < 0.15:
@@ -312,12 +344,156 @@ def mutate_metadata_structure(rng: random.Random, folder: Path, marker: Path) ->
     return f".metadata {kind}"
 
 
+def mutate_shape(rng: random.Random, folder: Path, marker: Path) -> str:
+    """A tensor's size and its chunk's changed together (DCP's own size check then agrees):
+    rows scaled up, dimensions reversed, or an element type of another width."""
+    import torch
+
+    metadata = _metadata(folder)
+    fqn = rng.choice(
+        sorted(k for k, v in metadata.state_dict_metadata.items() if hasattr(v, "chunks"))
+    )
+    entry = metadata.state_dict_metadata[fqn]
+    kind = rng.choice(["scale", "scale", "reverse", "dtype"])
+    if kind == "scale":
+        factor = rng.choice([2, 1 << 10, 1 << 32])
+        size = torch.Size([entry.size[0] * factor, *entry.size[1:]])
+    elif kind == "reverse":
+        size = torch.Size(reversed(entry.size))
+    else:
+        size = entry.size
+        entry.properties.dtype = rng.choice([torch.float64, torch.int8, torch.complex128])
+    entry.size = size
+    entry.chunks = [dataclasses.replace(entry.chunks[0], sizes=size)]
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    return f"{fqn} shape {tuple(size)} {entry.properties.dtype}"
+
+
+def mutate_zip_records(rng: random.Random, folder: Path, marker: Path) -> str:
+    """The 1 MiB tensor's archive with 2 to 600 tensor entries that share its one record."""
+    from tests.helpers.hostile import replace_tensor, tensor_archive, zip_copies
+
+    count = rng.choice([2, 40, 600])
+    replace_tensor(folder, BIG, zip_copies(tensor_archive(folder, BIG), count))
+    return f"{BIG} archive: {count} zip entries on one record"
+
+
+SPLIT = (32, 128)
+"""The chunk shape `mutate_split` cuts the 1 MiB tensor into: 64 chunks."""
+EMPTY_CHUNKS = 192
+"""Empty chunks (no rows) `mutate_split` adds, as a sharded save of uneven shards may have:
+finding each of the 256 entries' chunk by a scan takes 33,000 comparisons."""
+COMPARISONS = 10_000
+"""The most times one case may compare two storage indices (`MetadataIndex.__eq__`, counted):
+reading a checkpoint costs about one per entry (a dict lookup), a scan per entry its square."""
+
+
+def mutate_split(rng: random.Random, folder: Path, marker: Path) -> str:
+    """The 1 MiB tensor stored as 64 chunks and 192 empty ones, each entry an archive in a
+    new file: a layout DCP reads (the product never writes it), slow only if each entry's
+    chunk is found by a scan."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    metadata = _metadata(folder)
+    entry = metadata.state_dict_metadata[BIG]
+    for index in [i for i in metadata.storage_data if i.fqn == BIG]:
+        del metadata.storage_data[index]
+    entry.chunks = []
+    chunks, empty = _split_archives(folder.parent.parent / "clean")
+    with (folder / "chunks.distcp").open("wb") as f:
+        for offsets, sizes, archive in chunks:
+            entry.chunks.append(ChunkStorageMetadata(offsets, sizes))
+            info = _StorageInfo("chunks.distcp", f.tell(), len(archive))
+            metadata.storage_data[MetadataIndex(BIG, offsets)] = info
+            f.write(archive)
+        at = f.tell()
+        f.write(empty)
+    rows = entry.size[0]
+    for k in range(EMPTY_CHUNKS):
+        offsets = torch.Size([k % rows, 1 + k // rows])  # no real chunk's (columns 0, 128...)
+        entry.chunks.append(ChunkStorageMetadata(offsets, torch.Size([0, SPLIT[1]])))
+        metadata.storage_data[MetadataIndex(BIG, offsets)] = _StorageInfo(
+            "chunks.distcp", at, len(empty)
+        )
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    return f"{BIG} in {len(entry.chunks)} chunks"
+
+
+_SPLIT_CACHE: list = []
+
+
+def _split_archives(clean: Path) -> tuple[list, bytes]:
+    """(offsets, sizes, torch.save archive) of each SPLIT chunk of the clean checkpoint's BIG,
+    and the archive of an empty chunk."""
+    import torch
+
+    def saved(tensor: torch.Tensor) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(tensor, buffer)
+        return buffer.getvalue()
+
+    if not _SPLIT_CACHE:
+        full = torch.load(io.BytesIO(_archive(clean, _index(clean, BIG))), weights_only=True)
+        rows, cols = SPLIT
+        chunks = [
+            (torch.Size([r, c]), torch.Size(SPLIT), saved(full[r : r + rows, c : c + cols].clone()))
+            for r in range(0, full.shape[0], rows)
+            for c in range(0, full.shape[1], cols)
+        ]
+        _SPLIT_CACHE.append((chunks, saved(torch.empty(0, cols))))
+    return _SPLIT_CACHE[0]
+
+
+def mutate_resource(rng: random.Random, folder: Path, marker: Path) -> str:
+    """A pickle that is cheap to read only under the caps: 40,000 int keys of one hash,
+    4,000,000 empty sets, or (a byte item's) a deflated 250 MiB pickle."""
+    from tests.helpers.hostile import (
+        deflate_bomb,
+        hash_flood,
+        opcode_flood,
+        replace_byte_item,
+        saved,
+    )
+
+    kind = rng.choice(["hash flood", "opcode flood", "deflate bomb"])
+    target = rng.choice([".metadata", "item", "dataloader state"])
+    if kind == "deflate bomb":
+        replace_byte_item(folder, "lr_scheduler.last_epoch", deflate_bomb(250 << 20))
+        return f"lr_scheduler.last_epoch {kind}"
+    data = hash_flood(40_000) if kind == "hash flood" else opcode_flood(4_000_000)
+    if target == ".metadata":
+        (folder / ".metadata").write_bytes(data)
+    elif target == "item":
+        index = rng.choice(_byte_items(folder))
+        replace_byte_item(folder, index.fqn, _rezip(_archive(folder, index), data))
+    else:
+        replace_byte_item(folder, "dataloader.dp_rank_0", saved(data))
+    return f"{target} {kind}"
+
+
+def mutate_step_link(rng: random.Random, folder: Path, marker: Path) -> str:
+    """The run's `step-3` a symlink to a copy of it in another folder."""
+    elsewhere = folder.parent.parent / "elsewhere"
+    shutil.rmtree(elsewhere, ignore_errors=True)
+    elsewhere.mkdir()
+    shutil.move(folder, elsewhere / folder.name)
+    folder.symlink_to(elsewhere / folder.name)
+    return "step folder a symlink out"
+
+
 MUTATIONS: list[tuple[float, Callable[[random.Random, Path, Path], str]]] = [
-    (0.3, mutate_metadata_bytes),
-    (0.2, mutate_item_pickle),
-    (0.15, mutate_dataloader_pickle),
-    (0.1, mutate_archive_bytes),
-    (0.25, mutate_metadata_structure),
+    (0.22, mutate_metadata_bytes),
+    (0.14, mutate_item_pickle),
+    (0.11, mutate_dataloader_pickle),
+    (0.08, mutate_archive_bytes),
+    (0.2, mutate_metadata_structure),
+    (0.1, mutate_shape),
+    (0.05, mutate_zip_records),
+    (0.01, mutate_split),
+    (0.05, mutate_resource),
+    (0.03, mutate_step_link),
 ]
 
 
@@ -345,22 +521,83 @@ class Watch:
             self.outside.append(path)
 
     def changed(self) -> list[str]:
-        return [cls.__qualname__ for cls, was in self.classes.items() if dict(vars(cls)) != was]
+        """The classes a case changed, each put back as it was (later cases need them)."""
+        changed = []
+        for cls, was in self.classes.items():
+            now = dict(vars(cls))
+            if now != was:
+                changed.append(cls.__qualname__)
+                for name in now.keys() - was.keys():
+                    delattr(cls, name)
+                for name, value in was.items():
+                    if now.get(name) is not value:
+                        setattr(cls, name, value)
+        return changed
 
 
-def read_case(folder: Path, state: dict) -> str:
-    """Read the checkpoint as `check`/the trainer and then a load do: "ok" or raises."""
+def read_case(folder: Path, state: dict) -> dict:
+    """Read the checkpoint as `check`/the trainer and then a load do: what it loaded, or
+    raises."""
     from torch.distributed.checkpoint import FileSystemReader
 
     from boost_titan.data.loader import CheckpointedDataloader
-    from boost_titan.runtime.checkpoint_files import check_readable, read_tensors
+    from boost_titan.runtime.checkpoint_files import check_loadable, read_tensors
 
-    check_readable(str(folder), where=f"case {folder}", step=3)
-    loaded = empty_like(state)
+    metadata = check_loadable(str(folder), resuming=True)
+    loaded = load_target(metadata, state)
     read_tensors(loaded, FileSystemReader(str(folder)), "cannot read its tensors ({})")
     loader = CheckpointedDataloader(list(range(16)), dp_rank=0, dp_world_size=1, batch_size=2)
     loader.load_state_dict(loaded["dataloader"])
-    return "ok"
+    return loaded
+
+
+def shape_of(value: Any, limit: int = 64) -> str | None:
+    """What is wrong with a loaded value: nested deeper than `limit`, or cyclic (None: a
+    tree no deeper). Walks it without recursion, independently of the product's check."""
+    stack: list[tuple[Any, int, frozenset]] = [(value, 0, frozenset())]
+    while stack:
+        item, depth, above = stack.pop()
+        if isinstance(item, dict):
+            children = [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            children = list(item)
+        else:
+            continue
+        if id(item) in above:
+            return "holds a cycle"
+        if depth >= limit:
+            return f"nests deeper than {limit}"
+        below = above | {id(item)}
+        stack.extend((child, depth + 1, below) for child in children)
+    return None
+
+
+class Comparisons:
+    """Counts `MetadataIndex.__eq__` calls in this process (the work of finding entries)."""
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
+        equal = MetadataIndex.__eq__
+
+        def counted(self: Any, other: Any) -> Any:
+            cls.count += 1
+            return equal(self, other)
+
+        MetadataIndex.__eq__ = counted
+
+
+def _peak_rss_mib(reset: bool = False) -> float:
+    """This process's peak RSS since the last reset (Linux's VmHWM), resetting it after."""
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    if reset:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    return peak
 
 
 def run_case(
@@ -369,10 +606,16 @@ def run_case(
     """(outcome, detail): outcome "ok", "refused" or "FAIL"."""
     from boost_titan.config.errors import ConfigError
 
-    watch.folder, watch.outside = os.path.realpath(folder), []
+    _peak_rss_mib(reset=True)
+    base = _peak_rss_mib()
+    watch.folder = os.path.join(os.path.realpath(folder.parent), folder.name)
+    watch.outside = []
+    Comparisons.count = 0
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    loaded = None
     try:
-        outcome, detail = read_case(folder, state), ""
+        loaded = read_case(folder, state)
+        outcome, detail = "ok", ""
     except ConfigError as e:
         detail = str(e)
         bad = "\n" in detail or any(word in detail for word in HIDDEN)
@@ -382,65 +625,105 @@ def run_case(
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         watch.folder = None
+    grown = _peak_rss_mib() - base
+    if grown > 100:  # what an exception's traceback cycle holds is freed now, not at random
+        gc.collect()
+    if loaded is not None:
+        step = loaded["train_state"]["step"]
+        wrong = shape_of({k: v for k, v in loaded.items() if not hasattr(v, "shape")})
+        if wrong:
+            outcome, detail = "FAIL", f"a loaded value {wrong}"
+        elif type(step) is not int or step != STEP:
+            outcome, detail = "FAIL", f"train_state.step loaded as {step!r:.40} in step-{STEP}"
+    if Comparisons.count > COMPARISONS:
+        outcome, detail = "FAIL", f"compared storage indices {Comparisons.count:,} times ({detail})"
+    if grown > CASE_MEMORY_MIB:
+        outcome, detail = "FAIL", f"peak RSS grew {grown:,.0f} MiB ({detail[:200]})"
     if marker.exists():
         marker.unlink()
         outcome, detail = "FAIL", f"a payload ran ({detail})"
     if watch.outside:
         outcome, detail = "FAIL", f"opened {watch.outside[0]} outside the folder ({detail})"
-    if watch.changed():
-        outcome, detail = "FAIL", f"changed {watch.changed()} ({detail})"
+    changed = watch.changed()
+    if changed:
+        outcome, detail = "FAIL", f"changed {changed} ({detail})"
     return outcome, detail
 
 
-def break_on_purpose(what: str) -> None:
-    """Switch one defence off, to prove the fuzzer finds the hole."""
-    from boost_titan.parallelize import dcp_layout, safe_load
-
-    if what == "allowlist":
-        safe_load.unpickle = pickle.loads
-    elif what == "confinement":
-        dcp_layout.check_file = lambda folder, name: os.path.getsize(os.path.join(folder, name))
+def fuzz(
+    ns: argparse.Namespace, work: Path, state: dict, watch: Watch, results: dict, guard: str | None
+) -> dict | None:
+    """Run `ns.cases` cases (to the first failure when `guard` is switched off); returns
+    that first failure."""
+    clean, marker = work / "clean", work / "MARKER"
+    weights = [w for w, _ in MUTATIONS]
+    for case in range(ns.cases):
+        rng = random.Random(f"{ns.seed}-{case}")
+        folder = work / "run" / f"step-{STEP}"
+        if folder.is_symlink():
+            folder.unlink()
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(clean, folder)
+        mutation = rng.choices([m for _, m in MUTATIONS], weights)[0]
+        began = time.monotonic()
+        kind = mutation(rng, folder, marker)
+        results["started"] = {"case": case, "kind": kind, "guard": guard}
+        _write(ns.results, results)
+        outcome, detail = run_case(folder, state, marker, watch, ns.case_seconds)
+        results["outcomes"][outcome] = results["outcomes"].get(outcome, 0) + 1
+        family = kind.split(" ")[0]
+        results["kinds"][family] = results["kinds"].get(family, 0) + 1
+        took = results["mutation_seconds"]
+        took[mutation.__name__] = round(
+            took.get(mutation.__name__, 0) + time.monotonic() - began, 2
+        )
+        if outcome == "FAIL":
+            failure = {"case": case, "kind": kind, "detail": detail}
+            if guard:
+                return failure
+            results["failures"].append(failure)
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
+    from tests.helpers.checkpoint_guards import GUARDS
+
     parser = argparse.ArgumentParser()
     parser.add_argument("results")
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--break", dest="broken", choices=["allowlist", "confinement"])
+    parser.add_argument("--break", dest="broken", type=lambda text: text.split(","), default=[])
     parser.add_argument("--case-seconds", type=float, default=CASE_SECONDS)
     ns = parser.parse_args(argv)
+    unknown = set(ns.broken) - set(GUARDS)
+    if unknown:
+        parser.error(f"no guard named {sorted(unknown)}; guards: {sorted(GUARDS)}")
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    from boost_titan.parallelize import safe_load
+
+    safe_load.MAX_OPCODES = MAX_OPCODES
     signal.signal(signal.SIGALRM, _alarm)
     work = Path(tempfile.mkdtemp(prefix="checkpoint-fuzz-", dir=Path(ns.results).parent))
-    results: dict[str, Any] = {"failures": [], "outcomes": {}, "kinds": {}}
+    results: dict[str, Any] = {"failures": [], "outcomes": {}, "kinds": {}, "broken": {}}
+    results["mutation_seconds"] = {}  # per mutation: its cases' time, to size the budget
     try:
         clean = work / "clean"
         state = write_checkpoint(clean)
-        shutil.copyfile(clean / "__0_0.distcp", work / "outside.distcp")
-        marker = work / "MARKER"
-        if ns.broken:
-            break_on_purpose(ns.broken)
+        (work / "run").mkdir()
+        shutil.copyfile(clean / "__0_0.distcp", work / "run" / "outside.distcp")
         watch = Watch(work)
-        weights = [w for w, _ in MUTATIONS]
+        Comparisons.install()
         start = time.monotonic()
-        for case in range(ns.cases):
-            rng = random.Random(f"{ns.seed}-{case}")
-            folder = work / "case"
-            shutil.rmtree(folder, ignore_errors=True)
-            shutil.copytree(clean, folder)
-            mutation = rng.choices([m for _, m in MUTATIONS], weights)[0]
-            kind = mutation(rng, folder, marker)
-            results["started"] = {"case": case, "kind": kind}
+        for guard in ns.broken:
+            undo = GUARDS[guard][0]()
+            try:
+                results["broken"][guard] = fuzz(ns, work, state, watch, results, guard)
+            finally:
+                undo()
+                gc.collect()  # what the hole left behind, before the next guard
             _write(ns.results, results)
-            outcome, detail = run_case(folder, state, marker, watch, ns.case_seconds)
-            results["outcomes"][outcome] = results["outcomes"].get(outcome, 0) + 1
-            family = kind.split(" ")[0]
-            results["kinds"][family] = results["kinds"].get(family, 0) + 1
-            if outcome == "FAIL":
-                results["failures"].append({"case": case, "kind": kind, "detail": detail})
-                if ns.broken:  # the hole is found
-                    break
+        if not ns.broken:
+            fuzz(ns, work, state, watch, results, None)
         results["started"] = None
         results["seconds"] = round(time.monotonic() - start, 1)
         results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024

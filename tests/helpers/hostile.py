@@ -7,6 +7,7 @@ files outside the folder, compressed byte items, misnamed step folders. Shared b
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import pickle
@@ -49,17 +50,20 @@ def inst(module: str, name: str, arg: str) -> bytes:
 
 def set_class_attribute(module: str, name: str, attribute: str) -> bytes:
     """Opcodes (no PROTO, no STOP) that BUILD on the class `module.name` itself, setting
-    `attribute` to an int, then POP it: prefixed to a pickle, they mutate the class for the
-    whole process (what 83 bytes before `.metadata` did to `Metadata.__getstate__`)."""
+    `attribute` to an int through BUILD's slot state (None, {attribute: 1}), which any
+    unpickler sets with setattr, then POP it: prefixed to a pickle, they mutate the class for
+    the whole process (what 83 bytes before `.metadata` did to `Metadata.__getstate__`)."""
     return (
         _unicode(module)
         + _unicode(name)
         + pickle.STACK_GLOBAL
+        + pickle.NONE
         + pickle.EMPTY_DICT
         + _unicode(attribute)
         + pickle.BININT1
         + b"\x01"
         + pickle.SETITEM
+        + pickle.TUPLE2
         + pickle.BUILD
         + pickle.POP
     )
@@ -163,6 +167,27 @@ def replace_byte_item(folder: Path, fqn: str, archive: bytes) -> None:
         f.write(archive)
     metadata.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(archive))
     write_metadata(folder, metadata)
+
+
+def replace_tensor(folder: Path, fqn: str, archive: bytes) -> None:
+    """Point the first chunk of the tensor `fqn` at `archive`, appended to its shard file."""
+    metadata = read_metadata(folder)
+    index = next(i for i in metadata.storage_data if i.fqn == fqn)
+    info = metadata.storage_data[index]
+    shard = folder / info.relative_path
+    offset = shard.stat().st_size
+    with shard.open("ab") as f:
+        f.write(archive)
+    metadata.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(archive))
+    write_metadata(folder, metadata)
+
+
+def tensor_archive(folder: Path, fqn: str) -> bytes:
+    """The archive of the first chunk of the tensor `fqn`."""
+    info = next(v for i, v in read_metadata(folder).storage_data.items() if i.fqn == fqn)
+    with (folder / info.relative_path).open("rb") as f:
+        f.seek(info.offset)
+        return f.read(info.length)
 
 
 def saved(value: Any) -> bytes:
@@ -272,6 +297,11 @@ def _dataloader(name: str) -> Callable[[Path, Path], None]:
     return plant
 
 
+def _zip_entries(folder: Path, count: int) -> None:
+    fqn = first_tensor(read_metadata(folder))
+    replace_tensor(folder, fqn, zip_copies(tensor_archive(folder, fqn), count))
+
+
 def _bomb(folder: Path, marker: Path) -> None:
     data = pickle.dumps(b"\0" * (8 << 20), protocol=2)  # 8 MiB, a few hundred bytes compressed
     replace_byte_item(folder, "train_state.step", stored_archive(data, zipfile.ZIP_BZIP2))
@@ -311,5 +341,126 @@ CASES: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
         "train_state.step is '3'",
         lambda f, m: replace_byte_item(f, "train_state.step", saved("3")),
     ),
+    # issue 46
+    "2,000 zip entries on one record": (
+        "more than 16 zip records",
+        lambda f, m: _zip_entries(f, 2000),
+    ),
+    ".metadata hash flood": (
+        "keys of one hash",
+        lambda f, m: (f / ".metadata").write_bytes(hash_flood(40_000)),
+    ),
+    "dataloader hash flood": (
+        "keys of one hash",
+        lambda f, m: replace_byte_item(f, "dataloader.dp_rank_0", saved(hash_flood(40_000))),
+    ),
 }
-"""Each case of issue 39's "what was seen" 1-7 that lives in a checkpoint folder."""
+"""Each case of issue 39's "what was seen" 1-7 that lives in a checkpoint folder, and issue
+46's zip entries and hash floods."""
+
+
+# ---- resources: memory and time (issue 46) ---------------------------------------------------
+ALIKE = (1 << 61) - 1
+"""CPython hashes an int modulo this prime: its multiples all hash to 0."""
+
+
+@functools.cache
+def hash_flood(keys: int) -> bytes:
+    """A pickle of a dict of `keys` int keys that all hash alike (quadratic to build)."""
+    items = b"".join(
+        pickle.LONG1 + bytes([len(e)]) + e + pickle.NONE
+        for e in (pickle.encode_long(k * ALIKE) for k in range(1, keys + 1))
+    )
+    return pickle.PROTO + b"\x02" + pickle.EMPTY_DICT + pickle.MARK + items + pickle.SETITEMS + b"."
+
+
+@functools.cache
+def opcode_flood(sets: int) -> bytes:
+    """A pickle of a list of `sets` empty sets (about 220 bytes each)."""
+    return (
+        pickle.PROTO + b"\x04" + pickle.EMPTY_LIST + pickle.MARK + pickle.EMPTY_SET * sets + b"e."
+    )
+
+
+@functools.cache
+def deflate_bomb(size: int) -> bytes:
+    """A byte item's archive whose deflated data.pkl (a pickle of `size` zero bytes) is a few
+    hundred KB."""
+    data = pickle.PROTO + b"\x04" + pickle.BINBYTES8 + struct.pack("<Q", size) + bytes(size) + b"."
+    return stored_archive(data, zipfile.ZIP_DEFLATED)
+
+
+def zip_copies(archive: bytes, count: int) -> bytes:
+    """A torch.save archive of one tensor made into one of `count` tensors, `data/0` ...
+    `data/{count - 1}`, whose zip directory entries all point at the one record `data/0`:
+    torch.load reads every one in full."""
+    with zipfile.ZipFile(io.BytesIO(archive)) as source:
+        names = source.namelist()
+        prefix = names[0].split("/")[0]
+        tensor = torch.load(io.BytesIO(archive), weights_only=True)
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w") as copy:
+            for name in names:
+                data = source.read(name)
+                if name.endswith("/data.pkl"):
+                    data = _tensors_pickle(tensor, count)
+                copy.writestr(name, data)
+    return _more_entries(out.getvalue(), f"{prefix}/data/0", count)
+
+
+def _tensors_pickle(tensor: torch.Tensor, count: int) -> bytes:
+    """torch.save's data.pkl of a list of `count` tensors shaped as `tensor`, storage keys
+    "0" ... over `tensor`'s dtype."""
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            if isinstance(obj, str) and obj.startswith("storage "):
+                kind = getattr(torch, torch.storage._dtype_to_storage_type_map()[tensor.dtype])
+                return ("storage", kind, obj.split()[1], "cpu", tensor.numel())
+            return None
+
+    class Rebuilt:
+        def __init__(self, key: int) -> None:
+            self.key = key
+
+        def __reduce__(self) -> Any:
+            import collections
+
+            return torch._utils._rebuild_tensor_v2, (
+                f"storage {self.key}",
+                0,
+                tuple(tensor.shape),
+                tensor.stride(),
+                False,
+                collections.OrderedDict(),
+            )
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=2).dump([Rebuilt(k) for k in range(count)])
+    return buffer.getvalue()
+
+
+def _more_entries(archive: bytes, name: str, count: int) -> bytes:
+    """`archive` (a zip without a comment) with `count - 1` more central directory entries,
+    copies of `name`'s renamed .../data/1 ..., all pointing at `name`'s record."""
+    end = archive.rindex(b"PK\x05\x06")
+    entries_count, size, start = struct.unpack("<HII", archive[end + 10 : end + 20])
+    directory, entries, at = archive[start : start + size], [], 0
+    for _ in range(entries_count):
+        name_len, extra_len, comment_len = struct.unpack("<HHH", directory[at + 28 : at + 34])
+        entries.append(directory[at : at + 46 + name_len + extra_len + comment_len])
+        at += 46 + name_len + extra_len + comment_len
+    (original,) = [e for e in entries if e[46 : 46 + len(name)] == name.encode()]
+    stem = name.rsplit("/", 1)[0]
+    for k in range(1, count):
+        new = f"{stem}/{k}".encode()
+        entries.append(
+            original[:28]
+            + struct.pack("<H", len(new))
+            + original[30:46]
+            + new
+            + original[46 + len(name) :]
+        )
+    directory = b"".join(entries)
+    tail = struct.pack("<HHII", len(entries), len(entries), len(directory), start)
+    return archive[:start] + directory + archive[end : end + 8] + tail + archive[end + 20 :]

@@ -232,3 +232,88 @@ def test_a_byte_item_is_capped_before_it_is_read(sources, tmp_path, monkeypatch)
         dcp_layout.check_layout(str(folder), metadata)
     monkeypatch.setattr(dcp_layout, "MAX_ITEM_BYTES", size * 1000)
     dcp_layout.check_layout(str(folder), metadata)
+
+
+# ---- issue 46: folders, hash floods, zip records -------------------------------------------
+def test_a_step_folder_linked_elsewhere_is_refused(sources, capsys, tmp_path):
+    """A run's `checkpoint/step-3` that is a symlink to a folder elsewhere (whose files pass
+    every check against their own folder) is one line from `check` and from the trainer's
+    check before it loads; the real folder passes `check_confined`."""
+    from boost_titan.parallelize.dcp_layout import check_confined
+
+    elsewhere = tmp_path / "elsewhere" / "step-3"
+    shutil.copytree(sources["job"], elsewhere)
+    check_confined(str(elsewhere))
+    folder = tmp_path / "dump" / "checkpoint" / "step-3"
+    folder.parent.mkdir(parents=True)
+    folder.symlink_to(elsewhere)
+    said = f"is a symlink to {elsewhere}, outside {folder.parent}"
+    line = _check(capsys, tmp_path / "dump")
+    assert said in line and str(folder) in line, line
+    checkpointer = SimpleNamespace(folder=str(folder.parent), initial_load_path="")
+    with pytest.raises(ConfigError, match=said):
+        check_checkpoint_to_load(checkpointer, Choice(str(folder.parent), True, 3))
+
+
+def test_unpickler_counts_key_hashes(monkeypatch):
+    """A dict, set or frozenset of COUNTED_FROM keys or more may hold MAX_SAME_HASH keys of
+    one hash, not one more, however it is built (SETITEM, SETITEMS, DICT, ADDITEMS,
+    FROZENSET); distinct keys are not limited; a PUT index is below 2**32."""
+    alike = [k * ((1 << 61) - 1) for k in range(1, 30)]  # all hash to 0
+    assert len({hash(k) for k in alike}) == 1
+    big = {k: str(k) for k in range(1, 5000)} | dict.fromkeys(alike[:8])  # 0 hashes to 0
+    for protocol in (0, 2, 4):
+        assert safe_load.loads(pickle.dumps(big, protocol=protocol)) == big
+    assert safe_load.loads(pickle.dumps(frozenset(alike[:8]), protocol=4)) == frozenset(alike[:8])
+    flood = "keys of one hash"
+    keys = alike[:9] + list(range(1, 8))  # counted from COUNTED_FROM (16) keys on
+    for value in (dict.fromkeys(keys), set(keys), frozenset(keys)):
+        for protocol in (0, 4) if isinstance(value, dict) else (4,):
+            with pytest.raises(safe_load.UnsafeCheckpoint, match=flood):
+                safe_load.loads(pickle.dumps(value, protocol=protocol))
+    items = b"".join(b"I%d\nN" % k for k in keys)
+    with pytest.raises(safe_load.UnsafeCheckpoint, match=flood):  # DICT: one opcode for all
+        safe_load.loads(b"(" + items + b"d.")
+    with pytest.raises(safe_load.UnsafeCheckpoint, match=flood):  # SETITEM, one at a time
+        safe_load.loads(b"}" + b"".join(b"I%d\nNs" % k for k in keys) + b".")
+    assert safe_load.loads(b"I1\np4294967295\n.") == 1
+    with pytest.raises(pickle.UnpicklingError, match="PUT index"):
+        safe_load.loads(b"I1\np4294967296\n.")
+    with pytest.raises(pickle.UnpicklingError, match="ADDITEMS on a dict"):
+        safe_load.loads(b"\x80\x04}(K\x01K\x02\x86\x94\x90.")
+
+
+def test_a_tensor_archive_is_one_tensor_as_torch_reads_it(tmp_path):
+    """A tensor chunk's archive passes when torch.load's own zip reader sees torch.save's
+    records; refused with directory entries that share one record (each would be
+    materialised), a second tensor record, or a large extra record."""
+    import io
+    import zipfile
+
+    import torch
+
+    from tests.helpers.hostile import zip_copies
+
+    def records(archive: bytes) -> list:
+        return dcp_layout.tensor_records(io.BytesIO(archive), 0, len(archive))
+
+    from boost_titan.parallelize import dcp_layout
+
+    buffer = io.BytesIO()
+    torch.save(torch.arange(16.0), buffer)
+    clean = buffer.getvalue()
+    assert dcp_layout.records_problem(records(clean)) is None
+    assert dcp_layout.size_problem(records(clean), 64) is None
+    assert dcp_layout.size_problem(records(clean), 128) == "64 bytes"
+    assert dcp_layout.records_problem(records(zip_copies(clean, 2))) == (
+        "2 tensor records (a chunk is one, data/0)"
+    )
+    assert "more than 16" in dcp_layout.records_problem(records(zip_copies(clean, 2000)))
+    padded = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(clean)) as source, zipfile.ZipFile(padded, "w") as out:
+        for name in source.namelist():
+            out.writestr(name, source.read(name))
+        out.writestr(f"{name.split('/')[0]}/extra", bytes(1 << 20))
+    assert "extra of 1,048,576 bytes" in dcp_layout.records_problem(records(padded.getvalue()))
+    with pytest.raises(ValueError, match="no tensor archive"):
+        records(clean[:-30])
