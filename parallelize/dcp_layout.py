@@ -4,8 +4,8 @@
 says, since every later read trusts it: `check_layout(path, metadata)` raises
 `BadCheckpoint` (a one-line reason naming the file) unless
 
-- every entry has DCP's types: tensors (dtype, non-negative sizes, chunks inside the
-  tensor and covering it), byte items (at most `safe_load.MAX_ITEM_BYTES`, which a reader
+- every entry has DCP's types: tensors (dtype, non-negative sizes, at most
+  `MAX_CHUNKS_PER_TENSOR` chunks inside the tensor and covering it), byte items (at most `safe_load.MAX_ITEM_BYTES`, which a reader
   holds in memory), and storage entries (`relative_path`, `offset`, `length` as a name and
   integers, no storage transforms), one per chunk and byte item;
 - the storage indices of a tensor's chunks do not
@@ -43,6 +43,12 @@ if TYPE_CHECKING:
         Metadata,
         MetadataIndex,
     )
+
+
+MAX_CHUNKS_PER_TENSOR = 8192
+"""DCP writes one chunk of a tensor per rank that holds a piece of it: a tensor cut into
+more pieces than any run of this product has ranks is refused before its chunks are read
+(each costs a storage lookup, a file check and a torch.load)."""
 
 
 class BadCheckpoint(ValueError):
@@ -122,6 +128,11 @@ def check_types(metadata: Metadata) -> dict[MetadataIndex, ChunkStorageMetadata 
         ):
             raise BadCheckpoint(
                 f"{where}: {shown(fqn)} is not a tensor or byte entry as DCP writes"
+            )
+        if len(chunks) > MAX_CHUNKS_PER_TENSOR:
+            raise BadCheckpoint(
+                f"{where}: {shown(fqn)} is split into {len(chunks):,} chunks (most: "
+                f"{MAX_CHUNKS_PER_TENSOR:,}, one per rank holding a piece of it)"
             )
         covered = 0
         for chunk in chunks:

@@ -317,3 +317,21 @@ def test_a_tensor_archive_is_one_tensor_as_torch_reads_it(tmp_path):
     assert "extra of 1,048,576 bytes" in dcp_layout.records_problem(records(padded.getvalue()))
     with pytest.raises(ValueError, match="no tensor archive"):
         records(clean[:-30])
+
+
+def test_a_tensor_in_more_chunks_than_any_run_has_ranks_is_refused(sources, monkeypatch):
+    """A tensor's chunk list longer than `MAX_CHUNKS_PER_TENSOR` is refused from `.metadata`
+    alone, before any chunk is looked up or read (65,536 chunks took check 88 s, export 145 s)."""
+    from boost_titan.parallelize import dcp_layout
+
+    metadata = read_metadata(sources["cola"])
+    fqn, entry = next(
+        (k, v) for k, v in metadata.state_dict_metadata.items() if k.endswith("weight")
+    )
+    entry.chunks = entry.chunks * 3
+    monkeypatch.setattr(dcp_layout, "MAX_CHUNKS_PER_TENSOR", 2)
+    with pytest.raises(dcp_layout.BadCheckpoint, match=f"{fqn} is split into 3 chunks .most: 2,"):
+        dcp_layout.check_types(metadata)
+    monkeypatch.setattr(dcp_layout, "MAX_CHUNKS_PER_TENSOR", 3)  # then the coverage check
+    with pytest.raises(dcp_layout.BadCheckpoint, match="hold .* elements"):
+        dcp_layout.check_types(metadata)
