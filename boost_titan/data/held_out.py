@@ -73,6 +73,22 @@ def data_at(path: str | None, field: str) -> ValidationData:
     return ValidationData(LOCAL, path, field)
 
 
+def point_titan_validation_at_held_out(job_config) -> None:
+    """TorchTitan's own validator (TorchTitan's models, a user's TrainSpec) loads
+    `validation.dataset` from TorchTitan's registry, where the default name `c4_validation`
+    is C4 on the Hugging Face Hub. A job training on the default corpus validates on that
+    corpus's held-out split there too, as ours does (module docstring): nothing is
+    downloaded at run time. Another name or a `validation.dataset_path` is left as given."""
+    validation, training = job_config.validation, job_config.training
+    if (
+        validation.dataset.lower() == DEFAULT_VALIDATION_DATASETS[1]
+        and not validation.dataset_path
+        and training.dataset.lower() == STDLIB
+        and not training.dataset_path
+    ):
+        validation.dataset = STDLIB_VALIDATION
+
+
 def validation_data(job_config) -> ValidationData | None:
     """The job's validation documents; None when it trains on its own data and names no
     validation documents (the default held-out split would be another domain)."""

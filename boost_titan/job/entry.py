@@ -37,6 +37,7 @@ from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.config.world import resolve_world
+from boost_titan.data.held_out import point_titan_validation_at_held_out
 from boost_titan.data.tokenizer import DefaultAssetsWarningFilter
 from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.device import use_cpu_if_no_accelerator
@@ -112,6 +113,7 @@ def train(trainer_cls: type[BoostTrainer], job) -> None:
     check_run_limits(job.boost)
     check_cuda_graphs(job.boost, job.parallelism.pipeline_parallel_degree)
     check_titan_settings(job)
+    point_titan_validation_at_held_out(job)
     trainer = None
     try:
         trainer = trainer_cls(job)

@@ -39,10 +39,11 @@ CASES = {
         ["--model.flavor", "tiny"],
         ["model.flavor 'tiny': llama3 has no such flavor; choose one of debugmodel,"],
     ),
+    "default validation: the default corpus's held-out split": (["--validation.enable"], None),
     "validation from the Hub": (
-        ["--validation.enable"],
+        ["--validation.enable", "--validation.dataset", "c4"],
         [
-            "validation.dataset 'c4_validation': llama3's validator (TorchTitan's) cannot load it",
+            "validation.dataset 'c4': llama3's validator (TorchTitan's) cannot load it",
             "OfflineModeIsEnabled",
             "--validation.dataset stdlib_validation",
         ],

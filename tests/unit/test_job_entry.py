@@ -103,6 +103,7 @@ def test_the_worker_parses_the_job_once_and_trains_that(parses, tmp_path, monkey
     args = ["--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(tmp_path)]
     monkeypatch.setattr(sys, "argv", ["boost_titan.train", *args])
     monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a worker of debug.toml's 2-process job (TP 2)
     monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)  # TorchTitan's logging sets it
     root = logging.getLogger()
     handlers, level, filters = list(root.handlers), root.level, list(root.filters)
