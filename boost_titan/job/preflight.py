@@ -24,6 +24,7 @@ import os
 import tempfile
 
 from boost_titan.config import check_cuda_graphs, check_run_limits
+from boost_titan.config.bounds import check_bounds
 from boost_titan.config.cli import parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision
@@ -151,7 +152,7 @@ def check_prepared_data(job, vocab: int | None) -> None:
     """Prepared training data matches the job's tokenizer and vocabulary `vocab`."""
     from boost_titan.data.prepared_check import check_prepared
 
-    check_prepared(job, vocab)
+    check_prepared(job, vocab, scan_ids=True)
 
 
 def resume_checkpoint(job) -> str | None:
@@ -319,6 +320,7 @@ def check_job(job, nproc: int | None) -> str:
     """Validate the parsed job `job` on `nproc` processes (None: NGPU, else the fewest the
     degrees allow); return the `config ok` summary. Raises ConfigError for bad input and
     NothingToTrain for a finished job."""
+    check_bounds(job)
     world, degrees = resolve_world(job, nproc)
     batch = check_batch(job, degrees)
     check_run_limits(job.boost)
