@@ -85,7 +85,7 @@ def _manifest_problem(manifest: object) -> str | None:
         return f"is a JSON {type(manifest).__name__}, not an object"
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         return f"is not a {FORMAT} v{VERSION} manifest"
-    if manifest.get("dtype") not in TOKEN_DTYPES:
+    if not isinstance(manifest.get("dtype"), str) or manifest["dtype"] not in TOKEN_DTYPES:
         return f"dtype {str(manifest.get('dtype'))[:40]!r} is not one of {', '.join(TOKEN_DTYPES)}"
     tokenizer = manifest.get("tokenizer")
     if not isinstance(tokenizer, dict):

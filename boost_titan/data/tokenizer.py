@@ -161,6 +161,12 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
         raise ConfigError(f"{path} holds no tokens; give a tiktoken BPE file")
     if len(set(ranks.values())) != len(ranks):  # tiktoken panics on a rank given twice
         raise ConfigError(f"{path} gives a rank to two tokens; give a tiktoken BPE file")
+    missing = next((b for b in range(256) if bytes([b]) not in ranks), None)
+    if missing is not None:  # tiktoken panics on text holding a byte it has no rank for
+        raise ConfigError(
+            f"{path} has no rank for the byte {missing:#04x} (a byte-level BPE ranks all 256); "
+            "give a complete tiktoken BPE file"
+        )
     return ranks
 
 

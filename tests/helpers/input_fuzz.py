@@ -2,7 +2,7 @@
 manifest, shards and held-out files), a tokenizer (a tiktoken file; a Hugging Face folder's
 files) and the job's TOML, run in one child interpreter by `tests/unit/test_input_fuzz.py`:
 
-    python -m tests.helpers.input_fuzz RESULTS.json --cases N --seed S [--break all]
+    python -m tests.helpers.input_fuzz RESULTS.json --cases N --seed S [--guard-cases M]
 
 It prepares one small folder with the product (`prepare_corpus`, a tiktoken tokenizer made
 here), then for each case copies the inputs, mutates one (`MUTATIONS`: bytes flipped, cut,
@@ -16,15 +16,18 @@ accepted is sound (the oracles: token ids below the vocabulary, blend shares equ
 exact ones, numbers that torch's optimizer and int64 take, a dump folder the OS can
 name). The process runs under `MEMORY_LIMIT` of address space.
 
-`--break all`: for each guard of `GUARDS` in turn, switch it off, fuzz until the first
-failure (at most `--cases` cases), switch it back on; RESULTS.json's `found` says which
-guards the fuzzer found switched off.
+Then, with `--guard-cases M`, for each guard of `_guards()` in turn: switch it off, fuzz
+until the first failure that the same case with every guard on does not show (at most M
+cases), switch it back on; RESULTS.json's `found` holds that failure per guard (None: the
+fuzzer missed the hole).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
+import importlib
 import json
 import math
 import os
@@ -51,8 +54,6 @@ CASE_SECONDS = 20.0
 HIDDEN = ("MemoryError", "RecursionError", "CaseTimeout")
 """Failures a one-line refusal must not hide."""
 SEQ_LEN = 16
-WINDOWS = 40
-"""Windows each prepared case reads (more than the folder holds: every shard is opened)."""
 TOML_BASE = """[job]
 dump_folder = "{out}"
 
@@ -134,6 +135,8 @@ NUMBERS: list[Any] = [
     0, -1, 1, 2**31, 2**63, 2**64, 2**70, 10**8, 1e8, 1e308, -1e308, 5e-324, 0.5,
     float("nan"), float("inf"), float("-inf"), 1.7e308, 0.17e308, 3.0,
 ]  # fmt: skip
+HUGE = [1.7e308, 0.17e308, 1e308, 9e307]
+"""Blend weights whose sum overflows."""
 SNIPPETS = [b"[", b"]", b"{", b"}", b'"', b",", b":", b"\\", b"\0", b"\n", b"=", b"[[", b'"""']
 SNIPPETS += [b"\xff\xfe", b"NaN", b"1e999", b"-", b"99999999999999999999999", b" " * 50]
 
@@ -318,8 +321,17 @@ def mutate_hf(rng: random.Random, case: Path) -> str:
     return f"hf {name} structure {what}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Deep:
+    """A TOML array nested `depth` deep (written as text: too deep to build)."""
+
+    depth: int
+
+
 def toml_text(value: Any) -> str:
     """A TOML value (inline tables and arrays, NaN and inf included)."""
+    if isinstance(value, Deep):
+        return "[" * value.depth + "]" * value.depth
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -344,22 +356,24 @@ def toml_text(value: Any) -> str:
 
 
 def write_toml(path: Path, data: dict) -> None:
-    lines = []
-    for section, table in data.items():
-        if not isinstance(table, dict):
-            lines.insert(0, f"{section} = {toml_text(table)}")
-            continue
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {toml_text(value)}" for key, value in table.items()]
     try:
-        path.write_text("\n".join(lines) + "\n")
-    except RecursionError:
-        path.write_text("[training]\nsteps = " + "[" * 100_000 + "]" * 100_000 + "\n")
+        lines = []
+        for section, table in data.items():
+            if not isinstance(table, dict):
+                lines.insert(0, f"{section} = {toml_text(table)}")
+                continue
+            lines.append(f"[{section}]")
+            lines += [f"{key} = {toml_text(value)}" for key, value in table.items()]
+    except RecursionError:  # nested deeper than this writer goes: as deep as the reader's
+        lines = ["[training]", "steps = " + "[" * 100_000 + "]" * 100_000]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def mutate_toml(rng: random.Random, case: Path) -> str:
     path = case / "job.toml"
-    kind = rng.choice(["bytes", "structure", "numbers", "numbers", "mix", "swap"])
+    kinds = ["bytes", "structure", "numbers", "numbers", "mix", "mix", "nul", "nul", "deep"]
+    kind = rng.choice(kinds)
+    kind = "swap" if rng.random() < 0.12 else kind
     if kind == "swap":
         return f"toml swap {swap_file(rng, path, case / 'outside' / 'job.toml')}"
     if kind == "bytes":
@@ -368,15 +382,24 @@ def mutate_toml(rng: random.Random, case: Path) -> str:
         return f"toml bytes {what}"
     data = tomllib.loads(path.read_text())
     if kind == "mix":
-        weights = [rng.choice(NUMBERS) for _ in range(2)]
+        pool = HUGE if rng.random() < 0.5 else NUMBERS
+        weights = [rng.choice(pool) for _ in range(2)]
         a, b = (str(case / "prepared"), str(case / "prepared"))
         data["boost"]["data_mix"] = f"a={a}:{weights[0]!r},b={b}:{weights[1]!r}"
         what = f"weights {weights}"
+    elif kind == "deep":
+        section = rng.choice(sorted(data))
+        key = rng.choice(sorted(data[section]))
+        data[section][key] = Deep(rng.choice([500, 100_000]))
+        what = f"{section}.{key} {data[section][key].depth}"
+    elif kind == "nul":
+        keys = [("job", "dump_folder"), ("job", "dump_folder"), ("model", "flavor")]
+        section, key = rng.choice(keys)
+        at = rng.randrange(len(data[section][key]) + 1)
+        data[section][key] = data[section][key][:at] + "\0" + data[section][key][at:]
+        what = f"{section}.{key}"
     else:
         what = mutate_structure(rng, data, numbers_only=kind == "numbers")
-        if rng.random() < 0.1:
-            data["job"]["dump_folder"] = str(case / "out") + "\0x"
-            what = "NUL in dump_folder"
     write_toml(path, data)
     return f"toml {kind} {what}"
 
@@ -421,7 +444,7 @@ def _job(case: Path, mix: str = "") -> Any:
 def read_prepared(case: Path, base: Base) -> str:
     """As `check` and the loader read a prepared folder: manifest, shard sizes, the
     tokenizer's fingerprint and vocabulary, every shard's windows; then the held-out split
-    as validation reads it. Oracle: every id read is below the vocabulary."""
+    as validation reads it. Oracle: every id of every window is below the vocabulary."""
     from boost_titan.data.held_out import validation_data
     from boost_titan.data.mix import MixedWindows, open_sources, training_sources
 
@@ -430,7 +453,7 @@ def read_prepared(case: Path, base: Base) -> str:
     for dataset in datasets:
         dataset.check_tokenizer(base.fingerprint, str(base.tiktoken), base.vocab, base.vocab)
     windows = MixedWindows(sources, datasets, SEQ_LEN)
-    for _, (inputs, labels) in zip(range(WINDOWS), windows, strict=False):
+    for _, (inputs, labels) in zip(range(sum(windows.windows)), windows, strict=False):
         top = max(int(inputs["input"].max()), int(labels.max()))
         assert top < base.vocab, f"token id {top} past the vocabulary {base.vocab} was trained on"
     data = validation_data(_job(case))
@@ -541,6 +564,11 @@ def _guards() -> dict[str, Callable[[], None]]:
     }
 
 
+def guard_names() -> list[str]:
+    """The guards the fuzzer switches off, one at a time."""
+    return list(_guards())
+
+
 # ---- one case ----------------------------------------------------------------------------------
 class Watch:
     """Records every file a case opens outside its folder (next to it, or a device)."""
@@ -565,7 +593,10 @@ def run_case(case: Path, kind: str, base: Base, watch: Watch, seconds: float) ->
     """(outcome, detail): "ok", "refused" or "FAIL"."""
     from boost_titan.config.errors import ConfigError
 
-    watch.folder, watch.outside = os.path.realpath(case), []
+    target = kind.split(" ")[0]
+    own = {"manifest": "prepared", "shard": "prepared", "held_out": "prepared"}.get(target, "")
+    own = {"tiktoken": "tiktoken", "hf": "hf"}.get(target, own)
+    watch.folder, watch.outside = os.path.realpath(case / own), []
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         outcome, detail = read_case(case, kind, base), ""
@@ -597,26 +628,57 @@ def fresh_case(work: Path) -> Path:
 
 
 def fuzz(
-    work: Path, base: Base, watch: Watch, ns: argparse.Namespace, results: dict, stop_at_first: bool
-) -> list[dict]:  # noqa: E501
-    """Run `ns.cases` cases (fewer when `stop_at_first` and one fails); their failures."""
-    weights = [w for w, _ in MUTATIONS]
-    failures = []
+    work: Path,
+    base: Base,
+    watch: Watch,
+    ns: argparse.Namespace,
+    results: dict,
+    guard: str = "",
+    clean: dict | None = None,
+) -> dict | None:
+    """Run `ns.cases` cases; failures go to `results`. With `guard` (switched off): stop at
+    the first failure that the same case with every guard on does not show, and return it
+    (a failure it does show is the product's own, recorded as one); `clean`: the guards
+    on (`_snapshot`)."""
     for number in range(ns.cases):
-        rng = random.Random(f"{ns.seed}-{results.get('guard')}-{number}")
-        case = fresh_case(work)
-        kind = rng.choices([m for _, m in MUTATIONS], weights)[0](rng, case)
-        results["started"] = {"case": number, "kind": kind}
-        _write(ns.results, results)
-        outcome, detail = run_case(case, kind, base, watch, ns.case_seconds)
-        results["outcomes"][outcome] = results["outcomes"].get(outcome, 0) + 1
-        family = kind.split(" ")[0]
-        results["kinds"][family] = results["kinds"].get(family, 0) + 1
-        if outcome == "FAIL":
-            failures.append({"case": number, "kind": kind, "detail": detail})
-            if stop_at_first:
-                break
-    return failures
+        seed = f"{ns.seed}-{guard}-{number}"
+        outcome, detail, kind = one_case(work, base, watch, ns, results, seed, number)
+        if outcome != "FAIL":
+            continue
+        failure = {"case": number, "kind": kind, "detail": detail}
+        if not guard:
+            results["failures"].append(failure)
+            continue
+        switched = _snapshot()
+        _restore(clean)
+        again = one_case(work, base, watch, ns, results, seed, number)[0]
+        _restore(switched)
+        if again != "FAIL":
+            return failure
+        results["failures"].append(failure)
+    return None
+
+
+def one_case(
+    work: Path,
+    base: Base,
+    watch: Watch,
+    ns: argparse.Namespace,
+    results: dict,
+    seed: str,
+    number: int,
+) -> tuple[str, str, str]:
+    """(outcome, detail, mutation) of the case `seed`."""
+    rng = random.Random(seed)
+    case = fresh_case(work)
+    kind = rng.choices([m for _, m in MUTATIONS], [w for w, _ in MUTATIONS])[0](rng, case)
+    results["started"] = {"case": number, "kind": kind}
+    _write(ns.results, results)
+    outcome, detail = run_case(case, kind, base, watch, ns.case_seconds)
+    results["outcomes"][outcome] = results["outcomes"].get(outcome, 0) + 1
+    family = kind.split(" ")[0]
+    results["kinds"][family] = results["kinds"].get(family, 0) + 1
+    return outcome, detail, kind
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -624,7 +686,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("results")
     parser.add_argument("--cases", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--break", dest="broken", choices=["all"])
+    parser.add_argument("--guard-cases", type=int, default=0)
     parser.add_argument("--case-seconds", type=float, default=CASE_SECONDS)
     ns = parser.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
@@ -632,8 +694,10 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="input-fuzz-", dir=Path(ns.results).parent))
     results: dict[str, Any] = {"failures": [], "outcomes": {}, "kinds": {}, "found": {}}
     os.environ["BOOST_TITAN_CACHE"] = str(work / "cache")
+    begun = time.monotonic()
     try:
         base = Base(work)
+        results["setup_seconds"] = round(time.monotonic() - begun, 1)
         (work / "clean" / "outside" / "group.txt").write_text("root:x:0:\n")
         shutil.copy(
             next((work / "clean" / "prepared").glob("*.bin")),
@@ -641,18 +705,18 @@ def main(argv: list[str] | None = None) -> None:
         )
         watch = Watch(work)
         start = time.monotonic()
-        if ns.broken:
-            for guard, switch in _guards().items():
-                results["guard"] = guard
-                saved = _snapshot()
-                switch()
-                found = fuzz(work, base, watch, ns, results, stop_at_first=True)
-                _restore(saved)
-                results["found"][guard] = found[0] if found else None
-        else:
-            results["failures"] = fuzz(work, base, watch, ns, results, stop_at_first=False)
-        results["started"] = None
+        fuzz(work, base, watch, ns, results)
         results["seconds"] = round(time.monotonic() - start, 1)
+        results["clean_outcomes"] = dict(results["outcomes"])
+        results["clean_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        clean = _snapshot()
+        ns.cases = ns.guard_cases
+        for guard, switch in _guards().items():
+            switch()
+            results["found"][guard] = fuzz(work, base, watch, ns, results, guard, clean)
+            _restore(clean)
+        results["started"] = None
+        results["guard_seconds"] = round(time.monotonic() - start - results["seconds"], 1)
         results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
         _write(ns.results, results)
     finally:
@@ -673,7 +737,7 @@ def _snapshot() -> dict[str, dict[str, Any]]:
     """The globals of every module a switch touches, and PreparedDataset's methods."""
     from boost_titan.data.prepared import PreparedDataset
 
-    saved = {name: dict(vars(sys.modules[f"boost_titan.{name}"])) for name in SWITCHED}
+    saved = {name: dict(vars(importlib.import_module(f"boost_titan.{name}"))) for name in SWITCHED}
     saved["PreparedDataset"] = dict(vars(PreparedDataset))
     return saved
 
