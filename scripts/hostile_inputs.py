@@ -128,8 +128,8 @@ def manifest_deep(folder: Path, scratch: Path) -> list[str]:
 
 def manifest_huge(folder: Path, scratch: Path) -> list[str]:
     """A manifest of 100 MB (a JSON string padded with spaces)."""
-    with open(folder / "manifest.json", "w") as f:
-        f.write(json.dumps(_manifest(folder))[:-1] + ', "pad": "' + " " * 100_000_000 + '"}')
+    text = json.dumps(_manifest(folder))[:-1] + ', "pad": "' + " " * 100_000_000 + '"}'
+    (folder / "manifest.json").write_text(text)
     return _data(folder)
 
 
@@ -225,9 +225,8 @@ def toml(text: str) -> Case:
     def case(folder: Path, scratch: Path) -> list[str]:
         base = Path(DEBUG).read_text()
         for line in text.splitlines():
-            key = line.split("=")[0].strip()
-            if key and not key.startswith("["):
-                base = re.sub(rf"(?m)^{re.escape(key)}\s*=.*$", "", base)
+            key = line.split(" ", 1)[1].split("=")[0].strip()
+            base = re.sub(rf"(?m)^{re.escape(key)}\s*=.*$", "", base)
         path = scratch / "job.toml"
         path.write_text(_into_sections(base, text))
         return ["--job.config_file", str(path)]
@@ -276,7 +275,7 @@ CASES: dict[str, tuple[Case, str]] = {
     "15 vocab_size a string": (_edit(_set("tokenizer.vocab_size", "4096")), "vocab_size"),
     "16 float token counts": (_edit(_float_tokens), "whole token"),
     "17 manifest 100 MB": (manifest_huge, "over the"),
-    "18 manifest a FIFO": (manifest_fifo, ""),
+    "18 manifest a FIFO": (manifest_fifo, "not a regular file"),
     "19 data_mix 1.7e308 : 0.17e308": (mix_overflow, ""),
     "20 tiktoken symlink to /dev/zero": (tiktoken_special("zero"), "not a regular file"),
     "21 tiktoken a FIFO": (tiktoken_special("fifo"), "not a regular file"),
