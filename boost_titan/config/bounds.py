@@ -22,7 +22,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "training.global_batch_size": (-1, SEQUENCES * 1024),
     "training.seq_len": (1, TOKENS),
     "training.max_norm": (0.0, 1e6),
-    "optimizer.lr": (0.0, 10.0),
+    "optimizer.lr": (0.0, 1e6),
     "optimizer.eps": (0.0, 1.0),
     "optimizer.beta1": (0.0, 1.0),
     "optimizer.beta2": (0.0, 1.0),
@@ -33,13 +33,14 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "validation.seq_len": (1, TOKENS),
     "validation.steps": (-1, STEPS),
     "validation.freq": (1, STEPS),
-    "boost.rank": (0, TOKENS),
     "boost.max_seq_len": (0, TOKENS),
     "boost.gradient_accumulation_steps": (0, SEQUENCES),
-    "boost.time_budget_minutes": (0.0, 1e7),
     "boost.skip_nonfinite_steps": (0, STEPS),
 }
-"""Option -> (lowest, highest) value a job may give it, both included."""
+"""Option -> (lowest, highest) value a job may give it, both included. The checks with
+their own messages run first (`world.check_batch`: batch sizes >= 1; `check_run_limits`;
+[boost] rank in `boost_llama.spec`): these catch what they let through (NaN, infinity,
+numbers no run can reach)."""
 
 
 def _value(job, name: str) -> float:

@@ -233,17 +233,17 @@ class PreparedDataset:
                 f"{made_by['assets']!r}, not model.hf_assets_path {assets!r} (fingerprints "
                 f"differ); pass --model.hf_assets_path {made_by['assets']} or prepare again"
             )
-        if made_by["vocab_size"] > tokenizer_vocab:
-            raise ConfigError(
-                f"{self.field} {self.folder}: its manifest says vocab_size "
-                f"{made_by['vocab_size']}, but its tokenizer {assets!r} has {tokenizer_vocab} "
-                "tokens; prepare the folder again"
-            )
         if vocab is not None and made_by["vocab_size"] > vocab:
             raise ConfigError(
                 f"{self.field} {self.folder} holds ids of a {made_by['vocab_size']}-token "
                 f"vocabulary but the model has {vocab} rows; use a model vocabulary of at least "
                 f"{made_by['vocab_size']} or the tokenizer the model was made for"
+            )
+        if made_by["vocab_size"] > tokenizer_vocab:
+            raise ConfigError(
+                f"{self.field} {self.folder}: its manifest says vocab_size "
+                f"{made_by['vocab_size']}, but its tokenizer {assets!r} has {tokenizer_vocab} "
+                "tokens; prepare the folder again"
             )
 
     def check_ids(self, index: int) -> None:

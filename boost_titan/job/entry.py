@@ -106,10 +106,10 @@ def train(trainer_cls: type[BoostTrainer], job) -> None:
         "torchtitan version: %s (0.0.0 means __version__ is not defined correctly).",
         torchtitan.__version__,
     )
-    check_bounds(job)
     check_run_limits(job.boost)
     check_cuda_graphs(job.boost, job.parallelism.pipeline_parallel_degree)
     check_titan_settings(job)
+    check_bounds(job)
     trainer = None
     try:
         trainer = trainer_cls(job)

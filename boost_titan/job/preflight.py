@@ -320,12 +320,12 @@ def check_job(job, nproc: int | None) -> str:
     """Validate the parsed job `job` on `nproc` processes (None: NGPU, else the fewest the
     degrees allow); return the `config ok` summary. Raises ConfigError for bad input and
     NothingToTrain for a finished job."""
-    check_bounds(job)
     world, degrees = resolve_world(job, nproc)
     batch = check_batch(job, degrees)
     check_run_limits(job.boost)
     check_cuda_graphs(job.boost, degrees["pp"])
     check_titan_settings(job)
+    check_bounds(job)
     check_output_folder(job.job.dump_folder)
     data_note = check_data(job)
     check_initial_checkpoint(job.checkpoint)
