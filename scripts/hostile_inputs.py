@@ -296,18 +296,19 @@ CASES: dict[str, tuple[Case, str]] = {
 """Name -> (builder, a fragment of the expected error line; "" for a job `check` accepts)."""
 
 
-def timed(argv: list[str]) -> tuple[int, str, float, float]:
-    """(exit status, the output's first `error:` line or its last line, wall s, peak RSS
-    MiB) of `python -m boost_titan.check ARGV` under /usr/bin/time -v (60 s at most)."""
+def timed(argv: list[str]) -> tuple[int, str, float, float, float]:
+    """(exit status, the output's first `error:` line or its last line, wall s, CPU s (user
+    + system: what the case costs, whatever else the machine runs), peak RSS MiB) of
+    `python -m boost_titan.check ARGV` under /usr/bin/time -v (300 s at most)."""
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "boost_titan.check", *argv]
     env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE", "RANK")}
     env["PYTHONPATH"] = str(ROOT)
     try:
         done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
         )
     except subprocess.TimeoutExpired:
-        return -1, "TIMEOUT after 60 s", 60.0, 0.0
+        return -1, "TIMEOUT after 300 s", 300.0, 0.0, 0.0
     stats, _, _ = done.stderr.rpartition("\tCommand being timed")[2].partition("\n\n")
     output = done.stdout + done.stderr.partition("\tCommand being timed")[0]
     lines = [line for line in output.splitlines() if line.strip()]
@@ -319,7 +320,10 @@ def timed(argv: list[str]) -> tuple[int, str, float, float]:
     )
     hours, minutes, seconds = (float(g or 0) for g in wall.groups())
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
-    return done.returncode, shown, 3600 * hours + 60 * minutes + seconds, rss / 1024
+    cpu = sum(
+        float(t) for t in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", done.stderr)
+    )
+    return done.returncode, shown, 3600 * hours + 60 * minutes + seconds, cpu, rss / 1024
 
 
 def build(name: str, prepared: Path, scratch: Path) -> list[str]:
@@ -337,13 +341,14 @@ def build(name: str, prepared: Path, scratch: Path) -> list[str]:
 def main() -> None:
     prepared, scratch = Path(sys.argv[1]), Path(sys.argv[2])
     prefix = sys.argv[3] if len(sys.argv) > 3 else ""
-    print("| case | exit | wall s | peak RSS MiB | output |")
-    print("|---|---|---|---|---|")
+    print(f"load average at the start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
+    print("| case | exit | wall s | CPU s | peak RSS MiB | output |")
+    print("|---|---|---|---|---|---|")
     for name in (n for n in CASES if n.startswith(prefix)):
-        status, line, wall, rss = timed(build(name, prepared, scratch))
+        status, line, wall, cpu, rss = timed(build(name, prepared, scratch))
         line = line.replace(str(scratch), "…").replace("|", "\\|")
         line = line if len(line) <= 150 else line[:147] + "..."
-        print(f"| {name} | {status} | {wall:.1f} | {rss:.0f} | `{line}` |", flush=True)
+        print(f"| {name} | {status} | {wall:.1f} | {cpu:.1f} | {rss:.0f} | `{line}` |", flush=True)
 
 
 if __name__ == "__main__":

@@ -84,3 +84,16 @@ def test_the_loader_refuses_a_shard_with_an_id_past_the_vocabulary(prepared, tmp
     dataset.read(0, dataset.starts[-2])  # every shard but the last: fine
     with pytest.raises(ConfigError, match="holds token id 4096, past the manifest's vocab_size"):
         dataset.read(dataset.starts[-2], 1)
+
+
+def test_the_memory_line_names_where_the_values_came_from(tmp_path):
+    """A value set on the command line is not said to come from the TOML."""
+    from boost_titan.check import memory_line
+    from boost_titan.config.cli import job_source, parse_job_config
+    from tests.helpers import DEBUG_TOML
+
+    args = ["--job.config_file", str(DEBUG_TOML), "--model.name", "llama3"]
+    line = memory_line(parse_job_config(args), 2, job_source(args))
+    assert f"model.name 'llama3' in {DEBUG_TOML} and the command line:" in line, line
+    assert job_source(["--job.config_file", "x.toml"]) == "x.toml"
+    assert job_source(["--training.steps", "3"]) == "the command line"
