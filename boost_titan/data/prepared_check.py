@@ -9,7 +9,8 @@ from boost_titan.data.tokenizer import assets_vocab_size, tokenizer_files
 
 ID_SCAN_BYTES = 1 << 30
 """Shard bytes whose token ids `check_prepared` reads (shards in order, all sources): about
-0.1 s from the page cache, seconds from disk; the loader checks every shard it opens."""
+1.5 s from the page cache, a disk's read time otherwise; the loader checks every shard it
+opens."""
 
 
 def check_prepared(job_config, vocab: int | None, scan_ids: bool = False) -> None:
