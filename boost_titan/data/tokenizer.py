@@ -137,37 +137,42 @@ def prepare_default_assets() -> Path:
 def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     """Parse `<base64 token> <rank>` lines (what tiktoken.load.load_tiktoken_bpe reads,
     without its copy under /tmp keyed by path, which goes stale when the file changes); a
-    regular file of at most TIKTOKEN_MAX_BYTES, ranks in 0..MAX_RANK."""
+    regular file of at most TIKTOKEN_MAX_BYTES whose ranks pass `rank_problem`."""
     data = read_capped(path, "tiktoken file", TIKTOKEN_MAX_BYTES)
     ranks: dict[bytes, int] = {}
     for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            token, text = line.split()
-            token, rank = base64.b64decode(token, validate=True), int(text)
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
         except ValueError:  # includes binascii.Error
             raise ConfigError(
                 f"{path} line {number} is not '<base64 token> <rank>'; give a tiktoken BPE "
                 "file (SentencePiece models are not supported)"
             ) from None
-        if not 0 <= rank <= MAX_RANK:
-            raise ConfigError(
-                f"{path} line {number}: rank {text[:40].decode(errors='replace')} is outside "
-                f"0..{MAX_RANK}; give a tiktoken BPE file"
-            )
-        ranks[token] = rank
     if not ranks:
         raise ConfigError(f"{path} holds no tokens; give a tiktoken BPE file")
-    if len(set(ranks.values())) != len(ranks):  # tiktoken panics on a rank given twice
-        raise ConfigError(f"{path} gives a rank to two tokens; give a tiktoken BPE file")
-    missing = next((b for b in range(256) if bytes([b]) not in ranks), None)
-    if missing is not None:  # tiktoken panics on text holding a byte it has no rank for
-        raise ConfigError(
-            f"{path} has no rank for the byte {missing:#04x} (a byte-level BPE ranks all 256); "
-            "give a complete tiktoken BPE file"
-        )
+    problem = rank_problem(ranks)
+    if problem:
+        raise ConfigError(f"{path} {problem}; give a complete tiktoken BPE file")
     return ranks
+
+
+def rank_problem(ranks: dict[bytes, int]) -> str | None:
+    """What tiktoken would overflow or panic on, None if nothing: a rank outside
+    0..MAX_RANK, a rank given to two tokens, a single byte without a rank (a byte-level
+    BPE ranks all 256)."""
+    low, high = min(ranks.values()), max(ranks.values())
+    if low < 0 or high > MAX_RANK:
+        shown = str(low if low < 0 else high)
+        return f"has rank {shown[:40]}, outside 0..{MAX_RANK}"
+    if len(set(ranks.values())) != len(ranks):
+        return "gives a rank to two tokens"
+    missing = next((b for b in range(256) if bytes([b]) not in ranks), None)
+    if missing is not None:
+        return f"has no rank for the byte {missing:#04x}"
+    return None
 
 
 def _cut_long_runs(text: str) -> list[str]:

@@ -543,7 +543,7 @@ def _guards() -> dict[str, Callable[[], None]]:
     return {
         "confinement": off(
             prepared, "inside", lambda folder, name, suffix, what: folder / f"{name}{suffix}"
-        ),  # noqa: E501
+        ),
         "held-out confinement": off(held_out, "check_held_out", nothing),
         "special files and size caps": each(
             off(prepared, "read_capped", plain_read),
@@ -555,7 +555,7 @@ def _guards() -> dict[str, Callable[[], None]]:
         "manifest depth": off(prepared, "_parse_json", json.loads),
         "token ids": off(PreparedDataset, "check_ids", nothing),
         "shard sizes (old)": off(PreparedDataset, "check_shards", nothing),
-        "tiktoken ranks": off(tokenizer, "MAX_RANK", 1 << 200),
+        "tiktoken ranks": off(tokenizer, "rank_problem", nothing),
         "toml depth": off(cli, "_parse_toml", lambda data: tomllib.loads(data.decode())),
         "toml types (old)": off(cli, "_check_fields", nothing),
         "toml NUL": off(cli, "_refuse_nul", nothing),
