@@ -57,6 +57,10 @@ def check_bounds(job) -> None:
         if not (finite and low <= value <= high):
             shown = str(value) if len(str(value)) <= 24 else f"{float(value):.3g}"
             raise ConfigError(
-                f"{name} {shown} is outside the sane range {low:g}..{high:g}; give "
-                f"--{name} a value in it"
+                f"{name} {shown} is outside the sane range {_number(low)}..{_number(high)}; "
+                f"give --{name} a value in it"
             )
+
+
+def _number(bound: float) -> str:
+    return f"{bound:,}" if isinstance(bound, int) else f"{bound:g}"
