@@ -17,7 +17,7 @@ TOKENS = 1 << 24
 """A longer sequence than any model here trains on (16,777,216 tokens)."""
 
 BOUNDS: dict[str, tuple[float, float]] = {
-    "training.steps": (1, STEPS),
+    "training.steps": (0, STEPS),
     "training.local_batch_size": (1, SEQUENCES),
     "training.global_batch_size": (-1, SEQUENCES * 1024),
     "training.seq_len": (1, TOKENS),
