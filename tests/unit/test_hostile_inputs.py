@@ -97,3 +97,15 @@ def test_the_memory_line_names_where_the_values_came_from(tmp_path):
     assert f"model.name 'llama3' in {DEBUG_TOML} and the command line:" in line, line
     assert job_source(["--job.config_file", "x.toml"]) == "x.toml"
     assert job_source(["--training.steps", "3"]) == "the command line"
+
+
+def test_a_worker_started_without_check_refuses_a_nonsense_number():
+    """`torchrun -m boost_titan.train` runs no `check`: the worker refuses it before it
+    builds the trainer."""
+    from boost_titan.config.cli import parse_job_config
+    from boost_titan.job.entry import train
+    from tests.helpers import DEBUG_TOML
+
+    job = parse_job_config(["--job.config_file", str(DEBUG_TOML), "--optimizer.lr", "nan"])
+    with pytest.raises(ConfigError, match="optimizer.lr nan is outside the sane range"):
+        train(lambda job: pytest.fail("the trainer was built"), job)
