@@ -5,7 +5,8 @@
 Takes the same arguments as `boost_titan.train`, parsed once; the checks are
 `boost_titan.job.preflight.check_job`'s. A valid job also gets its predicted peak memory
 per GPU against the GPU's (`boost_titan.perf.fits`: this machine's CUDA GPU, else the
-planner's default profile, said as assumed), and whether it fits.
+planner's default profile, said as assumed), and whether it fits; a job whose prediction
+does not fit that GPU is refused (the memory line as its one `error:` line).
 
 Exit status: 0 and `config ok: ...`; 2 and one `error: ...` line; FINISHED (4) and
 `nothing to train: ...` when the dump folder's checkpoint is already at training.steps
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import sys
 
-from boost_titan.config.cli import fail, parse_job_config
+from boost_titan.config.cli import fail, job_source, parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.world import pop_nproc, resolve_world
 from boost_titan.job.preflight import NothingToTrain, check_job
-from boost_titan.perf.fits import check_line
+from boost_titan.perf.fits import NOT_FIT, check_line
 
 FINISHED = 4
 """Exit status for a job that has nothing left to train."""
@@ -35,7 +36,8 @@ Validate a training job before any worker starts: the same arguments as
   --nproc N   processes the job runs on (default: $NGPU, else the fewest the
               [parallelism] degrees allow)
 
-Exit status: 0 (config ok), 2 (bad input, one `error:` line), {FINISHED} (nothing to train:
+Exit status: 0 (config ok), 2 (bad input or a job whose predicted memory does not fit
+the GPU, one `error:` line), {FINISHED} (nothing to train:
 the dump folder's checkpoint is already at training.steps)."""
 
 
@@ -47,8 +49,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         nproc, rest = pop_nproc(args)
         job = parse_job_config(rest)  # the one parse of this process
-        print(check_job(job, nproc), flush=True)
-        print(memory_line(job, nproc), flush=True)
+        summary = check_job(job, nproc)
+        memory = memory_line(job, nproc, job_source(rest))
+        if NOT_FIT in memory:  # the job would run out of memory at its first step
+            fail(memory)
+        print(summary, flush=True)
+        print(memory, flush=True)
     except ConfigError as e:
         fail(str(e))
     except NothingToTrain as e:
@@ -56,9 +62,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(FINISHED) from None
 
 
-def memory_line(job, nproc: int | None) -> str:
+def memory_line(job, nproc: int | None, where: str | None = None) -> str:
     """The parsed job's predicted memory per GPU on `nproc` processes against this machine's
-    GPU (or the assumed one)."""
+    GPU (or the assumed one); `where` names the job's source (default: its TOML)."""
     import torch
 
     from boost_titan.boost_llama.spec import SPEC_NAME, job_args
@@ -69,7 +75,7 @@ def memory_line(job, nproc: int | None) -> str:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         device = (props.name, props.total_memory / 2**30)
-    return check_line(job, world, vocab, device)
+    return check_line(job, world, vocab, device, where)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The job's configuration: the `[boost]` TOML section and its choices (here), the parsing
 of train's arguments into a JobConfig with one-line errors (`cli`), `ConfigError`
-(`errors`) and the run's precision (`precision`), all importable without torch or
-torchtitan.
+(`errors`), the run's precision (`precision`), the sane range of its numbers (`bounds`) and
+the capped, confined reading of files from elsewhere (`files`), all importable without
+torch or torchtitan.
 
 The section is merged into TorchTitan's JobConfig, loaded through
 `--job.custom_config_module boost_titan.config`, which `boost_titan.job.entry` adds itself.

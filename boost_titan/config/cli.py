@@ -22,9 +22,11 @@ import sys
 import time
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, NoReturn, Union
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.files import TOML_MAX_BYTES, read_capped
 
 try:
     import tomllib
@@ -91,19 +93,42 @@ def config_file(args: list[str]) -> str | None:
     return None
 
 
+def job_source(args: list[str]) -> str:
+    """What set a job's values, for messages: its TOML, the command line, or both."""
+    path = config_file(args)
+    overrides = [
+        a
+        for a in args
+        if a.startswith("--")
+        and a.split("=", 1)[0] not in (*_CONFIG_FILE_FLAGS, *_CUSTOM_CONFIG_FLAGS)
+    ]
+    if path is None:
+        return "the command line"
+    return f"{path} and the command line" if overrides else path
+
+
 def load_toml(path: str) -> dict[str, Any]:
-    """Read a TOML file; a missing file or bad syntax becomes a ConfigError."""
+    """Read a TOML file (a regular file within TOML_MAX_BYTES); a missing file, bad syntax
+    or nesting too deep to parse becomes a ConfigError."""
+    if not os.path.lexists(path):
+        raise ConfigError(f"config file {path} not found; pass an existing --job.config_file")
+    if os.path.isdir(path):
+        raise ConfigError(f"config file {path} is a directory; pass a .toml file")
+    data = read_capped(Path(path), "config file", TOML_MAX_BYTES)
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(
-            f"config file {path} not found; pass an existing --job.config_file"
-        ) from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory; pass a .toml file") from None
+        return _parse_toml(data)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({e.reason}); fix it") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"malformed TOML in {path}: {e}; fix the syntax") from None
+
+
+def _parse_toml(data: bytes) -> dict[str, Any]:
+    """`data` parsed as TOML; nesting too deep for the parser is a TOMLDecodeError."""
+    try:
+        return tomllib.loads(data.decode())
+    except RecursionError:
+        raise tomllib.TOMLDecodeError("nested too deep to parse") from None
 
 
 def parse_job_config(args: list[str], titan_warnings: bool = False):
@@ -294,8 +319,22 @@ def check_module_imports(args: list[str], toml: dict[str, Any]) -> None:
 
 # ---- TOML check against the (merged) JobConfig dataclasses ----------------------------
 def check_toml(data: dict[str, Any], path: str) -> None:
-    """Raise ConfigError for an unknown section/key or a value of the wrong type."""
+    """Raise ConfigError for a text with a NUL character (no path or name holds one), an
+    unknown section/key or a value of the wrong type."""
+    _refuse_nul(data, path, "")
     _check_fields(data, _sections(), path, prefix="")
+
+
+def _refuse_nul(value: Any, path: str, name: str) -> None:
+    if isinstance(value, str) and "\0" in value:
+        raise ConfigError(f"{name or 'a key'} in {path} holds a NUL character; remove it")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_nul(key, path, name)
+            _refuse_nul(item, path, f"{name}.{key}" if name else key)
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_nul(item, path, name)
 
 
 def _field_types(cls: type) -> dict[str, Any]:

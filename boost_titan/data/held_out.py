@@ -38,7 +38,7 @@ from boost_titan.data.corpus import (
     local_files,
     resolve_dataset,
 )
-from boost_titan.data.prepared import HELD_OUT, is_prepared
+from boost_titan.data.prepared import HELD_OUT, check_held_out, is_prepared
 
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 """({"input": tokens}, labels), as torchtitan's dataloaders yield them."""
@@ -96,9 +96,11 @@ def validation_data(job_config) -> ValidationData | None:
     name, path = validation.dataset.lower(), validation.dataset_path
     if name in DEFAULT_VALIDATION_DATASETS:
         if not path and is_prepared(training.dataset_path):
-            held_out = Path(training.dataset_path).expanduser() / HELD_OUT
+            folder = Path(training.dataset_path).expanduser()
+            held_out = folder / HELD_OUT
             if not held_out.is_dir():
                 return None
+            check_held_out(folder, "training.dataset_path")
             return data_at(str(held_out), "training.dataset_path's held-out split")
         trains_on_own = job_config.boost.data_mix or (
             resolve_dataset(training.dataset, training.dataset_path)[0] != STDLIB

@@ -66,12 +66,20 @@ def parse_mix(spec: str) -> list[MixSource]:
         raise ConfigError(
             f"[boost] data_mix names a source twice ({', '.join(names)}); give each a new name"
         )
-    if not sum(s.weight for s in sources) > 0:
+    if not max(s.weight for s in sources) > 0:
         raise ConfigError(
-            f"[boost] data_mix weights sum to {sum(s.weight for s in sources):g}; give at least "
-            "one source a positive weight"
+            "[boost] data_mix weights sum to 0; give at least one source a positive weight"
         )
     return sources
+
+
+def normalized(weights: list[float]) -> list[float]:
+    """`weights` (finite, >= 0, one positive) divided by their sum, summed after scaling by
+    the largest, so that weights near the float maximum do not overflow the sum to inf."""
+    top = max(weights)
+    scaled = [w / top for w in weights]
+    total = sum(scaled)
+    return [w / total for w in scaled]
 
 
 def training_sources(training, boost) -> list[MixSource] | None:
@@ -118,8 +126,7 @@ class MixedWindows(IterableDataset, Stateful):
         local_batch_size: int = 1,
     ) -> None:
         self.names = [s.name for s in sources]
-        total = sum(s.weight for s in sources)
-        self.weights = [s.weight / total for s in sources]
+        self.weights = normalized([s.weight for s in sources])
         self.datasets = datasets
         self.width = seq_len + 1
         self.windows = [d.windows(self.width) for d in datasets]

@@ -23,6 +23,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -31,17 +33,25 @@ from typing import Any
 import numpy as np
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.files import MANIFEST_MAX_BYTES, TOKENIZER_MAX_BYTES, inside, read_capped
 
 MANIFEST = "manifest.json"
 FORMAT = "boost-titan-prepared"
 VERSION = 1
 HELD_OUT = "held_out"
 TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+MAX_SHARD_TOKENS = 1 << 40
+"""A shard's token count cap (a shard is one input chunk's tokens)."""
+MAX_VOCAB = 1 << 31
+"""A prepared vocabulary's cap (ids are read as int64, shards hold uint32 at most)."""
+ID_BLOCK = 1 << 24
+"""Tokens read at a time when a shard's ids are checked (32 or 64 MiB)."""
 
 
 def is_prepared(path: str | None) -> bool:
-    """Whether `path` is a prepared dataset folder (holds a manifest)."""
-    return bool(path) and (Path(path).expanduser() / MANIFEST).is_file()
+    """Whether `path` is a prepared dataset folder (holds a manifest, of whatever kind: one
+    that is no regular file is refused when read, not taken for raw text)."""
+    return bool(path) and os.path.lexists(Path(path).expanduser() / MANIFEST)
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -54,11 +64,106 @@ def shard_name(index: int) -> str:
 
 
 def tokenizer_fingerprint(files: list[Path]) -> str:
-    """SHA-256 over the tokenizer's files (names and bytes), in the order given."""
+    """SHA-256 over the tokenizer's files (names and bytes), in the order given; each a
+    regular file within the tokenizer cap (`config.files.TOKENIZER_MAX_BYTES`)."""
     digest = hashlib.sha256()
     for f in files:
-        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        data = read_capped(f, "tokenizer file", TOKENIZER_MAX_BYTES)
+        digest.update(f.name.encode() + b"\0" + data + b"\0")
     return digest.hexdigest()
+
+
+def _count(value: object, cap: int) -> bool:
+    """An int (not a bool) in [0, cap]."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= cap
+
+
+def _manifest_problem(manifest: object) -> str | None:
+    """What is wrong with a parsed manifest's shape (types, names, counts), None if nothing:
+    everything `PreparedDataset` reads is checked here, before it is read."""
+    if not isinstance(manifest, dict):
+        return f"is a JSON {type(manifest).__name__}, not an object"
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        return f"is not a {FORMAT} v{VERSION} manifest"
+    if not isinstance(manifest.get("dtype"), str) or manifest["dtype"] not in TOKEN_DTYPES:
+        return f"dtype {str(manifest.get('dtype'))[:40]!r} is not one of {', '.join(TOKEN_DTYPES)}"
+    tokenizer = manifest.get("tokenizer")
+    if not isinstance(tokenizer, dict):
+        return "has no tokenizer object"
+    for key in ("assets", "fingerprint"):
+        if not isinstance(tokenizer.get(key), str):
+            return f"tokenizer {key} is not a string"
+    if not (_count(tokenizer.get("vocab_size"), MAX_VOCAB) and tokenizer["vocab_size"]):
+        return f"tokenizer vocab_size is not a whole number in 1..{MAX_VOCAB}"
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        return "shards is not a list"
+    names = set()
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict) or not isinstance(shard.get("name"), str):
+            return f"shard {i} has no name"
+        if not (
+            _count(shard.get("tokens"), MAX_SHARD_TOKENS)
+            and _count(shard.get("documents"), MAX_SHARD_TOKENS)
+        ):
+            return f"shard {shard['name'][:80]!r} has no whole token and document counts"
+        if shard["name"] in names:
+            return f"names shard {shard['name'][:80]!r} twice"
+        names.add(shard["name"])
+    for key in ("held_out_documents", "chunk_bytes"):
+        if not _count(manifest.get(key, 0), MAX_SHARD_TOKENS):
+            return f"{key} is not a whole number"
+    return None
+
+
+def _parse_json(data: bytes) -> Any:
+    """`data` parsed as JSON; nesting too deep for the parser is a ValueError."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
+def read_manifest(folder: Path, field: str) -> dict[str, Any]:
+    """The manifest of the prepared `folder`, its shape checked (`_manifest_problem`);
+    ConfigError (one line) for one that is unreadable, too large, too deep or malformed."""
+    where = f"{field} {folder}: {MANIFEST}"
+    redo = "prepare the folder again with this version's python -m boost_titan.prepare"
+    try:
+        manifest = _parse_json(read_capped(folder / MANIFEST, MANIFEST, MANIFEST_MAX_BYTES))
+    except ConfigError as e:
+        raise ConfigError(f"{field}: {e}; {redo}") from None
+    except ValueError as e:
+        raise ConfigError(f"{where} is not JSON ({str(e)[:200]}); {redo}") from None
+    problem = _manifest_problem(manifest)
+    if problem is not None:
+        raise ConfigError(f"{where} {problem}; {redo}")
+    return manifest
+
+
+HELD_OUT_GROWTH = 8
+"""A held-out file is at most this many times its input chunk (`chunk_bytes`) plus 1 MiB:
+its documents are a share of the chunk's, JSON-escaped (a control character: 6 bytes)."""
+
+
+def check_held_out(folder: Path, field: str) -> None:
+    """ConfigError when the held-out split of the prepared `folder` reaches outside it (the
+    `held_out` folder or a file in it a symlink), holds anything but regular files, or a
+    file larger than its input chunk allows (`HELD_OUT_GROWTH`)."""
+    held_out = folder / HELD_OUT
+    fix = "a prepared folder holds its own files; prepare the folder again"
+    if held_out.is_symlink():
+        raise ConfigError(f"{field} {folder}: {HELD_OUT} is a symlink; {fix}")
+    limit = HELD_OUT_GROWTH * read_manifest(folder, field).get("chunk_bytes", 0) + (1 << 20)
+    with os.scandir(held_out) as entries:
+        for entry in entries:
+            where = f"{field} {folder}: {HELD_OUT}/{entry.name[:80]}"
+            if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+                raise ConfigError(f"{where} is a symlink or not a regular file; {fix}")
+            if entry.stat(follow_symlinks=False).st_size > limit:
+                raise ConfigError(
+                    f"{where} is larger than its input chunk allows ({limit:,} bytes); {fix}"
+                )
 
 
 @dataclass(frozen=True)
@@ -74,21 +179,15 @@ class PreparedDataset:
     def __init__(self, folder: str, field: str = "training.dataset_path") -> None:
         self.folder = Path(folder).expanduser()
         self.field = field
-        try:
-            self.manifest: dict[str, Any] = json.loads((self.folder / MANIFEST).read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(
-                f"{field} {folder}: cannot read {MANIFEST} ({e}); prepare the folder again "
-                "with python -m boost_titan.prepare"
-            ) from None
-        if self.manifest.get("format") != FORMAT or self.manifest.get("version") != VERSION:
-            raise ConfigError(
-                f"{field} {folder}: {MANIFEST} is not a {FORMAT} v{VERSION} manifest; prepare "
-                "the folder again with this version's python -m boost_titan.prepare"
-            )
+        self.manifest = read_manifest(self.folder, field)
+        where = f"{field} {folder}: {MANIFEST}"
         self.dtype = TOKEN_DTYPES[self.manifest["dtype"]]
         self.shards = [
-            Shard(self.folder / f"{s['name']}.bin", s["tokens"], s["documents"])
+            Shard(
+                inside(self.folder, s["name"], ".bin", f"{where} shard"),
+                s["tokens"],
+                s["documents"],
+            )
             for s in self.manifest["shards"]
             if s["tokens"]
         ]
@@ -104,21 +203,29 @@ class PreparedDataset:
         return self.manifest["tokenizer"]
 
     def check_shards(self) -> None:
-        """ConfigError naming the first shard whose file is missing or not its size."""
+        """ConfigError naming the first shard whose file is missing, not a regular file or
+        not its size."""
         for shard in self.shards:
             want = shard.tokens * self.dtype.itemsize
-            size = shard.path.stat().st_size if shard.path.is_file() else None
+            try:
+                info = os.stat(shard.path)
+                size = info.st_size if stat.S_ISREG(info.st_mode) else None
+            except OSError:
+                size = None
             if size != want:
-                found = "missing" if size is None else f"{size} bytes"
+                found = "missing or not a regular file" if size is None else f"{size} bytes"
                 raise ConfigError(
                     f"{self.field} {self.folder}: {shard.path.name} is {found}, the manifest "
                     f"says {want} bytes ({shard.tokens} tokens); rerun python -m "
                     "boost_titan.prepare into a new folder"
                 )
 
-    def check_tokenizer(self, fingerprint: str, assets: str, vocab: int | None) -> None:
-        """ConfigError when the shards were made by another tokenizer than `assets`, or hold
-        ids the model's vocabulary `vocab` (None: unknown) has no row for."""
+    def check_tokenizer(
+        self, fingerprint: str, assets: str, tokenizer_vocab: int, vocab: int | None
+    ) -> None:
+        """ConfigError when the shards were made by another tokenizer than `assets` (whose
+        vocabulary has `tokenizer_vocab` tokens), or hold ids the model's vocabulary `vocab`
+        (None: unknown) has no row for."""
         made_by = self.tokenizer
         if made_by["fingerprint"] != fingerprint:
             raise ConfigError(
@@ -132,6 +239,30 @@ class PreparedDataset:
                 f"vocabulary but the model has {vocab} rows; use a model vocabulary of at least "
                 f"{made_by['vocab_size']} or the tokenizer the model was made for"
             )
+        if made_by["vocab_size"] > tokenizer_vocab:
+            raise ConfigError(
+                f"{self.field} {self.folder}: its manifest says vocab_size "
+                f"{made_by['vocab_size']}, but its tokenizer {assets!r} has {tokenizer_vocab} "
+                "tokens; prepare the folder again"
+            )
+
+    def check_ids(self, index: int) -> None:
+        """ConfigError when shard `index` holds an id at or past the manifest's vocab_size
+        (which `check_tokenizer` holds to the tokenizer's and the model's): the shard is
+        read once, in blocks of ID_BLOCK tokens, max taken by numpy (0.3 s for 200 MB from
+        the page cache; nothing to read when the dtype cannot hold such an id)."""
+        shard, vocab = self.shards[index], self.tokenizer["vocab_size"]
+        if vocab > np.iinfo(self.dtype).max:
+            return
+        with open(shard.path, "rb") as f:
+            for start in range(0, shard.tokens, ID_BLOCK):
+                block = np.fromfile(f, self.dtype, min(ID_BLOCK, shard.tokens - start))
+                if block.size and int(block.max()) >= vocab:
+                    raise ConfigError(
+                        f"{self.field} {self.folder}: {shard.path.name} holds token id "
+                        f"{int(block.max())}, past the manifest's vocab_size {vocab}; the "
+                        "shard is damaged or altered, prepare the folder again"
+                    )
 
     def windows(self, width: int) -> int:
         """Windows of `width` tokens in one pass over the stream."""
@@ -139,6 +270,7 @@ class PreparedDataset:
 
     def _map(self, index: int) -> np.memmap:
         if index not in self._maps:
+            self.check_ids(index)  # once per shard and process, where the data is opened
             shard = self.shards[index]
             self._maps[index] = np.memmap(shard.path, self.dtype, "r", shape=(shard.tokens,))
         return self._maps[index]

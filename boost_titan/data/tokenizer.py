@@ -31,6 +31,12 @@ from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.config import JobConfig
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.files import (
+    TIKTOKEN_MAX_BYTES,
+    TOKENIZER_MAX_BYTES,
+    read_capped,
+    regular_size,
+)
 from boost_titan.data.corpus import read_text, split_files, stdlib_root
 
 DEFAULT_TOKENIZER = "default"
@@ -53,6 +59,9 @@ LLAMA3_PATTERN = (
 _MAX_RUN = 25_000
 _LONG_RUN = re.compile(rf"\s{{{_MAX_RUN},}}|\S{{{_MAX_RUN},}}")
 """tiktoken's regex overflows its backtracking stack on longer runs of (non-)whitespace."""
+MAX_RANK = (1 << 31) - 3
+"""The largest tiktoken rank taken: BOS and EOS follow the ranks and every id must fit an
+int32 (tiktoken's ranks are uint32; validation windows are int32)."""
 _HINT = (
     "give a dir with tokenizer.json or a tiktoken tokenizer.model, a *.tiktoken file, or 'default'"
 )
@@ -127,9 +136,11 @@ def prepare_default_assets() -> Path:
 # ---- tiktoken -----------------------------------------------------------------------
 def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     """Parse `<base64 token> <rank>` lines (what tiktoken.load.load_tiktoken_bpe reads,
-    without its copy under /tmp keyed by path, which goes stale when the file changes)."""
+    without its copy under /tmp keyed by path, which goes stale when the file changes); a
+    regular file of at most TIKTOKEN_MAX_BYTES whose ranks pass `rank_problem`."""
+    data = read_capped(path, "tiktoken file", TIKTOKEN_MAX_BYTES)
     ranks: dict[bytes, int] = {}
-    for number, line in enumerate(path.read_bytes().splitlines(), 1):
+    for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -142,7 +153,26 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
             ) from None
     if not ranks:
         raise ConfigError(f"{path} holds no tokens; give a tiktoken BPE file")
+    problem = rank_problem(ranks)
+    if problem:
+        raise ConfigError(f"{path} {problem}; give a complete tiktoken BPE file")
     return ranks
+
+
+def rank_problem(ranks: dict[bytes, int]) -> str | None:
+    """What tiktoken would overflow or panic on, None if nothing: a rank outside
+    0..MAX_RANK, a rank given to two tokens, a single byte without a rank (a byte-level
+    BPE ranks all 256)."""
+    low, high = min(ranks.values()), max(ranks.values())
+    if low < 0 or high > MAX_RANK:
+        shown = str(low if low < 0 else high)
+        return f"has rank {shown[:40]}, outside 0..{MAX_RANK}"
+    if len(set(ranks.values())) != len(ranks):
+        return "gives a rank to two tokens"
+    missing = next((b for b in range(256) if bytes([b]) not in ranks), None)
+    if missing is not None:
+        return f"has no rank for the byte {missing:#04x}"
+    return None
 
 
 def _cut_long_runs(text: str) -> list[str]:
@@ -226,12 +256,26 @@ def locate_tokenizer(assets: str) -> tuple[str, Path | None]:
     raise ConfigError(f"model.hf_assets_path {assets} is no tokenizer we can read; {_HINT}")
 
 
+HF_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""The files of a Hugging Face tokenizer folder that TorchTitan's loader reads."""
+
+
+def hf_files(folder: Path) -> list[Path]:
+    """The HF_FILES present in `folder`, each a regular file within TOKENIZER_MAX_BYTES
+    (a symlink is followed: Hugging Face's cache links its files)."""
+    present = [folder / name for name in HF_FILES if os.path.lexists(folder / name)]
+    for f in present:
+        regular_size(f, "tokenizer file", TOKENIZER_MAX_BYTES)
+    return present
+
+
 def load_tokenizer(assets: str) -> BaseTokenizer:
     """The tokenizer for a `model.hf_assets_path` value (trains the default if missing)."""
     kind, path = locate_tokenizer(assets)
     if kind == "tiktoken":
         return TiktokenTokenizer(path)
     path = prepare_default_assets() if kind == "default" else path
+    hf_files(path)
     try:
         return HuggingFaceTokenizer(str(path))
     except Exception as e:  # tokenizers raises bare Exception on a malformed file
@@ -244,8 +288,7 @@ def tokenizer_files(assets: str) -> list[Path]:
     kind, path = locate_tokenizer(assets)
     if kind == "tiktoken":
         return [path]
-    folder = prepare_default_assets() if kind == "default" else path
-    return [f for f in (folder / "tokenizer.json", folder / "tokenizer_config.json") if f.is_file()]
+    return hf_files(prepare_default_assets() if kind == "default" else path)
 
 
 def build_tokenizer(job_config: JobConfig) -> BaseTokenizer:
@@ -254,7 +297,8 @@ def build_tokenizer(job_config: JobConfig) -> BaseTokenizer:
 
 
 @functools.cache
-def _vocab_size(assets: str) -> int:
+def assets_vocab_size(assets: str) -> int:
+    """Vocabulary size of the tokenizer of a `model.hf_assets_path` value (cached)."""
     if locate_tokenizer(assets)[0] == "default":
         return DEFAULT_VOCAB_SIZE  # known without training it
     return load_tokenizer(assets).get_vocab_size()
@@ -262,7 +306,7 @@ def _vocab_size(assets: str) -> int:
 
 def tokenizer_vocab_size(job_config: JobConfig) -> int:
     """Vocabulary size of the configured tokenizer (cached per path), for the embedding."""
-    return _vocab_size(job_config.model.hf_assets_path)
+    return assets_vocab_size(job_config.model.hf_assets_path)
 
 
 VOCAB_MULTIPLE = 256

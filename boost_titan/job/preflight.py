@@ -24,6 +24,7 @@ import os
 import tempfile
 
 from boost_titan.config import check_cuda_graphs, check_run_limits
+from boost_titan.config.bounds import check_bounds
 from boost_titan.config.cli import parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision
@@ -129,7 +130,7 @@ def check_prepared_data(job, vocab: int | None) -> None:
     """Prepared training data matches the job's tokenizer and vocabulary `vocab`."""
     from boost_titan.data.prepared_check import check_prepared
 
-    check_prepared(job, vocab)
+    check_prepared(job, vocab, scan_ids=True)
 
 
 def resume_checkpoint(job) -> str | None:
@@ -335,6 +336,7 @@ def check_job(job, nproc: int | None) -> str:
     check_run_limits(job.boost)
     check_cuda_graphs(job.boost, degrees["pp"])
     check_titan_settings(job)
+    check_bounds(job)
     check_output_folder(job.job.dump_folder)
     data_note = check_data(job)
     check_initial_checkpoint(job.checkpoint)

@@ -20,10 +20,17 @@ DEFAULT_GPU = "a100"
 """The profile `plan --auto` plans for when no `--gpu` is given."""
 
 
-def job_of(job_config: Any, world: int, vocab_size: int | None = None) -> JobPlan:
+NOT_FIT = "does NOT fit"
+"""What the memory line says of a job that does not fit its GPU (`check` then exits 2)."""
+
+
+def job_of(
+    job_config: Any, world: int, vocab_size: int | None = None, where: str | None = None
+) -> JobPlan:
     """The model's plan of a parsed job on `world` processes, with the tokenizer's
-    `vocab_size` where known; ConfigError (one line) for what the model does not price."""
-    where = job_config.job.config_file or "the job"
+    `vocab_size` where known; ConfigError (one line) for what the model does not price,
+    naming the job as `where` (default: its config file)."""
+    where = where or job_config.job.config_file or "the job"
     return plan_of(config_view(job_config), world, where, vocab_size)
 
 
@@ -36,8 +43,9 @@ def fit_line(job: JobPlan, gpu: str, capacity_gib: float, assumed: bool) -> str:
     usable = USABLE * capacity_gib
     if assumed:
         of = f"an assumed {capacity_gib:g} GiB {gpu} (no CUDA device here: plan --auto's default)"
+        elsewhere = "; or run check on the job's GPU, which it then compares with"
     else:
-        of = f"the {gpu}'s {capacity_gib:.1f} GiB"
+        of, elsewhere = f"the {gpu}'s {capacity_gib:.1f} GiB", ""
     head = (
         f"memory: predicted {peak:.1f} GiB per GPU (busiest rank, vocab "
         f"{job.args.vocab_size:,}; boost_titan.perf) of {of}"
@@ -45,21 +53,25 @@ def fit_line(job: JobPlan, gpu: str, capacity_gib: float, assumed: bool) -> str:
     if peak <= usable:
         return f"{head}: fits, {usable - peak:.1f} GiB left of the {USABLE:.0%} usable"
     return (
-        f"{head}: does NOT fit the {USABLE:.0%} usable ({usable:.1f} GiB) by "
+        f"{head}: {NOT_FIT} the {USABLE:.0%} usable ({usable:.1f} GiB) by "
         f"{peak - usable:.1f} GiB; lower training.local_batch_size (raise "
         "[boost] gradient_accumulation_steps), add activation checkpointing, or use more TP, "
-        "PP or FSDP (python -m boost_titan.plan --auto)"
+        f"PP or FSDP (python -m boost_titan.plan --auto){elsewhere}"
     )
 
 
 def check_line(
-    job_config: Any, world: int, vocab_size: int | None, device: tuple[str, float] | None
+    job_config: Any,
+    world: int,
+    vocab_size: int | None,
+    device: tuple[str, float] | None,
+    where: str | None = None,
 ) -> str:
     """`check`'s memory line for a parsed job on `world` processes with the tokenizer's
     `vocab_size`; `device` is the CUDA GPU's (name, GiB), None without one (then
-    `DEFAULT_GPU` is assumed)."""
+    `DEFAULT_GPU` is assumed); `where` names the job's source in messages."""
     try:
-        job = job_of(job_config, world, vocab_size)
+        job = job_of(job_config, world, vocab_size, where)
     except ConfigError as e:
         return f"memory: not predicted ({e})"
     if device is None:
