@@ -5,9 +5,10 @@ says, since every later read trusts it: `check_layout(path, metadata)` raises
 `BadCheckpoint` (a one-line reason naming the file) unless
 
 - every entry has DCP's types: tensors (dtype, non-negative sizes, at most
-  `MAX_CHUNKS_PER_TENSOR` chunks inside the tensor and covering it), byte items (at most `safe_load.MAX_ITEM_BYTES`, which a reader
-  holds in memory), and storage entries (`relative_path`, `offset`, `length` as a name and
-  integers, no storage transforms), one per chunk and byte item;
+  `MAX_CHUNKS_PER_TENSOR` chunks inside the tensor and covering it), byte items (at most
+  `safe_load.MAX_ITEM_BYTES`, which a reader holds in memory), and storage entries
+  (`relative_path`, `offset`, `length` as a name and integers, no storage transforms), one
+  per chunk and byte item;
 - the storage indices of a tensor's chunks do not
   flood one hash (`safe_load.KeyHashes`); each storage entry finds its chunk by index;
 - every file an entry names is a relative name without `..` that resolves (symlinks
