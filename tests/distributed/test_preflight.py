@@ -37,7 +37,7 @@ def test_worker_refuses_a_held_dump_folder(tmp_path):
                 str(dump),
             ],
             cwd=ROOT,
-            env=clean_env() | {"RANK": "0"},
+            env=clean_env() | {"RANK": "0", "WORLD_SIZE": "2"},  # rank 0 of a 2-process job
             capture_output=True,
             text=True,
             timeout=300,
