@@ -59,7 +59,7 @@ def train_spec(job):
         ) from None
 
 
-def model_args(spec, job):
+def flavor_args(spec, job):
     """The flavor's args updated from the job, as the trainer takes them (a copy: TorchTitan
     mutates the table's entry)."""
     name, flavor = job.model.name, job.model.flavor
@@ -77,7 +77,7 @@ def model_args(spec, job):
 
 
 def build_model(spec, args, job) -> nn.Module:
-    """The job's model (`args`: `model_args`) on the meta device, as the trainer builds it
+    """The job's model (`args`: `flavor_args`) on the meta device, as the trainer builds it
     before `parallelize_fn`; ConfigError when it cannot be built or lacks what the trainer
     calls on it."""
     from torchtitan.config import TORCH_DTYPE_MAP
@@ -158,4 +158,4 @@ def _require_fit(tokens: int, vocab: int | None, job) -> None:
         )
 
 
-__all__ = ["build_model", "build_titan_data", "model_args", "train_spec"]
+__all__ = ["build_model", "build_titan_data", "flavor_args", "train_spec"]

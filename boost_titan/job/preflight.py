@@ -81,12 +81,12 @@ def check_model(job, world: int, data_parallel: int) -> tuple[int | None, Shapes
     import boost_titan.data
     from boost_titan.boost_llama.spec import SPEC_NAME, validate_job
     from boost_titan.data.held_out import point_titan_validation_at_held_out
-    from boost_titan.job.construction import build_model, build_titan_data, model_args, train_spec
+    from boost_titan.job.construction import build_model, build_titan_data, flavor_args, train_spec
 
     spec = train_spec(job)
     boost_titan.data.prepare_default_assets()
     validate_job(job, world)
-    args = model_args(spec, job)
+    args = flavor_args(spec, job)
     if job.model.name != SPEC_NAME:
         point_titan_validation_at_held_out(job)  # as the worker does
         build_titan_data(spec, args, job, data_parallel)

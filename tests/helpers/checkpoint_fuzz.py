@@ -45,7 +45,6 @@ import random
 import resource
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import warnings
@@ -53,6 +52,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tests.helpers.fuzzing import OpenWatch, raise_timeout, read_outcome
 
 MEMORY_LIMIT = 3 << 30
 """Address space of the fuzzing process (torch itself maps about 0.7 GiB)."""
@@ -71,14 +72,6 @@ CASE_SECONDS = 30.0
 and the machine may be busy)."""
 HIDDEN = ("MemoryError", "RecursionError", "CaseTimeout", "allocate")
 """Failures that a one-line refusal must not hide."""
-
-
-class CaseTimeout(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise CaseTimeout("ran past its alarm")
 
 
 # ---- the checkpoint -------------------------------------------------------------------------
@@ -498,27 +491,15 @@ MUTATIONS: list[tuple[float, Callable[[random.Random, Path, Path], str]]] = [
 
 
 # ---- one case -------------------------------------------------------------------------------
-class Watch:
+class Watch(OpenWatch):
     """What a case may not do: open a file outside its folder (next to it, or a device),
     change a class."""
 
     def __init__(self, work: Path) -> None:
         from torch.distributed.checkpoint.metadata import Metadata
 
-        self.root = os.path.realpath(work)  # the cases' parent, with a file outside each
-        self.folder: str | None = None
-        self.outside: list[str] = []
+        super().__init__(work)
         self.classes = {cls: dict(vars(cls)) for cls in (Metadata, pathlib.PosixPath, Path)}
-        sys.addaudithook(self.hook)
-
-    def hook(self, event: str, args: tuple) -> None:
-        if event != "open" or self.folder is None or not isinstance(args[0], (str, Path)):
-            return
-        path = os.path.realpath(args[0])
-        within = os.path.commonpath([self.folder, path]) == self.folder
-        nearby = os.path.commonpath([self.root, path]) == self.root  # not Python's own files
-        if (nearby and not within) or path.startswith(("/dev/", "/proc/")):
-            self.outside.append(path)
 
     def changed(self) -> list[str]:
         """The classes a case changed, each put back as it was (later cases need them)."""
@@ -604,27 +585,12 @@ def run_case(
     folder: Path, state: dict, marker: Path, watch: Watch, seconds: float = CASE_SECONDS
 ) -> tuple[str, str]:
     """(outcome, detail): outcome "ok", "refused" or "FAIL"."""
-    from boost_titan.config.errors import ConfigError
-
     _peak_rss_mib(reset=True)
     base = _peak_rss_mib()
     watch.folder = os.path.join(os.path.realpath(folder.parent), folder.name)
     watch.outside = []
     Comparisons.count = 0
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    loaded = None
-    try:
-        loaded = read_case(folder, state)
-        outcome, detail = "ok", ""
-    except ConfigError as e:
-        detail = str(e)
-        bad = "\n" in detail or any(word in detail for word in HIDDEN)
-        outcome = "FAIL" if bad else "refused"
-    except BaseException as e:  # every other ending is the failure
-        outcome, detail = "FAIL", f"{type(e).__name__}: {str(e)[:300]}"
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        watch.folder = None
+    outcome, detail, loaded = read_outcome(lambda: read_case(folder, state), seconds, HIDDEN, watch)
     grown = _peak_rss_mib() - base
     if grown > 100:  # what an exception's traceback cycle holds is freed now, not at random
         gc.collect()
@@ -702,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
     from boost_titan.parallelize import safe_load
 
     safe_load.MAX_OPCODES = MAX_OPCODES
-    signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGALRM, raise_timeout)
     work = Path(tempfile.mkdtemp(prefix="checkpoint-fuzz-", dir=Path(ns.results).parent))
     results: dict[str, Any] = {"failures": [], "outcomes": {}, "kinds": {}, "broken": {}}
     results["mutation_seconds"] = {}  # per mutation: its cases' time, to size the budget

@@ -43,6 +43,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.fuzzing import OpenWatch, raise_timeout, read_outcome
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -76,14 +78,6 @@ warmup_steps = 2
 [boost]
 data_mix = "a={a}:0.7,b={b}:0.3"
 """
-
-
-class CaseTimeout(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise CaseTimeout("ran past its alarm")
 
 
 # ---- the inputs -----------------------------------------------------------------------------
@@ -570,45 +564,15 @@ def guard_names() -> list[str]:
 
 
 # ---- one case ----------------------------------------------------------------------------------
-class Watch:
-    """Records every file a case opens outside its folder (next to it, or a device)."""
-
-    def __init__(self, work: Path) -> None:
-        self.root = os.path.realpath(work)
-        self.folder: str | None = None
-        self.outside: list[str] = []
-        sys.addaudithook(self.hook)
-
-    def hook(self, event: str, args: tuple) -> None:
-        if event != "open" or self.folder is None or not isinstance(args[0], (str, Path)):
-            return
-        path = os.path.realpath(args[0])
-        within = os.path.commonpath([self.folder, path]) == self.folder
-        nearby = os.path.commonpath([self.root, path]) == self.root
-        if (nearby and not within) or path.startswith(("/dev/", "/proc/", "/etc/")):
-            self.outside.append(path)
-
-
-def run_case(case: Path, kind: str, base: Base, watch: Watch, seconds: float) -> tuple[str, str]:
+def run_case(
+    case: Path, kind: str, base: Base, watch: OpenWatch, seconds: float
+) -> tuple[str, str]:
     """(outcome, detail): "ok", "refused" or "FAIL"."""
-    from boost_titan.config.errors import ConfigError
-
     target = kind.split(" ")[0]
     own = {"manifest": "prepared", "shard": "prepared", "held_out": "prepared"}.get(target, "")
     own = {"tiktoken": "tiktoken", "hf": "hf"}.get(target, own)
     watch.folder, watch.outside = os.path.realpath(case / own), []
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        outcome, detail = read_case(case, kind, base), ""
-    except ConfigError as e:
-        detail = str(e)
-        bad = "\n" in detail or any(word in detail for word in HIDDEN)
-        outcome = "FAIL" if bad else "refused"
-    except BaseException as e:  # every other ending is the failure
-        outcome, detail = "FAIL", f"{type(e).__name__}: {str(e)[:300]}"
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        watch.folder = None
+    outcome, detail, _ = read_outcome(lambda: read_case(case, kind, base), seconds, HIDDEN, watch)
     if watch.outside:
         outcome, detail = "FAIL", f"opened {watch.outside[0]} outside the folder ({detail})"
     return outcome, detail
@@ -630,7 +594,7 @@ def fresh_case(work: Path) -> Path:
 def fuzz(
     work: Path,
     base: Base,
-    watch: Watch,
+    watch: OpenWatch,
     ns: argparse.Namespace,
     results: dict,
     guard: str = "",
@@ -662,7 +626,7 @@ def fuzz(
 def one_case(
     work: Path,
     base: Base,
-    watch: Watch,
+    watch: OpenWatch,
     ns: argparse.Namespace,
     results: dict,
     seed: str,
@@ -690,7 +654,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--case-seconds", type=float, default=CASE_SECONDS)
     ns = parser.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGALRM, raise_timeout)
     work = Path(tempfile.mkdtemp(prefix="input-fuzz-", dir=Path(ns.results).parent))
     results: dict[str, Any] = {"failures": [], "outcomes": {}, "kinds": {}, "found": {}}
     os.environ["BOOST_TITAN_CACHE"] = str(work / "cache")
@@ -703,7 +667,7 @@ def main(argv: list[str] | None = None) -> None:
             next((work / "clean" / "prepared").glob("*.bin")),
             work / "clean" / "outside" / "stolen.bin",
         )
-        watch = Watch(work)
+        watch = OpenWatch(work, ("/dev/", "/proc/", "/etc/"))
         start = time.monotonic()
         fuzz(work, base, watch, ns, results)
         results["seconds"] = round(time.monotonic() - start, 1)
