@@ -225,11 +225,11 @@ def mutate_metadata_bytes(rng: random.Random, folder: Path, marker: Path) -> str
 
 
 def mutate_item_pickle(rng: random.Random, folder: Path, marker: Path) -> str:
-    from tests.helpers.hostile import replace_byte_item, saved
+    from tests.helpers.hostile import replace_stored, saved
 
     if rng.random() < 0.1:
         value = rng.choice([STEP + 4, -1, str(STEP), float(STEP), [STEP]])
-        replace_byte_item(folder, "train_state.step", saved(value))
+        replace_stored(folder, "train_state.step", saved(value))
         return f"train_state.step saved as {value!r}"
     index = rng.choice(_byte_items(folder))
     archive = _archive(folder, index)
@@ -237,19 +237,19 @@ def mutate_item_pickle(rng: random.Random, folder: Path, marker: Path) -> str:
         data, kind = hostile(rng, marker)
     else:
         data, kind = mutate_bytes(rng, _data_pkl(archive))
-    replace_byte_item(folder, index.fqn, _rezip(archive, data))
+    replace_stored(folder, index.fqn, _rezip(archive, data))
     return f"{index.fqn} pickle {kind}"
 
 
 def mutate_dataloader_pickle(rng: random.Random, folder: Path, marker: Path) -> str:
-    from tests.helpers.hostile import replace_byte_item, saved
+    from tests.helpers.hostile import replace_stored, saved
 
     inner = pickle.loads(_data_pkl(_archive(folder, _index(folder, "dataloader.dp_rank_0"))))
     if rng.random() < 0.3:
         data, kind = hostile(rng, marker)
     else:
         data, kind = mutate_bytes(rng, inner)
-    replace_byte_item(folder, "dataloader.dp_rank_0", saved(data))
+    replace_stored(folder, "dataloader.dp_rank_0", saved(data))
     return f"dataloader state {kind}"
 
 
@@ -364,10 +364,10 @@ def mutate_shape(rng: random.Random, folder: Path, marker: Path) -> str:
 
 def mutate_zip_records(rng: random.Random, folder: Path, marker: Path) -> str:
     """The 1 MiB tensor's archive with 2 to 600 tensor entries that share its one record."""
-    from tests.helpers.hostile import replace_tensor, tensor_archive, zip_copies
+    from tests.helpers.hostile import replace_stored, tensor_archive, zip_copies
 
     count = rng.choice([2, 40, 600])
-    replace_tensor(folder, BIG, zip_copies(tensor_archive(folder, BIG), count))
+    replace_stored(folder, BIG, zip_copies(tensor_archive(folder, BIG), count))
     return f"{BIG} archive: {count} zip entries on one record"
 
 
@@ -446,23 +446,23 @@ def mutate_resource(rng: random.Random, folder: Path, marker: Path) -> str:
         deflate_bomb,
         hash_flood,
         opcode_flood,
-        replace_byte_item,
+        replace_stored,
         saved,
     )
 
     kind = rng.choice(["hash flood", "opcode flood", "deflate bomb"])
     target = rng.choice([".metadata", "item", "dataloader state"])
     if kind == "deflate bomb":
-        replace_byte_item(folder, "lr_scheduler.last_epoch", deflate_bomb(250 << 20))
+        replace_stored(folder, "lr_scheduler.last_epoch", deflate_bomb(250 << 20))
         return f"lr_scheduler.last_epoch {kind}"
     data = hash_flood(40_000) if kind == "hash flood" else opcode_flood(4_000_000)
     if target == ".metadata":
         (folder / ".metadata").write_bytes(data)
     elif target == "item":
         index = rng.choice(_byte_items(folder))
-        replace_byte_item(folder, index.fqn, _rezip(_archive(folder, index), data))
+        replace_stored(folder, index.fqn, _rezip(_archive(folder, index), data))
     else:
-        replace_byte_item(folder, "dataloader.dp_rank_0", saved(data))
+        replace_stored(folder, "dataloader.dp_rank_0", saved(data))
     return f"{target} {kind}"
 
 

@@ -156,21 +156,9 @@ def stored_archive(data_pkl: bytes, compress: int = zipfile.ZIP_STORED) -> bytes
     return buffer.getvalue()
 
 
-def replace_byte_item(folder: Path, fqn: str, archive: bytes) -> None:
-    """Point the byte item `fqn` at `archive`, appended to its shard file."""
-    metadata = read_metadata(folder)
-    index = next(i for i in metadata.storage_data if i.fqn == fqn)
-    info = metadata.storage_data[index]
-    shard = folder / info.relative_path
-    offset = shard.stat().st_size
-    with shard.open("ab") as f:
-        f.write(archive)
-    metadata.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(archive))
-    write_metadata(folder, metadata)
-
-
-def replace_tensor(folder: Path, fqn: str, archive: bytes) -> None:
-    """Point the first chunk of the tensor `fqn` at `archive`, appended to its shard file."""
+def replace_stored(folder: Path, fqn: str, archive: bytes) -> None:
+    """Point the byte item `fqn`, or the first chunk of the tensor `fqn`, at `archive`,
+    appended to its shard file."""
     metadata = read_metadata(folder)
     index = next(i for i in metadata.storage_data if i.fqn == fqn)
     info = metadata.storage_data[index]
@@ -292,19 +280,19 @@ def _prefix_metadata(name: str, attribute: str, module: str) -> Callable[[Path, 
 
 def _dataloader(name: str) -> Callable[[Path, Path], None]:
     def plant(folder: Path, marker: Path) -> None:
-        replace_byte_item(folder, "dataloader.dp_rank_0", saved(hostile_pickles(marker)[name]))
+        replace_stored(folder, "dataloader.dp_rank_0", saved(hostile_pickles(marker)[name]))
 
     return plant
 
 
 def _zip_entries(folder: Path, count: int) -> None:
     fqn = first_tensor(read_metadata(folder))
-    replace_tensor(folder, fqn, zip_copies(tensor_archive(folder, fqn), count))
+    replace_stored(folder, fqn, zip_copies(tensor_archive(folder, fqn), count))
 
 
 def _bomb(folder: Path, marker: Path) -> None:
     data = pickle.dumps(b"\0" * (8 << 20), protocol=2)  # 8 MiB, a few hundred bytes compressed
-    replace_byte_item(folder, "train_state.step", stored_archive(data, zipfile.ZIP_BZIP2))
+    replace_stored(folder, "train_state.step", stored_archive(data, zipfile.ZIP_BZIP2))
 
 
 CASES: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
@@ -339,7 +327,7 @@ CASES: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
     "size is an int": ("is not a tensor or byte entry", lambda f, m: _types(f, _size_int)),
     "train_state.step is a string": (
         "train_state.step is '3'",
-        lambda f, m: replace_byte_item(f, "train_state.step", saved("3")),
+        lambda f, m: replace_stored(f, "train_state.step", saved("3")),
     ),
     # issue 46
     "2,000 zip entries on one record": (
@@ -352,7 +340,7 @@ CASES: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
     ),
     "dataloader hash flood": (
         "keys of one hash",
-        lambda f, m: replace_byte_item(f, "dataloader.dp_rank_0", saved(hash_flood(40_000))),
+        lambda f, m: replace_stored(f, "dataloader.dp_rank_0", saved(hash_flood(40_000))),
     ),
 }
 """Each case of issue 39's "what was seen" 1-7 that lives in a checkpoint folder, and issue
