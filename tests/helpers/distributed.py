@@ -1,12 +1,18 @@
 """Run a function on N gloo ranks (CPU processes) and collect what each rank returns
 (`run_on_ranks`: the library's, which every multi-process command shares, so the tests end
-their ranks the same way), and randomise a model's weights."""
+their ranks the same way; forked from one server that imported torch and the first
+caller's module, which saves each launch re-importing them), and randomise a model's
+weights."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from boost_titan.parallelize.local_ranks import run_on_ranks
+from boost_titan.parallelize import local_ranks
+
+run_on_ranks = partial(local_ranks.run_on_ranks, start_method="forkserver")
 
 __all__ = ["randomize", "run_on_ranks"]
 
