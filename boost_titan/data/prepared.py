@@ -1,4 +1,4 @@
-"""A prepared dataset: a folder of token shards read by memory map.
+"""A prepared dataset: a folder of token shards, read window by window.
 
 Written by `python -m boost_titan.prepare` (`boost_titan.data.prepare_corpus`):
 
