@@ -198,9 +198,6 @@ class OpenShards:
         self._fds[path] = fd
         return fd
 
-    def __len__(self) -> int:
-        return len(self._fds)
-
     def close(self) -> None:
         while self._fds:
             os.close(self._fds.popitem()[1])
@@ -239,8 +236,6 @@ class PreparedDataset:
         ]
         self.starts = np.cumsum([0] + [s.tokens for s in self.shards]).tolist()
         self.files = OpenShards() if files is None else files
-        self._checked: set[int] = set()
-        """Shards whose ids this process has checked (`check_ids`)."""
 
     @property
     def tokens(self) -> int:
@@ -298,27 +293,35 @@ class PreparedDataset:
         """ConfigError when shard `index` holds an id at or past the manifest's vocab_size
         (which `check_tokenizer` holds to the tokenizer's and the model's): the shard is
         read once, in blocks of ID_BLOCK tokens, max taken by numpy (0.3 s for 200 MB from
-        the page cache; nothing to read when the dtype cannot hold such an id)."""
-        shard, vocab = self.shards[index], self.tokenizer["vocab_size"]
-        if vocab > np.iinfo(self.dtype).max:
+        the page cache; nothing to read when the dtype cannot hold such an id). `check`
+        runs it; the loader checks each window it reads instead (`check_block`)."""
+        shard = self.shards[index]
+        if self.tokenizer["vocab_size"] > np.iinfo(self.dtype).max:
             return
         with open(shard.path, "rb") as f:
             for start in range(0, shard.tokens, ID_BLOCK):
-                block = np.fromfile(f, self.dtype, min(ID_BLOCK, shard.tokens - start))
-                if block.size and int(block.max()) >= vocab:
-                    raise ConfigError(
-                        f"{self.field} {self.folder}: {shard.path.name} holds token id "
-                        f"{int(block.max())}, past the manifest's vocab_size {vocab}; the "
-                        "shard is damaged or altered, prepare the folder again"
-                    )
+                self.check_block(
+                    shard, np.fromfile(f, self.dtype, min(ID_BLOCK, shard.tokens - start))
+                )
+
+    def check_block(self, shard: Shard, block: np.ndarray) -> None:
+        """ConfigError when `block`, tokens of `shard`, holds an id at or past the manifest's
+        vocab_size."""
+        vocab = self.tokenizer["vocab_size"]
+        if block.size and int(block.max()) >= vocab:
+            raise ConfigError(
+                f"{self.field} {self.folder}: {shard.path.name} holds token id "
+                f"{int(block.max())}, past the manifest's vocab_size {vocab}; the "
+                "shard is damaged or altered, prepare the folder again"
+            )
 
     def windows(self, width: int) -> int:
         """Windows of `width` tokens in one pass over the stream."""
         return self.tokens // width
 
     def read(self, start: int, length: int) -> np.ndarray:
-        """Tokens [start, start + length) of the stream, as int64; each shard's ids are
-        checked (`check_ids`) the first time this process reads it."""
+        """Tokens [start, start + length) of the stream, as int64, their ids checked against
+        the vocabulary (`check_block`: a max over the window, microseconds)."""
         out = np.empty(length, dtype=np.int64)
         filled = 0
         index = bisect.bisect_right(self.starts, start) - 1
@@ -326,9 +329,6 @@ class PreparedDataset:
             shard = self.shards[index]
             offset = start + filled - self.starts[index]
             take = min(length - filled, shard.tokens - offset)
-            if index not in self._checked:
-                self.check_ids(index)
-                self._checked.add(index)
             size = self.dtype.itemsize
             data = os.pread(self.files.fd(shard.path), take * size, offset * size)
             if len(data) != take * size:
@@ -337,7 +337,9 @@ class PreparedDataset:
                     f"{offset + take:,} (the manifest says {shard.tokens:,}): it was cut "
                     "while training read it; prepare the folder again"
                 )
-            out[filled : filled + take] = np.frombuffer(data, self.dtype)
+            piece = np.frombuffer(data, self.dtype)
+            self.check_block(shard, piece)
+            out[filled : filled + take] = piece
             filled += take
             index += 1
         return out

@@ -11,8 +11,8 @@ from boost_titan.data.tokenizer import assets_vocab_size, tokenizer_files
 
 ID_SCAN_BYTES = 1 << 30
 """Shard bytes whose token ids `check_prepared` reads (shards in order, all sources): about
-1.5 s from the page cache, a disk's read time otherwise; the loader checks every shard it
-opens."""
+1.5 s from the page cache, a disk's read time otherwise; the loader checks every window it
+reads."""
 FILES_BESIDE_SHARDS = 64
 """Open files a training process needs besides its shards (the shard being checked,
 sockets to its peers, checkpoint and log files): a bound with room to spare."""

@@ -217,3 +217,12 @@ def test_windows_equal_the_stream_they_name(tmp_path):
         assert start % WIDTH == 0
         assert torch.equal(x["input"], torch.arange(start, start + 16))
         assert torch.equal(y, torch.arange(start + 1, start + 17))
+
+
+def test_a_shard_cut_while_training_reads_it_is_one_line(tmp_path):
+    folder = write_prepared(tmp_path / "p", 3, 34)
+    dataset = open_sources([MixSource("p", str(folder), 1.0)])[0]  # sizes checked here
+    (folder / "shard-00001.bin").write_bytes(bytes(40))  # 10 of its 34 uint32 tokens
+    assert dataset.read(0, 34).tolist() == list(range(34))
+    with pytest.raises(ConfigError, match=r"shard-00001.bin ends before token 20 \(the manifest"):
+        dataset.read(34, 20)
