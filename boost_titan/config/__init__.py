@@ -77,6 +77,14 @@ class Boost:
     summing to a positive number, normalized). Prepared data is always read in the global
     order (`boost_titan.data.mix`)."""
 
+    data_shuffle: bool = True
+    """Read prepared data's windows shuffled: each source's in a seeded permutation per
+    epoch (`boost_titan.data.window_order`); --boost.no_data_shuffle: in input order."""
+
+    data_seed: int = 0
+    """The seed of that shuffle: one seed, one sequence of windows at any data-parallel
+    degree and across resumes."""
+
     cuda_graphs: bool = False
     """On CUDA, capture each micro-batch's forward + loss + backward as a CUDA graph and
     replay it (`boost_titan.runtime.cuda_graphs`); no effect on CPU; refused with pipeline

@@ -36,6 +36,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "boost.max_seq_len": (0, TOKENS),
     "boost.gradient_accumulation_steps": (0, SEQUENCES),
     "boost.skip_nonfinite_steps": (0, STEPS),
+    "boost.data_seed": (0, (1 << 63) - 1),
 }
 """Option -> (lowest, highest) value a job may give it, both included. The checks with
 their own messages run first (`world.check_batch`: batch sizes >= 1; `check_run_limits`;

@@ -39,7 +39,7 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.data.documents import file_format
 from boost_titan.data.global_order import GlobalOrderRows
 from boost_titan.data.loader import CheckpointedDataloader
-from boost_titan.data.mix import MixedWindows, open_sources, training_sources
+from boost_titan.data.mix import MixedWindows, open_sources, training_sources, window_seed
 from boost_titan.data.text_stream import TextDataset, documents, reason
 
 if os.environ.get("HF_DATASETS_OFFLINE", "").upper() in datasets.config.ENV_VARS_TRUE_VALUES:
@@ -268,6 +268,7 @@ def build_dataloader(
             dp_rank,
             dp_world_size,
             training.local_batch_size,
+            window_seed(job_config.boost),
         )
         return CheckpointedDataloader(
             dataset,

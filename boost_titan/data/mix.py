@@ -6,8 +6,11 @@
 The global stream is a sequence of windows; window g comes from the source whose deficit
 w_s (g + 1) - taken_s is largest (ties to the first listed), so every prefix of the stream
 holds each source within one window of its share, and the stream depends on the weights
-alone. A source's k-th window is its window k mod (its windows per pass): each source
-loops on its own. As in `[boost] data_order = "global"`, the stream is read in rounds of
+alone. A source's k-th read is its window `WindowOrder(k)` (`boost_titan.data.window_order`):
+with `[boost] data_shuffle` (the default) a seeded permutation of its windows per epoch of
+its own, by `[boost] data_seed` (k mod its windows per epoch without). Each source loops on
+its own; its epochs are counted in the summary line, and its first repeat logs a warning.
+As in `[boost] data_order = "global"`, the stream is read in rounds of
 dp_degree x local_batch_size windows, data-parallel rank r training on the r-th block of
 local_batch_size windows of each round, and reading only those (a window is found by
 offset, not by reading the ones before it). The batches of a step are therefore the same
@@ -27,9 +30,11 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
+from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.data.prepared import PreparedDataset, is_prepared
+from boost_titan.data.prepared import OpenShards, PreparedDataset, is_prepared
+from boost_titan.data.window_order import WindowOrder
 
 _FORMAT = '"name=/prepared/folder:weight,..."'
 
@@ -104,13 +109,29 @@ def training_sources(training, boost) -> list[MixSource] | None:
     return None
 
 
+def window_seed(boost) -> int | None:
+    """The seed of the training windows' order: `[boost] data_seed`, None (input order)
+    with `data_shuffle` off."""
+    return boost.data_seed if boost.data_shuffle else None
+
+
 def open_sources(sources: list[MixSource]) -> list[PreparedDataset]:
-    """Each source's dataset, its manifest read and shard sizes checked."""
+    """Each source's dataset, its manifest read and shard sizes checked; they share one
+    cache of open shard files (`prepared.OpenShards`)."""
     field = lambda s: f"[boost] data_mix {s.name}:" if len(sources) > 1 else "training.dataset_path"  # noqa: E731
-    opened = [PreparedDataset(s.path, field(s)) for s in sources]
+    files = OpenShards()
+    opened = [PreparedDataset(s.path, field(s), files) for s in sources]
     for dataset in opened:
         dataset.check_shards()
     return opened
+
+
+def _order(seed: int | None) -> str:
+    return "in input order" if seed is None else f"shuffled with data_seed {seed}"
+
+
+def _order_flags(seed: int | None) -> str:
+    return "--boost.no_data_shuffle" if seed is None else f"--boost.data_seed {seed}"
 
 
 class MixedWindows(IterableDataset, Stateful):
@@ -124,7 +145,9 @@ class MixedWindows(IterableDataset, Stateful):
         dp_rank: int = 0,
         dp_degree: int = 1,
         local_batch_size: int = 1,
+        seed: int | None = None,
     ) -> None:
+        """`seed`: the windows' order (`window_seed`; None: input order)."""
         self.names = [s.name for s in sources]
         self.weights = normalized([s.weight for s in sources])
         self.datasets = datasets
@@ -138,6 +161,8 @@ class MixedWindows(IterableDataset, Stateful):
                     f"seq_len + 1 = {self.width}; add documents or lower training.seq_len"
                 )
         self.dp_rank, self.dp_degree, self.local_batch_size = dp_rank, dp_degree, local_batch_size
+        self.seed = seed
+        self.orders = [WindowOrder(n, i, seed) for i, n in enumerate(self.windows)]
         self.dataset_name = "+".join(self.names)
         self.position = 0
         """The first window of the current round."""
@@ -152,9 +177,20 @@ class MixedWindows(IterableDataset, Stateful):
         return deficits.index(max(deficits))
 
     def read(self, source: int, k: int) -> torch.Tensor:
-        """The k-th window of `source` (its window k mod windows-per-pass)."""
-        start = (k % self.windows[source]) * self.width
+        """The k-th read of `source` (its window `WindowOrder(k)`)."""
+        start = self.orders[source](k) * self.width
         return torch.from_numpy(self.datasets[source].read(start, self.width))
+
+    def warn_repeats(self, before: list[int], after: list[int]) -> None:
+        """A warning line for each source whose windows ran out between the reads
+        `before` and `after` (its second epoch begins)."""
+        for name, n, old, new in zip(self.names, self.windows, before, after, strict=True):
+            if old < n <= new:
+                order = "in a new order" if self.seed is not None else "in the same order"
+                logger.warning(
+                    f"data: source {name!r} repeats: its {n:,} windows are all read, its "
+                    f"epoch 2 reads them again {order} (epochs are counted in the summary)"
+                )
 
     def _round(self) -> tuple[list[tuple[int, int]], list[int]]:
         """This rank's (source, k) of the current round, and `taken` after the round."""
@@ -170,6 +206,8 @@ class MixedWindows(IterableDataset, Stateful):
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:
             mine, taken = self._round()
+            if not self.yielded:
+                self.warn_repeats(self.taken, taken)
             for source, k in mine[self.yielded :]:
                 self.yielded += 1
                 if self.yielded == len(mine):  # the round is read: save the next one's start
@@ -183,8 +221,17 @@ class MixedWindows(IterableDataset, Stateful):
         done = sum(self.taken) or 1
         return {name: taken / done for name, taken in zip(self.names, self.taken, strict=True)}
 
+    def epochs(self) -> dict[str, float]:
+        """Each source's epochs trained on so far (its windows read / its windows; 0 for a
+        source of weight 0 and no window)."""
+        rows = zip(self.names, self.taken, self.windows, strict=True)
+        return {name: taken / windows if windows else 0.0 for name, taken, windows in rows}
+
     def shares_line(self) -> str:
-        shares = ", ".join(f"{n} {100 * s:.1f}%" for n, s in self.shares().items())
+        shares = ", ".join(
+            f"{n} {100 * s:.1f}% ({e:.2f} epochs{', repeated' * (e > 1)})"
+            for (n, s), e in zip(self.shares().items(), self.epochs().values(), strict=True)
+        )
         tokens = sum(self.taken) * (self.width - 1)
         return f"data mix: {shares} of {tokens:,} tokens trained"
 
@@ -196,6 +243,7 @@ class MixedWindows(IterableDataset, Stateful):
             "round": [self.dp_degree, self.local_batch_size],
             "sources": list(self.names),
             "windows": list(self.windows),
+            "seed": self.seed,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -205,6 +253,13 @@ class MixedWindows(IterableDataset, Stateful):
                 f"the checkpoint's data position is for sources {saved[0]} with "
                 f"{saved[1]} windows, not this job's {self.names} with {self.windows}; resume with "
                 "the same data and seq_len, or add --checkpoint.exclude_from_loading dataloader"
+            )
+        if state_dict.get("seed") != self.seed:
+            saved_order = state_dict.get("seed")
+            raise ConfigError(
+                "the checkpoint's data position is for windows "
+                f"{_order(saved_order)}, not this job's {_order(self.seed)}; resume with "
+                f"{_order_flags(saved_order)}, or add --checkpoint.exclude_from_loading dataloader"
             )
         if state_dict["yielded"] and state_dict["round"] != [self.dp_degree, self.local_batch_size]:
             raise ConfigError(

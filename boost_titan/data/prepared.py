@@ -1,4 +1,4 @@
-"""A prepared dataset: a folder of token shards read by memory map.
+"""A prepared dataset: a folder of token shards, read window by window.
 
 Written by `python -m boost_titan.prepare` (`boost_titan.data.prepare_corpus`):
 
@@ -15,7 +15,9 @@ Written by `python -m boost_titan.prepare` (`boost_titan.data.prepare_corpus`):
 
 Training reads the shards' concatenation as one token stream cut into windows of
 seq_len + 1 tokens (window k is tokens [k (seq_len + 1), (k + 1) (seq_len + 1))), as
-TorchTitan's text dataset packs documents; any window is read without reading the others.
+TorchTitan's text dataset packs documents; any window is read without reading the others
+(`boost_titan.data.window_order` picks which). A process keeps at most `OPEN_SHARDS`
+shard files open whatever the shard count (`OpenShards`, shared by a job's sources).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import hashlib
 import json
 import os
 import stat
+from collections import OrderedDict
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,9 @@ MAX_VOCAB = 1 << 31
 """A prepared vocabulary's cap (ids are read as int64, shards hold uint32 at most)."""
 ID_BLOCK = 1 << 24
 """Tokens read at a time when a shard's ids are checked (32 or 64 MiB)."""
+OPEN_SHARDS = 64
+"""Shard files one process keeps open (`OpenShards`): well under the common soft
+RLIMIT_NOFILE (1,024 on Linux, 256 on macOS), whatever the shard count."""
 
 
 def is_prepared(path: str | None) -> bool:
@@ -173,10 +178,48 @@ class Shard:
     documents: int
 
 
+class OpenShards:
+    """Open shard files, at most `limit`: a file opened past that closes the least recently
+    read one. Reading is `os.pread` (no shared offset, no memory map), so a descriptor is
+    closed the moment it leaves the cache. A copy sent to another process (a dataloader
+    worker) starts empty."""
+
+    def __init__(self, limit: int = OPEN_SHARDS) -> None:
+        self.limit = limit
+        self._fds: OrderedDict[Path, int] = OrderedDict()
+
+    def fd(self, path: Path) -> int:
+        """A descriptor of `path` open for reading, the cache's most recent."""
+        fd = self._fds.pop(path, None)
+        if fd is None:
+            while len(self._fds) >= self.limit:
+                os.close(self._fds.popitem(last=False)[1])
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fds[path] = fd
+        return fd
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.popitem()[1])
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"limit": self.limit}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["limit"])
+
+
 class PreparedDataset:
     """A prepared folder's manifest and token stream (see the module doc)."""
 
-    def __init__(self, folder: str, field: str = "training.dataset_path") -> None:
+    def __init__(
+        self, folder: str, field: str = "training.dataset_path", files: OpenShards | None = None
+    ) -> None:
+        """`files`: the cache of open shards to read through (shared by a job's sources;
+        None: one of this dataset's own)."""
         self.folder = Path(folder).expanduser()
         self.field = field
         self.manifest = read_manifest(self.folder, field)
@@ -192,7 +235,7 @@ class PreparedDataset:
             if s["tokens"]
         ]
         self.starts = np.cumsum([0] + [s.tokens for s in self.shards]).tolist()
-        self._maps: dict[int, np.memmap] = {}
+        self.files = OpenShards() if files is None else files
 
     @property
     def tokens(self) -> int:
@@ -250,45 +293,53 @@ class PreparedDataset:
         """ConfigError when shard `index` holds an id at or past the manifest's vocab_size
         (which `check_tokenizer` holds to the tokenizer's and the model's): the shard is
         read once, in blocks of ID_BLOCK tokens, max taken by numpy (0.3 s for 200 MB from
-        the page cache; nothing to read when the dtype cannot hold such an id)."""
-        shard, vocab = self.shards[index], self.tokenizer["vocab_size"]
-        if vocab > np.iinfo(self.dtype).max:
+        the page cache; nothing to read when the dtype cannot hold such an id). `check`
+        runs it; the loader checks each window it reads instead (`check_block`)."""
+        shard = self.shards[index]
+        if self.tokenizer["vocab_size"] > np.iinfo(self.dtype).max:
             return
         with open(shard.path, "rb") as f:
             for start in range(0, shard.tokens, ID_BLOCK):
-                block = np.fromfile(f, self.dtype, min(ID_BLOCK, shard.tokens - start))
-                if block.size and int(block.max()) >= vocab:
-                    raise ConfigError(
-                        f"{self.field} {self.folder}: {shard.path.name} holds token id "
-                        f"{int(block.max())}, past the manifest's vocab_size {vocab}; the "
-                        "shard is damaged or altered, prepare the folder again"
-                    )
+                self.check_block(
+                    shard, np.fromfile(f, self.dtype, min(ID_BLOCK, shard.tokens - start))
+                )
+
+    def check_block(self, shard: Shard, block: np.ndarray) -> None:
+        """ConfigError when `block`, tokens of `shard`, holds an id at or past the manifest's
+        vocab_size."""
+        vocab = self.tokenizer["vocab_size"]
+        if block.size and int(block.max()) >= vocab:
+            raise ConfigError(
+                f"{self.field} {self.folder}: {shard.path.name} holds token id "
+                f"{int(block.max())}, past the manifest's vocab_size {vocab}; the "
+                "shard is damaged or altered, prepare the folder again"
+            )
 
     def windows(self, width: int) -> int:
         """Windows of `width` tokens in one pass over the stream."""
         return self.tokens // width
 
-    def _map(self, index: int) -> np.memmap:
-        if index not in self._maps:
-            self.check_ids(index)  # once per shard and process, where the data is opened
-            shard = self.shards[index]
-            self._maps[index] = np.memmap(shard.path, self.dtype, "r", shape=(shard.tokens,))
-        return self._maps[index]
-
     def read(self, start: int, length: int) -> np.ndarray:
-        """Tokens [start, start + length) of the stream, as int64."""
+        """Tokens [start, start + length) of the stream, as int64, their ids checked against
+        the vocabulary (`check_block`: a max over the window, microseconds)."""
         out = np.empty(length, dtype=np.int64)
         filled = 0
         index = bisect.bisect_right(self.starts, start) - 1
         while filled < length:
+            shard = self.shards[index]
             offset = start + filled - self.starts[index]
-            take = min(length - filled, self.shards[index].tokens - offset)
-            out[filled : filled + take] = self._map(index)[offset : offset + take]
+            take = min(length - filled, shard.tokens - offset)
+            size = self.dtype.itemsize
+            data = os.pread(self.files.fd(shard.path), take * size, offset * size)
+            if len(data) != take * size:
+                raise ConfigError(
+                    f"{self.field} {self.folder}: {shard.path.name} ends before token "
+                    f"{offset + take:,} (the manifest says {shard.tokens:,}): it was cut "
+                    "while training read it; prepare the folder again"
+                )
+            piece = np.frombuffer(data, self.dtype)
+            self.check_block(shard, piece)
+            out[filled : filled + take] = piece
             filled += take
             index += 1
         return out
-
-    @cached_property
-    def held_out_folder(self) -> Path | None:
-        """The folder of held-out documents, None when none was held out."""
-        return self.folder / HELD_OUT if self.manifest.get("held_out_documents") else None

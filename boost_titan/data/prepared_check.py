@@ -3,14 +3,43 @@ worker's dataloader)?"""
 
 from __future__ import annotations
 
+import resource
+
 from boost_titan.data.mix import MixedWindows, open_sources, training_sources
-from boost_titan.data.prepared import tokenizer_fingerprint
+from boost_titan.data.prepared import OPEN_SHARDS, PreparedDataset, tokenizer_fingerprint
 from boost_titan.data.tokenizer import assets_vocab_size, tokenizer_files
 
 ID_SCAN_BYTES = 1 << 30
 """Shard bytes whose token ids `check_prepared` reads (shards in order, all sources): about
-1.5 s from the page cache, a disk's read time otherwise; the loader checks every shard it
-opens."""
+1.5 s from the page cache, a disk's read time otherwise; the loader checks every window it
+reads."""
+FILES_BESIDE_SHARDS = 64
+"""Open files a training process needs besides its shards (the shard being checked,
+sockets to its peers, checkpoint and log files): a bound with room to spare."""
+
+
+def open_files_warning(datasets: list[PreparedDataset], soft_limit: int) -> str | None:
+    """A warning line when a process reading `datasets` may need more open files than
+    `soft_limit` (RLIMIT_NOFILE's soft value; RLIM_INFINITY: none): the shards it keeps
+    open (`prepared.OpenShards`: at most OPEN_SHARDS) plus FILES_BESIDE_SHARDS. None when
+    they fit."""
+    shards = sum(len(d.shards) for d in datasets)
+    need = min(shards, OPEN_SHARDS) + FILES_BESIDE_SHARDS
+    if soft_limit == resource.RLIM_INFINITY or need <= soft_limit:
+        return None
+    return (
+        f"warning: the prepared data's {shards:,} shards are read with up to "
+        f"{min(shards, OPEN_SHARDS)} open at once, and a training process may then need "
+        f"{need} open files, over this shell's soft limit of {soft_limit} (ulimit -n); "
+        f"raise it (ulimit -n {max(need, 1024)}) before training"
+    )
+
+
+def open_files_note(datasets: list[PreparedDataset]) -> str:
+    """`open_files_warning` under this process's soft limit, on a line of its own after
+    `check`'s summary ("" when the files fit)."""
+    warning = open_files_warning(datasets, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    return f"\n{warning}" if warning else ""
 
 
 def check_prepared(job_config, vocab: int | None, scan_ids: bool = False) -> None:

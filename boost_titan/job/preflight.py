@@ -103,15 +103,16 @@ def check_data(job) -> str:
     """A local dataset must exist, hold non-empty files of a supported kind, and each file's
     start must decode as the loader reads it; prepared datasets (`training.dataset_path`
     or `[boost] data_mix`) must have a readable manifest and whole shards. Returns a note
-    for the summary ("" or a pointer to `prepare` for a large raw corpus)."""
+    for the summary ("", a pointer to `prepare` for a large raw corpus, or a warning line
+    when prepared data needs more open files than the soft limit allows)."""
     from boost_titan.data.corpus import local_files, resolve_dataset
     from boost_titan.data.mix import open_sources, training_sources
+    from boost_titan.data.prepared_check import open_files_note
     from boost_titan.data.probe import probe_files
 
     sources = training_sources(job.training, job.boost)
     if sources is not None:
-        open_sources(sources)
-        return ""
+        return open_files_note(open_sources(sources))
     _, path = resolve_dataset(job.training.dataset, job.training.dataset_path)
     if not path:
         return ""

@@ -3,7 +3,8 @@ waiting for data.
 
 `StepClock` times each step from the start of one `train_step` to the start of the next
 (checkpoint saves and validation included, which the median of the recent steps keeps
-from swinging the estimate), and the time each step spends in `next()` on the data
+from swinging the estimate; the process's first step, which compiles and warms up, counts
+only while no other step is timed), and the time each step spends in `next()` on the data
 iterator (`waiting`). `tail` is the text appended to the step line:
 `eta 1h02m (0.52 s/step x 7,150 steps)  data wait 0.4 ms (0.1%)`, which `appended` adds to
 the one line TorchTitan's metrics processor logs.
@@ -59,6 +60,9 @@ class StepClock:
 
     total_steps: int
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    """The last finished steps after the first."""
+    first: float | None = None
+    """Seconds of this process's first step (compilation, warm-up)."""
     step_started: float | None = None
     wait: float = 0.0
     """Seconds this step spent in the data iterator's `next()`."""
@@ -79,7 +83,10 @@ class StepClock:
         if self.step_started is None:
             return
         seconds = time.perf_counter() - self.step_started
-        self.recent.append(seconds)
+        if self.first is None:
+            self.first = seconds
+        else:
+            self.recent.append(seconds)
         self.busy += seconds
         self.waits.append(self.wait)
         self.step_started = None
@@ -95,10 +102,14 @@ class StepClock:
             yield item
 
     def seconds_per_step(self) -> float:
-        """The median of the recent steps, or the current step so far before any ended."""
-        if self.recent:
-            return statistics.median(self.recent)
-        return time.perf_counter() - (self.step_started or time.perf_counter())
+        """The median of the steady steps: the recent ones after the first, and the current
+        one so far (the log line comes at its end) unless it is the first; the first step
+        alone while it is the only one."""
+        current = None if self.step_started is None else time.perf_counter() - self.step_started
+        steady = list(self.recent) + ([current] if self.first is not None and current else [])
+        if steady:
+            return statistics.median(steady)
+        return current if current is not None else self.first or 0.0
 
     def tail(self, step: int) -> str:
         """What the log line of `step` (about to end) gains: ETA and this step's data wait."""

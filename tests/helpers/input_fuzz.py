@@ -547,7 +547,7 @@ def _guards() -> dict[str, Callable[[], None]]:
         ),
         "manifest shape": off(prepared, "_manifest_problem", nothing),
         "manifest depth": off(prepared, "_parse_json", json.loads),
-        "token ids": off(PreparedDataset, "check_ids", nothing),
+        "token ids": off(PreparedDataset, "check_block", nothing),
         "shard sizes (old)": off(PreparedDataset, "check_shards", nothing),
         "tiktoken ranks": off(tokenizer, "rank_problem", nothing),
         "toml depth": off(cli, "_parse_toml", lambda data: tomllib.loads(data.decode())),
@@ -711,7 +711,7 @@ def _restore(saved: dict[str, dict[str, Any]]) -> None:
 
     for name in SWITCHED:
         vars(sys.modules[f"boost_titan.{name}"]).update(saved[name])
-    for key in ("check_ids", "check_shards"):
+    for key in ("check_block", "check_shards"):
         setattr(PreparedDataset, key, saved["PreparedDataset"][key])
 
 

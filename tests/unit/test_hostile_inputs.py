@@ -72,7 +72,7 @@ def test_a_blend_whose_weights_overflow_their_sum_keeps_their_ratio(prepared, tm
 
 
 def test_the_loader_refuses_a_shard_with_an_id_past_the_vocabulary(prepared, tmp_path):
-    """The id check runs where a shard is first opened, whatever `check` read before."""
+    """The id check runs on each window the loader reads, whatever `check` read before."""
     folder = tmp_path / "p"
     shutil.copytree(prepared, folder)
     manifest = json.loads((folder / "manifest.json").read_text())

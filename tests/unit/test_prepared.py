@@ -192,9 +192,12 @@ def mix_job(sources: list[Path], batch: int, *args: str):
 
 def test_loader_resumes_exactly_and_at_another_dp_degree(two_sources):
     """Two ranks at local batch 2 train on the rows a single process reads at local batch
-    4, and rank 0's saved state resumes a single process at the next global batch."""
+    4, and rank 0's saved state resumes a single process at the next global batch; the
+    windows are shuffled ([boost] data_shuffle's default: not the input order)."""
     single = loader_of(mix_job(two_sources, 4), 1, 0)
     reference = [torch.cat(b) for b in zip(*[iter(batches(single, 6))], strict=True)]
+    in_order = batches(loader_of(mix_job(two_sources, 4, "--boost.no_data_shuffle"), 1, 0), 1)
+    assert not torch.equal(in_order[0], reference[0])
     ranks = [loader_of(mix_job(two_sources, 2), 2, r) for r in (0, 1)]
     its = [iter(r) for r in ranks]
     for step in range(3):
@@ -218,7 +221,9 @@ def test_blend_shares_and_determinism(two_sources):
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
     assert mixed.taken == [350, 150]  # every prefix within one window of the weights
     assert abs(mixed.shares()["web"] - 0.7) < 0.01
-    assert "web 70.0%, code 30.0%" in mixed.shares_line()
+    epochs = mixed.epochs()
+    assert epochs == {"web": 350 / mixed.windows[0], "code": 150 / mixed.windows[1]}
+    assert f"web 70.0% ({epochs['web']:.2f} epochs), code 30.0% (" in mixed.shares_line()
     for g in range(1, 500):
         taken = [0, 0]
         for w in range(g):

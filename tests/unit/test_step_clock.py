@@ -93,3 +93,16 @@ def test_appended_reaches_the_one_line_logged_inside():
     finally:
         logger.removeHandler(handler)
     assert seen == ["step: 3  loss: 2.5  eta 5 s", "after"]
+
+
+def test_eta_leaves_out_the_first_step_once_another_is_timed(clock_time):
+    """A first step of 9 s (compilation) then steps of 3.5 s: from the second step's line on,
+    the ETA is 3.5 s per step (it was 9, 9 and 6.25 s/step up to step 3)."""
+    clock = StepClock(total_steps=100)
+    clock.start()
+    clock_time.now += 9
+    assert clock.tail(1).startswith("eta 14m51s (9 s/step x 99 steps)")  # all it knows
+    for step in (2, 3, 4):
+        clock.start()
+        clock_time.now += 3.5
+        assert f"(3.5 s/step x {100 - step} steps)" in clock.tail(step), step
