@@ -36,7 +36,7 @@ from torchtitan.hf_datasets.text_datasets import DATASETS
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.data.document_masks import DocumentCollate, asked, document_options
+from boost_titan.data.document_masks import collate_for
 from boost_titan.data.documents import file_format
 from boost_titan.data.global_order import GlobalOrderRows
 from boost_titan.data.loader import CheckpointedDataloader
@@ -258,35 +258,30 @@ def build_dataloader(
     """torchtitan's text dataset and dataloader over the resolved dataset, looping forever
     (with `[boost] data_order = "global"`, over this rank's rows of the global stream), or
     this rank's windows of prepared datasets (`data.mix`); the loader's saved state is read
-    through the checkpoint allowlist (`data.loader`)."""
+    through the checkpoint allowlist (`data.loader`), its batches marked at document ends as
+    `[boost]` asks (`data.document_masks`)."""
     training = job_config.training
     sources = training_sources(training, job_config.boost)
-    loader_options = asdict(training.dataloader) | {"batch_size": training.local_batch_size}
     if sources is not None:
-        opened = open_sources(sources)
-        if asked(job_config.boost):
-            ids, where = [d.tokenizer for d in opened], "the prepared data"
-            options = document_options(job_config.boost, ids, where)
-            loader_options["collate_fn"] = DocumentCollate(options)
         dataset = MixedWindows(
             sources,
-            opened,
+            open_sources(sources),
             training.seq_len,
             dp_rank,
             dp_world_size,
             training.local_batch_size,
         )
         return CheckpointedDataloader(
-            dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, **loader_options
+            dataset,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            **asdict(training.dataloader),
+            batch_size=training.local_batch_size,
+            **collate_for(job_config.boost, [d.tokenizer for d in dataset.datasets], "its data"),
         )
     name, path = resolve_dataset(training.dataset, training.dataset_path)
     if warning := separator_warning(tokenizer, job_config.model.hf_assets_path):
         logger.warning(warning)
-    if asked(job_config.boost):
-        ids = {"eos_id": getattr(tokenizer, "eos_id", None)}
-        where = f"the tokenizer {job_config.model.hf_assets_path or 'default'!r}"
-        options = document_options(job_config.boost, [ids], where)
-        loader_options["collate_fn"] = DocumentCollate(options)
     global_order = job_config.boost.data_order == "global"
     if name in (STDLIB, LOCAL):
         config = DATASETS[name]
@@ -306,5 +301,14 @@ def build_dataloader(
             infinite=True,
         )
     return CheckpointedDataloader(
-        dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, **loader_options
+        dataset,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        **asdict(training.dataloader),
+        batch_size=training.local_batch_size,
+        **collate_for(
+            job_config.boost,
+            [{"eos_id": getattr(tokenizer, "eos_id", None)}],
+            f"the tokenizer {job_config.model.hf_assets_path or 'default'!r}",
+        ),
     )

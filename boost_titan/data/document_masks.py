@@ -119,11 +119,15 @@ def end_token(tokenizer_ids: list[dict[str, Any]], where: str) -> int:
     return ends.pop()
 
 
-def document_options(boost, tokenizer_ids: list[dict[str, Any]], where: str) -> DocumentOptions:
-    """The options `[boost]` asks for, with the data's end token (`end_token`)."""
-    return DocumentOptions(
+def collate_for(boost, tokenizer_ids: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """The dataloader's `collate_fn` for the options `[boost]` asks for, at the data's end
+    token (`end_token`; `tokenizer_ids` as there, `where` names the data); {} for none."""
+    if not asked(boost):
+        return {}
+    options = DocumentOptions(
         end_token(tokenizer_ids, where),
         mask_loss=boost.eod_mask_loss,
         reset_positions=boost.reset_position_ids,
         separate_attention=boost.reset_attention_mask,
     )
+    return {"collate_fn": DocumentCollate(options)}
