@@ -277,7 +277,9 @@ def build_dataloader(
             dp_world_size=dp_world_size,
             **asdict(training.dataloader),
             batch_size=training.local_batch_size,
-            **collate_for(job_config.boost, [d.tokenizer for d in dataset.datasets], "its data"),
+            **collate_for(
+                job_config.boost, [d.tokenizer for d in dataset.datasets], "the prepared data"
+            ),
         )
     name, path = resolve_dataset(training.dataset, training.dataset_path)
     if warning := separator_warning(tokenizer, job_config.model.hf_assets_path):
