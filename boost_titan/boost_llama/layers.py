@@ -117,16 +117,30 @@ def takes_grouped_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return torch.backends.cuda.can_use_flash_attention(params)
 
 
-class CausalAttention(nn.Module):
-    """Causal SDPA on [b, heads, s, head_dim] tensors; grouped K/V heads are passed as
-    they are where the kernel takes them (else repeated). A module of its own so that a
-    plan can address the attention op (as TorchTitan's `inner_attention`)."""
+def document_mask(documents: torch.Tensor) -> torch.Tensor:
+    """The boolean SDPA mask [b, 1, s, s] letting each token attend to itself and the
+    earlier tokens of its own document; `documents` [b, s]: each token's document number.
+    It holds s^2 bytes per sequence, and on CUDA keeps SDPA off the flash kernel."""
+    s = documents.shape[-1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=documents.device).tril()
+    return (documents[:, :, None] == documents[:, None, :]).logical_and(causal)[:, None]
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+
+class CausalAttention(nn.Module):
+    """Causal SDPA on [b, heads, s, head_dim] tensors (with `mask`, a boolean
+    `document_mask`, that mask instead); grouped K/V heads are passed as they are where the
+    kernel takes them (else repeated). A module of its own so that a plan can address the
+    attention op (as TorchTitan's `inner_attention`)."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         repeats = q.shape[1] // k.shape[1]
         gqa = repeats > 1 and takes_grouped_kv(q, k, v)
         if repeats > 1 and not gqa:
             k, v = (t.repeat_interleave(repeats, dim=1) for t in (k, v))
+        if mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 

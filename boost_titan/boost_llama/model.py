@@ -24,6 +24,7 @@ from .layers import (
     LowRankLinear,
     apply_rope,
     depth_std,
+    document_mask,
     init_projection,
     make_projection,
     rope_table,
@@ -59,14 +60,19 @@ class Attention(nn.Module):
         self.inner_attention = CausalAttention()
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: torch.Tensor
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: torch.Tensor,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Causal attention over however many heads q/k/v carry (all, or a TP rank's);
-        `rope`: the RoPE rows of the tokens' positions."""
+        `rope`: the RoPE rows of the tokens' positions; `mask`: a `document_mask`."""
         b, s = q.shape[:2]
         q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q, k, v))
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out = self.inner_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+        out = self.inner_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask)
         return out.transpose(1, 2).reshape(b, s, -1)
 
 
@@ -96,7 +102,11 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args, crossing)
 
     def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, prevs: Sequence[torch.Tensor] = ()
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor,
+        prevs: Sequence[torch.Tensor] = (),
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         prev = list(prevs) or [None] * 7
         attn, mlp, lax = self.attention, self.feed_forward, self.carries_latents
@@ -105,7 +115,7 @@ class TransformerBlock(nn.Module):
         (q, hq), (k, hk), (v, hv) = (
             _project(p, h, prev[i], lax) for i, p in enumerate((attn.wq, attn.wk, attn.wv))
         )
-        o, ho = _project(attn.wo, attn.attend(q, k, v, rope), prev[3], lax)
+        o, ho = _project(attn.wo, attn.attend(q, k, v, rope, mask), prev[3], lax)
         x = x + o
 
         h = self.ffn_norm(x)
@@ -148,14 +158,20 @@ class BoostTransformer(nn.Module):
         return rope_table(a.head_dim, a.max_seq_len, a.rope_theta, device=device)
 
     def forward(
-        self, tokens: torch.Tensor, *latents: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        *latents: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """`positions` [b, s] (or [s]): each token's place in its sequence, when the tokens
-        are not 0..s-1 (a shard of the sequence)."""
+        are not 0..s-1 (a shard of the sequence, or packed documents); `documents` [b, s]:
+        each token's document number, attention then staying within documents."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         rope = self.rope if positions is None else self.rope[positions]
+        mask = None if documents is None else document_mask(documents)
         for layer in self.layers.values():
-            h, latents = layer(h, rope, latents)
+            h, latents = layer(h, rope, latents, mask)
         if self.output is None:
             return (h, *latents) if latents else h
         h = self.norm(h) if self.norm is not None else h

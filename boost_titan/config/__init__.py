@@ -85,6 +85,19 @@ class Boost:
     """The seed of that shuffle: one seed, one sequence of windows at any data-parallel
     degree and across resumes."""
 
+    eod_mask_loss: bool = False
+    """Ignore the label that predicts a document's first token from the previous document's
+    end-of-document token (Megatron-LM's `eod_mask_loss`; `boost_titan.data.document_masks`)."""
+
+    reset_position_ids: bool = False
+    """Number each document's tokens from 0 inside a training window (Megatron-LM's
+    `reset_position_ids`); `boost_llama` only, refused with CP, PP and CUDA graphs."""
+
+    reset_attention_mask: bool = False
+    """Let each token attend only to earlier tokens of its own document (Megatron-LM's
+    `reset_attention_mask`): SDPA with a boolean [b, 1, s, s] mask, s^2 bytes per sequence;
+    `boost_llama` only, refused with CP, PP and CUDA graphs."""
+
     cuda_graphs: bool = False
     """On CUDA, capture each micro-batch's forward + loss + backward as a CUDA graph and
     replay it (`boost_titan.runtime.cuda_graphs`); no effect on CPU; refused with pipeline
@@ -187,3 +200,34 @@ def check_cuda_graphs(boost: Boost, pipeline_degree: int) -> None:
             "host-side bookkeeping between micro-batches); drop --boost.cuda_graphs or set "
             "parallelism.pipeline_parallel_degree to 1"
         )
+
+
+DOCUMENT_MODELS = ("boost_llama",)
+"""Models whose forward takes `positions` and `documents` (`[boost] reset_position_ids`,
+`reset_attention_mask`)."""
+
+
+def check_documents(boost: Boost, model_name: str, parallelism) -> None:
+    """ConfigError (one line) for `[boost] reset_position_ids` / `reset_attention_mask` on
+    a job that cannot honour them: another model, context parallelism (TorchTitan numbers
+    the positions itself and the ring attention takes no mask), pipeline parallelism (only
+    the first stage would get them), CUDA graphs (the token input only). The trainer and
+    `check` both call this; `eod_mask_loss` changes labels only and runs everywhere."""
+    asked = [k for k in ("reset_position_ids", "reset_attention_mask") if getattr(boost, k)]
+    if not asked:
+        return
+    refused = {
+        f"model.name {model_name!r} (only {', '.join(DOCUMENT_MODELS)} takes them)": (
+            model_name not in DOCUMENT_MODELS
+        ),
+        "context parallelism": parallelism.context_parallel_degree > 1,
+        "pipeline parallelism": parallelism.pipeline_parallel_degree > 1,
+        "[boost] cuda_graphs": boost.cuda_graphs,
+    }
+    for what, on in refused.items():
+        if on:
+            raise ConfigError(
+                f"[boost] {' and '.join(asked)} cannot run with {what}; drop "
+                f"{' and '.join('--boost.' + k for k in asked)} or that setting "
+                "(eod_mask_loss alone works everywhere)"
+            )

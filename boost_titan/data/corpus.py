@@ -36,6 +36,7 @@ from torchtitan.hf_datasets.text_datasets import DATASETS
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.data.document_masks import collate_for
 from boost_titan.data.documents import file_format
 from boost_titan.data.global_order import GlobalOrderRows
 from boost_titan.data.loader import CheckpointedDataloader
@@ -257,7 +258,8 @@ def build_dataloader(
     """torchtitan's text dataset and dataloader over the resolved dataset, looping forever
     (with `[boost] data_order = "global"`, over this rank's rows of the global stream), or
     this rank's windows of prepared datasets (`data.mix`); the loader's saved state is read
-    through the checkpoint allowlist (`data.loader`)."""
+    through the checkpoint allowlist (`data.loader`), its batches marked at document ends as
+    `[boost]` asks (`data.document_masks`)."""
     training = job_config.training
     sources = training_sources(training, job_config.boost)
     if sources is not None:
@@ -276,6 +278,9 @@ def build_dataloader(
             dp_world_size=dp_world_size,
             **asdict(training.dataloader),
             batch_size=training.local_batch_size,
+            **collate_for(
+                job_config.boost, [d.tokenizer for d in dataset.datasets], "the prepared data"
+            ),
         )
     name, path = resolve_dataset(training.dataset, training.dataset_path)
     if warning := separator_warning(tokenizer, job_config.model.hf_assets_path):
@@ -304,4 +309,9 @@ def build_dataloader(
         dp_world_size=dp_world_size,
         **asdict(training.dataloader),
         batch_size=training.local_batch_size,
+        **collate_for(
+            job_config.boost,
+            [{"eos_id": getattr(tokenizer, "eos_id", None)}],
+            f"the tokenizer {job_config.model.hf_assets_path or 'default'!r}",
+        ),
     )

@@ -32,7 +32,7 @@ import torchtitan
 from torchtitan.tools.logging import init_logger, logger
 
 from boost_titan.boost_llama.spec import register_spec
-from boost_titan.config import check_cuda_graphs, check_run_limits
+from boost_titan.config import check_cuda_graphs, check_documents, check_run_limits
 from boost_titan.config.bounds import check_bounds
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
@@ -113,6 +113,7 @@ def train(trainer_cls: type[BoostTrainer], job) -> None:
     )
     check_run_limits(job.boost)
     check_cuda_graphs(job.boost, job.parallelism.pipeline_parallel_degree)
+    check_documents(job.boost, job.model.name, job.parallelism)
     check_titan_settings(job)
     check_bounds(job)
     point_titan_validation_at_held_out(job)

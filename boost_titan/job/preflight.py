@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from boost_titan.config import check_cuda_graphs, check_run_limits
+from boost_titan.config import check_cuda_graphs, check_documents, check_run_limits
 from boost_titan.config.bounds import check_bounds
 from boost_titan.config.cli import parse_job_config
 from boost_titan.config.errors import ConfigError
@@ -106,13 +106,17 @@ def check_data(job) -> str:
     for the summary ("", a pointer to `prepare` for a large raw corpus, or a warning line
     when prepared data needs more open files than the soft limit allows)."""
     from boost_titan.data.corpus import local_files, resolve_dataset
+    from boost_titan.data.document_masks import asked, end_token
     from boost_titan.data.mix import open_sources, training_sources
     from boost_titan.data.prepared_check import open_files_note
     from boost_titan.data.probe import probe_files
 
     sources = training_sources(job.training, job.boost)
     if sources is not None:
-        return open_files_note(open_sources(sources))
+        opened = open_sources(sources)
+        if asked(job.boost):  # the raw data's end token is the tokenizer's, checked in training
+            end_token([d.tokenizer for d in opened], "the prepared data")
+        return open_files_note(opened)
     _, path = resolve_dataset(job.training.dataset, job.training.dataset_path)
     if not path:
         return ""
@@ -336,6 +340,7 @@ def check_job(job, nproc: int | None) -> str:
     batch = check_batch(job, degrees)
     check_run_limits(job.boost)
     check_cuda_graphs(job.boost, degrees["pp"])
+    check_documents(job.boost, job.model.name, job.parallelism)
     check_titan_settings(job)
     check_bounds(job)
     check_output_folder(job.job.dump_folder)

@@ -1,5 +1,6 @@
 """Every TP strategy equals a single-process run of the same weights: forward, loss and
-every parameter gradient, on 2 and 4 gloo ranks (fp32)."""
+every parameter gradient, on 2 and 4 gloo ranks (fp32); `-documents`: positions and
+attention reset per document (`[boost] reset_position_ids`, `reset_attention_mask`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from boost_titan.boost_llama import BoostTransformer, flavor_args
+from boost_titan.data.document_masks import DocumentOptions
 from tests.helpers.distributed import randomize, run_on_ranks
 
 VOCAB, BATCH, SEQ = 64, 2, 16
@@ -24,6 +26,7 @@ CASES: dict[str, tuple[str, str, dict, dict]] = {
     "lax-btp-ungrouped": ("lax", "btp", {}, {"group_linears": False}),
     "cola-btp-gqa": ("cola", "btp", {"n_heads": 8, "n_kv_heads": 4}, {}),
     "cola-btp-no-loss-parallel": ("cola", "btp", {}, {"loss_parallel": False}),
+    "cola-btp-documents": ("cola", "btp", {}, {}),
     "svd-vanilla": ("svd", "vanilla", {}, {}),
     "cola-vanilla": ("cola", "vanilla", {}, {}),
     "lax-vanilla": ("lax", "vanilla", {}, {}),
@@ -70,6 +73,17 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, labels
 
 
+def model_inputs(name: str, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The model's extra inputs: for a `-documents` case, the positions and document numbers
+    of windows whose documents end at token 0, placed at a few places."""
+    if not name.endswith("-documents"):
+        return {}
+    tokens[0, [3, 9]] = tokens[1, [0, 6, 12]] = 0
+    options = DocumentOptions(0, reset_positions=True, separate_attention=True)
+    marked, _ = options.mark({"input": tokens}, tokens)
+    return {k: v for k, v in marked.items() if k != "input"}
+
+
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
@@ -95,7 +109,7 @@ def _tp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
             overlap_chunks=plan_options.get("overlap_chunks", 1),
         )
         tokens, labels = batch()
-        logits = model(tokens)
+        logits = model(tokens, **model_inputs(name, tokens))
         with loss_parallel():
             loss = cross_entropy(logits, labels)
             loss.backward()
@@ -109,7 +123,7 @@ def _reference(name: str):
     arch, _, overrides, _ = CASES[name]
     model = build_model(arch, **overrides)
     tokens, labels = batch()
-    logits = model(tokens)
+    logits = model(tokens, **model_inputs(name, tokens))
     loss = cross_entropy(logits, labels)
     loss.backward()
     return logits.detach(), loss.detach(), {n: p.grad for n, p in model.named_parameters()}

@@ -71,6 +71,30 @@ CASES = {
         ],
         ["'ptrr'", "flex", "headtail"],
     ),
+    "document attention with cp": (
+        [
+            "--boost.reset_attention_mask",
+            "--parallelism.context_parallel_degree",
+            "2",
+            "--nproc",
+            "4",
+        ],
+        ["reset_attention_mask cannot run with context parallelism", "eod_mask_loss alone"],
+    ),
+    "document positions with pp": (
+        [
+            "--boost.reset_position_ids",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--nproc",
+            "4",
+        ],
+        ["reset_position_ids cannot run with pipeline parallelism"],
+    ),
+    "document options on a TorchTitan model": (
+        ["--boost.reset_attention_mask", "--model.name", "llama3", "--model.flavor", "debugmodel"],
+        ["model.name 'llama3'", "only boost_llama"],
+    ),
     "two AC modes": (
         ["--boost.lowrank_ac", "--activation_checkpoint.mode", "full"],
         ["lowrank_ac", "keep one"],
