@@ -263,7 +263,7 @@ def build_dataloader(
     if sources is not None:
         dataset = MixedWindows(
             sources,
-            open_sources(sources),
+            open_sources(sources, tokenizer.get_vocab_size()),
             training.seq_len,
             dp_rank,
             dp_world_size,

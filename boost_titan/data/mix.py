@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.data.megatron_indexed import MegatronDataset, is_megatron
 from boost_titan.data.prepared import PreparedDataset, is_prepared
 
 _FORMAT = '"name=/prepared/folder:weight,..."'
@@ -92,22 +93,28 @@ def training_sources(training, boost) -> list[MixSource] | None:
             )
         sources = parse_mix(boost.data_mix)
         for s in sources:
-            if not is_prepared(s.path):
+            if not (is_prepared(s.path) or is_megatron(s.path)):
                 raise ConfigError(
                     f"[boost] data_mix source {s.name!r}: {s.path} is no prepared dataset (no "
-                    "manifest.json); make it with python -m boost_titan.prepare"
+                    "manifest.json, no Megatron .idx); make it with python -m boost_titan.prepare"
                 )
         return sources
-    if is_prepared(training.dataset_path):
+    if is_prepared(training.dataset_path) or is_megatron(training.dataset_path):
         path = training.dataset_path
         return [MixSource(Path(path).expanduser().resolve().name, path, 1.0)]
     return None
 
 
-def open_sources(sources: list[MixSource]) -> list[PreparedDataset]:
-    """Each source's dataset, its manifest read and shard sizes checked."""
+def open_sources(sources: list[MixSource], vocab_size: int | None = None) -> list[PreparedDataset]:
+    """Each source's dataset, its manifest (or Megatron index) read and shard sizes checked;
+    `vocab_size` (the tokenizer's) bounds a Megatron dataset's ids, which name no vocabulary."""
     field = lambda s: f"[boost] data_mix {s.name}:" if len(sources) > 1 else "training.dataset_path"  # noqa: E731
-    opened = [PreparedDataset(s.path, field(s)) for s in sources]
+    opened = [
+        MegatronDataset(s.path, field(s), vocab_size)
+        if is_megatron(s.path) and not is_prepared(s.path)
+        else PreparedDataset(s.path, field(s))
+        for s in sources
+    ]
     for dataset in opened:
         dataset.check_shards()
     return opened
