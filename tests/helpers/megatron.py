@@ -7,6 +7,7 @@ the hostile cases (`scripts/hostile_inputs.py`) and the fuzzer (`input_fuzz.py`)
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,23 @@ def index_bytes(
     )
 
 
+def index_fields(prefix: Path) -> dict:
+    """The dtype code, lengths and document indices of a well-formed `prefix.idx` (the
+    keyword arguments `index_bytes` takes)."""
+    raw = Path(f"{prefix}.idx").read_bytes()
+    _, _, code, n, d = struct.unpack_from("<9sQBQQ", raw)
+    return {
+        "code": code,
+        "lengths": np.frombuffer(raw, "<i4", n, 34).tolist(),
+        "document_indices": np.frombuffer(raw, "<i8", d, 34 + 12 * n).tolist(),
+    }
+
+
+def rewrite_index(prefix: Path, **change: object) -> None:
+    """`prefix.idx` written again with `change` (`index_bytes`' keywords) over its fields."""
+    Path(f"{prefix}.idx").write_bytes(index_bytes(**(index_fields(prefix) | change)))
+
+
 def write_megatron(
     prefix: Path, documents: Sequence[Sequence[int]], dtype: str = "uint16", split: int = 0
 ) -> Path:
@@ -66,3 +84,16 @@ def write_megatron(
     Path(f"{prefix}.bin").write_bytes(tokens.tobytes())
     Path(f"{prefix}.idx").write_bytes(index_bytes(CODES[dtype], lengths, ends))
     return prefix
+
+
+def from_prepared(prepared: Path, out: Path) -> Path:
+    """The shards of the prepared folder `prepared` (its manifest's order, each document
+    as `prepare` framed it: its `.idx` holds the documents' end offsets) as Megatron pairs
+    `out/shard-NNNNN`, uint16; returns `out`."""
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    for shard in manifest["shards"]:
+        tokens = np.fromfile(prepared / f"{shard['name']}.bin", manifest["dtype"])
+        ends = np.fromfile(prepared / f"{shard['name']}.idx", "<u8").astype(np.int64)
+        write_megatron(out / shard["name"], np.split(tokens, ends[:-1]))
+    return out
