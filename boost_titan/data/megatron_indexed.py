@@ -132,6 +132,13 @@ def _read_header(index: Path, what: str) -> tuple[np.dtype, int, int]:
             f"{what} has dtype code {code}, not one of Megatron's integer codes "
             f"{', '.join(map(str, DTYPES))}; {REDO}"
         )
+    _check_size(what, size, sequences, documents)
+    return DTYPES[code], sequences, documents
+
+
+def _check_size(what: str, size: int, sequences: int, documents: int) -> None:
+    """ConfigError unless an index of `size` bytes is exactly what its header's counts
+    need, with at least one document index: the arrays are mapped only after this."""
     want = HEADER.size + 12 * sequences + 8 * documents
     if size != want:
         multimodal = size == want + sequences
@@ -142,7 +149,6 @@ def _read_header(index: Path, what: str) -> tuple[np.dtype, int, int]:
         )
     if documents < 1:
         raise ConfigError(f"{what} has no document indices (Megatron writes at least [0])")
-    return DTYPES[code], sequences, documents
 
 
 def _check_arrays(index: Path, what: str, dtype: np.dtype, n: int, d: int, data: int) -> int:
@@ -214,21 +220,6 @@ class MegatronDataset(PreparedDataset):
         self.dtype = dtypes.pop()
         self.starts = np.cumsum([0] + [s.tokens for s in self.shards]).tolist()
         self._maps: dict[int, np.memmap] = {}
-
-    def check_shards(self) -> None:
-        """ConfigError when a `.bin` is no longer a regular file of its index's size."""
-        for shard in self.shards:
-            want = shard.tokens * self.dtype.itemsize
-            try:
-                info = os.stat(shard.path)
-                size = info.st_size if stat.S_ISREG(info.st_mode) else None
-            except OSError:
-                size = None
-            if size != want:
-                raise ConfigError(
-                    f"{self.field} {self.folder}: {shard.path.name} changed: it is not a "
-                    f"regular file of the {want:,} bytes its .idx describes"
-                )
 
     def check_tokenizer(
         self, fingerprint: str, assets: str, tokenizer_vocab: int, vocab: int | None

@@ -53,13 +53,14 @@ def index_bytes(
 
 
 def index_fields(prefix: Path) -> dict:
-    """The dtype code, lengths and document indices of a well-formed `prefix.idx` (the
-    keyword arguments `index_bytes` takes)."""
+    """The dtype code, lengths, pointers and document indices of a well-formed `prefix.idx`
+    (keyword arguments of `index_bytes`: one changed alone leaves the others as they were)."""
     raw = Path(f"{prefix}.idx").read_bytes()
     _, _, code, n, d = struct.unpack_from("<9sQBQQ", raw)
     return {
         "code": code,
         "lengths": np.frombuffer(raw, "<i4", n, 34).tolist(),
+        "pointers": np.frombuffer(raw, "<i8", n, 34 + 4 * n).tolist(),
         "document_indices": np.frombuffer(raw, "<i8", d, 34 + 12 * n).tolist(),
     }
 

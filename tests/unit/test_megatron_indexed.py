@@ -21,7 +21,7 @@ import torch
 from torchtitan.config import ConfigManager
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.data import build_dataloader
+from boost_titan.data import build_dataloader, megatron_indexed
 from boost_titan.data import prepare_corpus as pc
 from boost_titan.data.megatron_indexed import MegatronDataset
 from boost_titan.data.mix import MixedWindows, MixSource, open_sources
@@ -203,3 +203,20 @@ def test_each_broken_dataset_is_one_line(data, tmp_path, name):
         for index in range(len(dataset.shards)):
             dataset.check_ids(index)
     assert "\n" not in str(e.value) and (BROKEN | FOLDER_ONLY)[name][1] in str(e.value)
+
+
+def test_an_index_over_the_cap_is_refused_before_it_is_read(data, monkeypatch):
+    monkeypatch.setattr(megatron_indexed, "MEGATRON_INDEX_MAX_BYTES", 1000)
+    with pytest.raises(ConfigError, match=r"over the 1,000 a .* may have"):
+        MegatronDataset(str(data["prefix"]), vocab_size=VOCAB)
+
+
+def test_ids_are_bounded_by_the_model_and_never_read_unbounded(data):
+    """`check_tokenizer` lowers the bound to the model's vocabulary; a dataset opened
+    without any bound refuses to read rather than read unchecked ids."""
+    dataset = MegatronDataset(str(data["prefix"]), vocab_size=VOCAB)
+    dataset.check_tokenizer("", "default", VOCAB, 100)
+    with pytest.raises(ConfigError, match="outside the vocabulary of 100 tokens"):
+        dataset.read(0, 8)
+    with pytest.raises(RuntimeError, match="before its vocabulary is known"):
+        MegatronDataset(str(data["prefix"])).read(0, 8)
