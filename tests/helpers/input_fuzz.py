@@ -328,13 +328,13 @@ def mutate_megatron(rng: random.Random, case: Path) -> str:
 
     prefix = rng.choice(sorted((case / "megatron").glob("*.idx"))).with_suffix("")
     idx, data = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
-    kind = rng.choice(["bytes", "header", "header", "entry", "entry", "bin", "swap"])
+    kind = rng.choice(["bytes", "header", "header", "header", "entry", "entry", "bin", "swap"])
     if kind == "bytes":
         mutated, what = mutate_bytes(rng, idx.read_bytes())
         idx.write_bytes(mutated)
     elif kind == "header":
         fields = index_fields(prefix)
-        key = rng.choice(["code", "version", "sequences", "documents"])
+        key = rng.choice(["code", "version", "sequences", "sequences", "documents", "documents"])
         value = rng.choice([*MEGATRON_NUMBERS, len(fields["lengths"]) + rng.choice([-1, 1])])
         if key == "code":
             fields["code"] = value = rng.choice([0, 6, 7, 9, 255, 1, 2, 4, 5])
