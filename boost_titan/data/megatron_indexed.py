@@ -1,15 +1,17 @@
 """Megatron-LM indexed datasets (`PREFIX.bin` + `PREFIX.idx`) read as prepared data.
 
-`training.dataset_path` (or a `[boost] data_mix` source) names either a prefix (`DIR/name`
-for `DIR/name.bin` and `DIR/name.idx`, as Megatron's `--data-path` does) or a folder
-without `manifest.json` that holds one or more pairs: every `*.idx` directly in it (not in
-subfolders), in name order, each with its `.bin`; a `.bin` without its `.idx` is refused.
+`training.dataset_path` (or a `[boost] data_mix` source) names either a folder without
+`manifest.json` that holds one or more pairs, or (not a folder) a prefix (`DIR/name` for
+`DIR/name.bin` and `DIR/name.idx`, as Megatron's `--data-path` does). A folder's pairs:
+every `*.idx` directly in it (not in subfolders), in name order, each with its `.bin`; a
+`.bin` without its `.idx` is refused.
 The pairs' sequences, in order, are one token stream cut into windows of seq_len + 1
 tokens, exactly as a prepared folder's shards are (`PreparedDataset`, whose reading this
 class inherits: each `.bin` is one shard).
 
 The layout, checked against Megatron-LM's `megatron/core/datasets/indexed_dataset.py`
-(`_IndexWriter.__enter__`/`write`, `_IndexReader.__init__`, `IndexedDatasetBuilder`, `DType`):
+(NVIDIA/Megatron-LM at 00caa53, `_IndexWriter.__enter__` and `write`, `_IndexReader.__init__`,
+`IndexedDatasetBuilder.__init__`/`add_document`/`end_document`, `DType`):
 the `.idx` is the 9 bytes `MMIDIDX\\x00\\x00`, the version (little-endian uint64, 1), the
 token dtype code (uint8: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32,
 8 uint16), the sequence count n and the document-index count d (uint64 each; 34 bytes in
@@ -63,14 +65,14 @@ REDO = "write the dataset again with Megatron-LM's tools/preprocess_data.py"
 
 
 def is_megatron(path: str | None) -> bool:
-    """Whether `path` names a Megatron dataset: a prefix whose `.idx` exists, or a folder
-    without a prepared manifest holding an `.idx` file."""
+    """Whether `path` names a Megatron dataset: a folder without a prepared manifest
+    holding an `.idx` file, or (not a folder) a prefix whose `.idx` exists."""
     if not path:
         return False
     where = Path(path).expanduser()
-    if os.path.lexists(f"{where}.idx"):
-        return True
-    if not where.is_dir() or os.path.lexists(where / MANIFEST):
+    if not where.is_dir():
+        return os.path.lexists(f"{where}.idx")
+    if os.path.lexists(where / MANIFEST):
         return False
     with os.scandir(where) as entries:
         return any(e.name.endswith(".idx") for e in entries)
@@ -79,8 +81,8 @@ def is_megatron(path: str | None) -> bool:
 def find_pairs(path: str, field: str) -> list[tuple[Path, Path]]:
     """The (`.idx`, `.bin`) pairs `path` names (see the module doc), none a symlink."""
     where = Path(path).expanduser()
-    if os.path.lexists(f"{where}.idx"):
-        prefixes = [Path(f"{where}")]
+    if not where.is_dir():
+        prefixes = [where]
     else:
         with os.scandir(where) as entries:
             names = sorted(e.name for e in entries)
