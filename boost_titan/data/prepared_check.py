@@ -24,7 +24,7 @@ def check_prepared(job_config, vocab: int | None, scan_ids: bool = False) -> Non
         return
     assets = job_config.model.hf_assets_path
     fingerprint = tokenizer_fingerprint(tokenizer_files(assets))
-    datasets = open_sources(sources, assets_vocab_size(assets))
+    datasets = open_sources(sources)
     for dataset in datasets:
         dataset.check_tokenizer(fingerprint, assets, assets_vocab_size(assets), vocab)
     MixedWindows(sources, datasets, job_config.training.seq_len)
