@@ -24,6 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python scripts/hostile_inputs.py`
+    sys.path.insert(0, str(ROOT))
+
+from tests.helpers.megatron import from_prepared, index_fields, pointers_of, rewrite_index  # noqa: E402
+
 DEBUG = str(ROOT / "train_configs" / "debug.toml")
 Case = Callable[[Path, Path], list[str]]
 """(a fresh copy of the prepared folder, a scratch folder) -> check's arguments after the
@@ -218,6 +223,31 @@ def hf_config_zero(folder: Path, scratch: Path) -> list[str]:
     return ["--model.hf_assets_path", str(tok)]
 
 
+# ---- Megatron-LM datasets (`boost_titan.data.megatron_indexed`) -------------------------------
+def megatron(change: Callable[[Path], None] | None = None) -> Case:
+    """The prepared folder's shards as a Megatron folder of pairs, the first pair (its
+    prefix) changed by `change`."""
+
+    def case(folder: Path, scratch: Path) -> list[str]:
+        out = from_prepared(folder, scratch / "megatron")
+        if change is not None:
+            change(out / "shard-00000")
+        return _data(out)
+
+    return case
+
+
+def _pointer_past_end(prefix: Path) -> None:
+    pointers = pointers_of(index_fields(prefix)["lengths"], 2)
+    rewrite_index(prefix, pointers=pointers[:-1] + [1 << 40])
+
+
+def _megatron_id_past_vocab(prefix: Path) -> None:
+    data = bytearray(Path(f"{prefix}.bin").read_bytes())
+    data[20:22] = (4096).to_bytes(2, "little")
+    Path(f"{prefix}.bin").write_bytes(bytes(data))
+
+
 # ---- TOMLs -------------------------------------------------------------------------------------
 def toml(text: str) -> Case:
     """debug.toml with `text` appended (a key given twice is a TOML error: replace it)."""
@@ -292,6 +322,20 @@ CASES: dict[str, tuple[Case, str]] = {
         "training.local_batch_size",
     ),
     "31 TOML a FIFO": (toml_fifo, "not a regular file"),
+    "32 Megatron folder (clean)": (megatron(), ""),
+    "33 Megatron .idx counts 2^60": (
+        megatron(lambda p: rewrite_index(p, counts=(1 << 60, 1 << 60))),
+        "document indices need",
+    ),
+    "34 Megatron pointer past the .bin": (megatron(_pointer_past_end), "pointer is"),
+    "35 Megatron dtype code 7 (float32)": (
+        megatron(lambda p: rewrite_index(p, code=7)),
+        "float32 values, not token ids",
+    ),
+    "36 Megatron token id past the vocabulary": (
+        megatron(_megatron_id_past_vocab),
+        "token id 4096, outside the vocabulary",
+    ),
 }
 """Name -> (builder, a fragment of the expected error line; "" for a job `check` accepts)."""
 

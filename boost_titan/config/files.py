@@ -24,6 +24,9 @@ MANIFEST_MAX_BYTES = 64 << 20
 TOKENIZER_MAX_BYTES = 64 << 20
 """A Hugging Face tokenizer file (Llama 3's tokenizer.json is 9 MB, the largest public
 ones about 35 MB)."""
+MEGATRON_INDEX_MAX_BYTES = 32 << 30
+"""A Megatron-LM `.idx` (12 bytes a sequence, 8 a document: 32 GiB is about 1.6 billion
+documents of one sequence each); memory-mapped and read in blocks, never loaded whole."""
 TIKTOKEN_MAX_BYTES = 16 << 20
 """A tiktoken BPE file (Llama 3's is 2.2 MB, o200k's 3.6 MB); its ranks live in a dict."""
 

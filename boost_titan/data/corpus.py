@@ -265,7 +265,7 @@ def build_dataloader(
     if sources is not None:
         dataset = MixedWindows(
             sources,
-            open_sources(sources),
+            open_sources(sources, tokenizer.get_vocab_size(), getattr(tokenizer, "eos_id", None)),
             training.seq_len,
             dp_rank,
             dp_world_size,

@@ -33,6 +33,7 @@ from torch.utils.data import IterableDataset
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.data.megatron_indexed import MegatronDataset, is_megatron
 from boost_titan.data.prepared import OpenShards, PreparedDataset, is_prepared
 from boost_titan.data.window_order import WindowOrder
 
@@ -97,13 +98,13 @@ def training_sources(training, boost) -> list[MixSource] | None:
             )
         sources = parse_mix(boost.data_mix)
         for s in sources:
-            if not is_prepared(s.path):
+            if not (is_prepared(s.path) or is_megatron(s.path)):
                 raise ConfigError(
                     f"[boost] data_mix source {s.name!r}: {s.path} is no prepared dataset (no "
-                    "manifest.json); make it with python -m boost_titan.prepare"
+                    "manifest.json, no Megatron .idx); make it with python -m boost_titan.prepare"
                 )
         return sources
-    if is_prepared(training.dataset_path):
+    if is_prepared(training.dataset_path) or is_megatron(training.dataset_path):
         path = training.dataset_path
         return [MixSource(Path(path).expanduser().resolve().name, path, 1.0)]
     return None
@@ -115,12 +116,21 @@ def window_seed(boost) -> int | None:
     return boost.data_seed if boost.data_shuffle else None
 
 
-def open_sources(sources: list[MixSource]) -> list[PreparedDataset]:
-    """Each source's dataset, its manifest read and shard sizes checked; they share one
-    cache of open shard files (`prepared.OpenShards`)."""
+def open_sources(
+    sources: list[MixSource], vocab_size: int | None = None, eos_id: int | None = None
+) -> list[PreparedDataset]:
+    """Each source's dataset, its manifest (or Megatron index) read and shard sizes checked;
+    they share one cache of open shard files (`prepared.OpenShards`). `vocab_size` and
+    `eos_id` (the tokenizer's) bound a Megatron dataset's ids and end its documents: its
+    files name no tokenizer."""
     field = lambda s: f"[boost] data_mix {s.name}:" if len(sources) > 1 else "training.dataset_path"  # noqa: E731
     files = OpenShards()
-    opened = [PreparedDataset(s.path, field(s), files) for s in sources]
+    opened = [
+        MegatronDataset(s.path, field(s), vocab_size, eos_id, files)
+        if is_megatron(s.path) and not is_prepared(s.path)
+        else PreparedDataset(s.path, field(s), files)
+        for s in sources
+    ]
     for dataset in opened:
         dataset.check_shards()
     return opened

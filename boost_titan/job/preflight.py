@@ -107,6 +107,7 @@ def check_data(job) -> str:
     when prepared data needs more open files than the soft limit allows)."""
     from boost_titan.data.corpus import local_files, resolve_dataset
     from boost_titan.data.document_masks import asked, end_token
+    from boost_titan.data.megatron_indexed import MegatronDataset
     from boost_titan.data.mix import open_sources, training_sources
     from boost_titan.data.prepared_check import open_files_note
     from boost_titan.data.probe import probe_files
@@ -114,8 +115,9 @@ def check_data(job) -> str:
     sources = training_sources(job.training, job.boost)
     if sources is not None:
         opened = open_sources(sources)
-        if asked(job.boost):  # the raw data's end token is the tokenizer's, checked in training
-            end_token([d.tokenizer for d in opened], "the prepared data")
+        named = [d.tokenizer for d in opened if not isinstance(d, MegatronDataset)]
+        if asked(job.boost) and named:  # a Megatron source's is the tokenizer's, as raw data's
+            end_token(named, "the prepared data")
         return open_files_note(opened)
     _, path = resolve_dataset(job.training.dataset, job.training.dataset_path)
     if not path:

@@ -1,6 +1,7 @@
 """A seeded fuzzer over the inputs a job names besides checkpoints: a prepared folder (its
-manifest, shards and held-out files), a tokenizer (a tiktoken file; a Hugging Face folder's
-files) and the job's TOML, run in one child interpreter by `tests/unit/test_input_fuzz.py`:
+manifest, shards and held-out files), a Megatron-LM folder (`.idx` and `.bin`), a
+tokenizer (a tiktoken file; a Hugging Face folder's files) and the job's TOML, run in one
+child interpreter by `tests/unit/test_input_fuzz.py`:
 
     python -m tests.helpers.input_fuzz RESULTS.json --cases N --seed S [--guard-cases M]
 
@@ -9,11 +10,12 @@ here), then for each case copies the inputs, mutates one (`MUTATIONS`: bytes fli
 spliced or repeated; the structure: keys dropped, values swapped for other types, numbers
 for huge, negative, NaN or fractional ones, nesting, names that leave the folder; the file
 itself swapped for a symlink outside, a FIFO, a device, a folder or a 4 GiB sparse file),
-and reads it as the product does (`read_prepared`, `read_tokenizer`, `read_toml`). A case
-passes when it reads, or ends in one ConfigError line that hides no resource error; and
-it opens no file outside its folder (an audit hook), ends within its alarm, and what it
-accepted is sound (the oracles: token ids below the vocabulary, blend shares equal to the
-exact ones, numbers that torch's optimizer and int64 take, a dump folder the OS can
+and reads it as the product does (`read_prepared`, `read_megatron`, `read_tokenizer`,
+`read_toml`). A case passes when it reads, or ends in one ConfigError line that hides no
+resource error; and it opens no file outside its folder (an audit hook), ends within its
+alarm, and what it accepted is sound (the oracles: token ids below the vocabulary, a
+Megatron stream equal to the sequences its index describes, blend shares equal to the exact
+ones, numbers that torch's optimizer and int64 take, a dump folder the OS can
 name). The process runs under `MEMORY_LIMIT` of address space.
 
 Then, with `--guard-cases M`, for each guard of `_guards()` in turn: switch it off, fuzz
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.fuzzing import OpenWatch, raise_timeout, read_outcome
+from tests.helpers.megatron import from_prepared, index_fields
 
 try:
     import tomllib
@@ -315,6 +318,59 @@ def mutate_hf(rng: random.Random, case: Path) -> str:
     return f"hf {name} structure {what}"
 
 
+MEGATRON_NUMBERS = [0, 1, 2, 255, 2**31 - 1, 2**32, 2**40, 2**62, 2**63 - 1, 2**64 - 1]
+
+
+def mutate_megatron(rng: random.Random, case: Path) -> str:
+    """A pair of the Megatron folder: the `.idx`'s bytes, a header field, one entry of its
+    lengths, pointers or document indices; the `.bin`'s size or ids; either file swapped."""
+    from tests.helpers.megatron import index_bytes
+
+    prefix = rng.choice(sorted((case / "megatron").glob("*.idx"))).with_suffix("")
+    idx, data = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    kind = rng.choice(["bytes", "header", "header", "header", "entry", "entry", "bin", "swap"])
+    if kind == "bytes":
+        mutated, what = mutate_bytes(rng, idx.read_bytes())
+        idx.write_bytes(mutated)
+    elif kind == "header":
+        fields = index_fields(prefix)
+        key = rng.choice(["code", "version", "sequences", "sequences", "documents", "documents"])
+        value = rng.choice([*MEGATRON_NUMBERS, len(fields["lengths"]) + rng.choice([-1, 1])])
+        if key == "code":
+            fields["code"] = value = rng.choice([0, 6, 7, 9, 255, 1, 2, 4, 5])
+        elif key == "version":
+            fields["version"] = value
+        else:
+            counts = [len(fields["lengths"]), len(fields["document_indices"])]
+            counts[key == "documents"] = value
+            fields["counts"] = tuple(counts)
+        idx.write_bytes(index_bytes(**fields))
+        what = f"{key} {value}"
+    elif kind == "entry":
+        fields = index_fields(prefix)
+        key = rng.choice(["lengths", "pointers", "document_indices"])
+        at = rng.randrange(len(fields[key]))
+        top = 2**31 - 1 if key == "lengths" else 2**63 - 1
+        fields[key][at] = value = rng.choice([-1, 0, 1, 3, 2**31 - 1, 2**40, top, -(2**31)])
+        fields[key][at] = max(-top - 1, min(top, fields[key][at]))
+        idx.write_bytes(index_bytes(**fields))
+        what = f"{key}[{at}] {value}"
+    elif kind == "bin":
+        raw = bytearray(data.read_bytes())
+        if rng.random() < 0.5 and len(raw) > 1:
+            at = rng.randrange(0, len(raw) - 1, 2)
+            raw[at : at + 2] = rng.choice([4096, 65535, 300, 271]).to_bytes(2, "little")
+            what = "ids"
+        else:
+            raw = raw[: rng.randrange(len(raw))] if rng.random() < 0.5 else raw + raw[:6]
+            what = "size"
+        data.write_bytes(bytes(raw))
+    else:
+        victim = rng.choice([idx, data])
+        what = f"{victim.suffix} {swap_file(rng, victim, case / 'outside' / victim.name)}"
+    return f"megatron {kind} {what}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Deep:
     """A TOML array nested `depth` deep (written as text: too deep to build)."""
@@ -405,6 +461,7 @@ MUTATIONS: list[tuple[float, Callable[[random.Random, Path], str]]] = [
     (0.2, mutate_tiktoken),
     (0.1, mutate_hf),
     (0.25, mutate_toml),
+    (0.12, mutate_megatron),
 ]
 
 
@@ -419,15 +476,16 @@ class Base:
         self.tiktoken = write_tiktoken(work / "clean" / "tiktoken")
         self.hf = write_hf(work / "clean" / "hf")
         write_prepared(work / "clean" / "prepared", self.tiktoken, work / "corpus")
+        from_prepared(work / "clean" / "prepared", work / "clean" / "megatron")
         (work / "clean" / "outside").mkdir()
         self.fingerprint = tokenizer_fingerprint(tokenizer_files(str(self.tiktoken)))
         self.vocab = load_tokenizer(str(self.tiktoken)).get_vocab_size()
 
 
-def _job(case: Path, mix: str = "") -> Any:
+def _job(case: Path, mix: str = "", data: str = "prepared") -> Any:
     from types import SimpleNamespace as NS
 
-    folder = str(case / "prepared")
+    folder = str(case / data)
     return NS(
         training=NS(dataset="c4", dataset_path="" if mix else folder, seq_len=SEQ_LEN),
         validation=NS(dataset="c4_validation", dataset_path=""),
@@ -454,6 +512,33 @@ def read_prepared(case: Path, base: Base) -> str:
     if data is not None:
         for _ in zip(range(1000), data.texts(), strict=False):
             pass
+    return "ok"
+
+
+def read_megatron(case: Path, base: Base) -> str:
+    """As `check` and the loader read a Megatron folder: its pairs' indexes, the vocabulary,
+    every window. Oracles: every id is below the vocabulary, and the stream is the pairs'
+    sequences as Megatron reads them (each at its pointer, its length long)."""
+    import numpy as np
+
+    from boost_titan.data.mix import MixedWindows, open_sources, training_sources
+
+    job = _job(case, data="megatron")
+    sources = training_sources(job.training, job.boost)
+    datasets = open_sources(sources, base.vocab)
+    datasets[0].check_tokenizer("", str(base.tiktoken), base.vocab, base.vocab)
+    windows = MixedWindows(sources, datasets, SEQ_LEN)
+    for _, (inputs, labels) in zip(range(windows.windows[0]), windows, strict=False):
+        top = max(int(inputs["input"].max()), int(labels.max()))
+        assert top < base.vocab, f"token id {top} past the vocabulary {base.vocab} was trained on"
+    expected = []
+    for idx in sorted((case / "megatron").glob("*.idx")):
+        fields, raw = index_fields(idx.with_suffix("")), idx.with_suffix(".bin").read_bytes()
+        for pointer, length in zip(fields["pointers"], fields["lengths"], strict=True):
+            expected.append(np.frombuffer(raw, "<u2", length, pointer))
+    stream = np.concatenate(expected) if expected else np.empty(0, np.int64)
+    read = datasets[0].read(0, datasets[0].tokens)
+    assert np.array_equal(read, stream), "the stream is not the sequences the index describes"
     return "ok"
 
 
@@ -511,6 +596,8 @@ def read_case(case: Path, kind: str, base: Base) -> str:
         return read_prepared(case, base)
     if target in ("tiktoken", "hf"):
         return read_tokenizer(case, target)
+    if target == "megatron":
+        return read_megatron(case, base)
     return read_toml(case)
 
 
@@ -518,7 +605,8 @@ def read_case(case: Path, kind: str, base: Base) -> str:
 def _guards() -> dict[str, Callable[[], None]]:
     """Each guard's switch: replaces it by what the code did without it."""
     from boost_titan.config import bounds, cli
-    from boost_titan.data import held_out, mix, prepared, tokenizer
+    from boost_titan.data import held_out, megatron_indexed, mix, prepared, tokenizer
+    from boost_titan.data.megatron_indexed import MegatronDataset
     from boost_titan.data.prepared import PreparedDataset
 
     def plain_read(path: Path, what: str, limit: int) -> bytes:
@@ -555,6 +643,11 @@ def _guards() -> dict[str, Callable[[], None]]:
         "toml NUL": off(cli, "_refuse_nul", nothing),
         "number bounds": off(bounds, "check_bounds", nothing),
         "blend weights": off(mix, "normalized", naive),
+        "Megatron index size": off(megatron_indexed, "_check_size", nothing),
+        "Megatron index arrays": off(
+            megatron_indexed, "_check_arrays", lambda *a: a[-1] // a[2].itemsize
+        ),
+        "Megatron token ids": off(MegatronDataset, "check_ids", nothing),
     }
 
 
@@ -570,7 +663,7 @@ def run_case(
     """(outcome, detail): "ok", "refused" or "FAIL"."""
     target = kind.split(" ")[0]
     own = {"manifest": "prepared", "shard": "prepared", "held_out": "prepared"}.get(target, "")
-    own = {"tiktoken": "tiktoken", "hf": "hf"}.get(target, own)
+    own = {"tiktoken": "tiktoken", "hf": "hf", "megatron": "megatron"}.get(target, own)
     watch.folder, watch.outside = os.path.realpath(case / own), []
     outcome, detail, _ = read_outcome(lambda: read_case(case, kind, base), seconds, HIDDEN, watch)
     if watch.outside:
@@ -691,6 +784,7 @@ SWITCHED = (
     "config.bounds",
     "config.cli",
     "data.held_out",
+    "data.megatron_indexed",
     "data.mix",
     "data.prepared",
     "data.tokenizer",
@@ -698,21 +792,25 @@ SWITCHED = (
 
 
 def _snapshot() -> dict[str, dict[str, Any]]:
-    """The globals of every module a switch touches, and PreparedDataset's methods."""
+    """The globals of every module a switch touches, and the datasets' methods."""
+    from boost_titan.data.megatron_indexed import MegatronDataset
     from boost_titan.data.prepared import PreparedDataset
 
     saved = {name: dict(vars(importlib.import_module(f"boost_titan.{name}"))) for name in SWITCHED}
     saved["PreparedDataset"] = dict(vars(PreparedDataset))
+    saved["MegatronDataset"] = dict(vars(MegatronDataset))
     return saved
 
 
 def _restore(saved: dict[str, dict[str, Any]]) -> None:
+    from boost_titan.data.megatron_indexed import MegatronDataset
     from boost_titan.data.prepared import PreparedDataset
 
     for name in SWITCHED:
         vars(sys.modules[f"boost_titan.{name}"]).update(saved[name])
     for key in ("check_block", "check_shards"):
         setattr(PreparedDataset, key, saved["PreparedDataset"][key])
+    MegatronDataset.check_ids = saved["MegatronDataset"]["check_ids"]
 
 
 def _write(path: str, results: dict) -> None:

@@ -47,7 +47,15 @@ def test_fuzzed_inputs_read_or_give_one_line(fuzzed):
     assert fuzzed["failures"] == [], fuzzed["failures"][:5]
     outcomes = fuzzed["clean_outcomes"]
     assert sum(outcomes.values()) == CASES and outcomes["ok"] > 0 and outcomes["refused"] > 0
-    assert set(fuzzed["kinds"]) == {"manifest", "shard", "held_out", "tiktoken", "hf", "toml"}
+    assert set(fuzzed["kinds"]) == {
+        "manifest",
+        "shard",
+        "held_out",
+        "tiktoken",
+        "hf",
+        "toml",
+        "megatron",
+    }
 
 
 def test_peak_memory_of_the_clean_run_is_within_the_cap(fuzzed):

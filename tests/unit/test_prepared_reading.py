@@ -73,7 +73,8 @@ config = ConfigManager().parse_args([
     "--job.custom_config_module=boost_titan.config", "--training.dataset_path", sys.argv[1],
     "--training.seq_len", "16", "--training.local_batch_size", "64",
 ])
-loader = build_dataloader(1, 0, None, config)
+tokenizer = type("Tokenizer", (), {"eos_id": None, "get_vocab_size": lambda self: 1 << 20})()
+loader = build_dataloader(1, 0, tokenizer, config)
 windows, most_open = [], 0
 for (x, y), _ in zip(loader, range(int(sys.argv[2]))):
     windows += (x["input"][:, 0] // 17).tolist()
