@@ -23,8 +23,25 @@ from tests.helpers.corpus import write_tiktoken
 
 # name -> (arguments after --job.config_file debug.toml, fragments of the message)
 CASES = {
-    "unknown arch": (["--boost.arch", "lowrank"], ["arch 'lowrank'", "fullrank, svd, cola, lax"]),
-    "unknown strategy": (["--boost.tp_strategy", "fast"], ["tp_strategy 'fast'", "btp"]),
+    # each [boost] choice: its Literal type, one line naming the values
+    "unknown arch": (
+        ["--boost.arch", "lowrank"],
+        ["'lowrank'", "--boost.arch", "'fullrank', 'svd', 'cola', 'lax'"],
+    ),
+    "unknown lax_base": (["--boost.lax_base", "gelu"], ["'gelu'", "--boost.lax-base", "'svd'"]),
+    "unknown strategy": (
+        ["--boost.tp_strategy", "fast"],
+        ["'fast'", "--boost.tp-strategy", "'btp'"],
+    ),
+    "unknown rmsnorm": (["--boost.rmsnorm", "fused"], ["'fused'", "--boost.rmsnorm", "'online'"]),
+    "overlap_chunks not a choice": (
+        ["--boost.overlap_chunks", "3"],
+        ["'3'", "--boost.overlap-chunks", "'1', '2', '4'"],
+    ),
+    "unknown data_order": (
+        ["--boost.data_order", "random"],
+        ["'random'", "--boost.data-order", "'sharded', 'global'"],
+    ),
     "unknown flavor": (["--model.flavor", "2B"], ["model.flavor '2B'", "7B"]),
     "negative rank": (["--boost.rank", "-1"], ["rank -1", "use 0"]),
     "rank above d": (["--boost.rank", "100000"], ["rank 100000", "1..256"]),

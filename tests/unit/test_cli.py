@@ -58,6 +58,14 @@ ERRORS: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "unknown key in toml": (_toml("[training]\nstepz = 3\n"), ["training.stepz", "training.steps"]),
     "unknown section in toml": (_toml("[trainingg]\nsteps = 3\n"), ["[trainingg]", "training"]),
     "wrong value type in toml": (_toml('[training]\nsteps = "many"\n'), ["training.steps", "int"]),
+    "[boost] choice not one of its values in toml": (
+        _toml('[boost]\narch = "lowrank"\n'),
+        ["boost.arch = 'lowrank'", "one of 'fullrank', 'svd', 'cola', 'lax'"],
+    ),
+    "[boost] int choice not one of its values in toml": (
+        _toml("[boost]\noverlap_chunks = 3\n"),
+        ["boost.overlap_chunks = 3", "one of 1, 2, 4"],
+    ),
     "unknown command-line option": (
         _debug("--training.stepz", "3"),
         ["--training.stepz", "--training.steps"],
