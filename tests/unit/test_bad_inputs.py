@@ -26,21 +26,27 @@ CASES = {
     # each [boost] choice: its Literal type, one line naming the values
     "unknown arch": (
         ["--boost.arch", "lowrank"],
-        ["'lowrank'", "--boost.arch", "'fullrank', 'svd', 'cola', 'lax'"],
+        ["unknown [boost] arch 'lowrank'; choose one of fullrank, svd, cola, lax"],
     ),
-    "unknown lax_base": (["--boost.lax_base", "gelu"], ["'gelu'", "--boost.lax-base", "'svd'"]),
+    "unknown lax_base": (
+        ["--boost.lax_base", "gelu"],
+        ["unknown [boost] lax_base 'gelu'; choose one of svd, cola"],
+    ),
     "unknown strategy": (
         ["--boost.tp_strategy", "fast"],
-        ["'fast'", "--boost.tp-strategy", "'btp'"],
+        ["unknown [boost] tp_strategy 'fast'; choose one of auto, megatron, vanilla, btp"],
     ),
-    "unknown rmsnorm": (["--boost.rmsnorm", "fused"], ["'fused'", "--boost.rmsnorm", "'online'"]),
+    "unknown rmsnorm": (
+        ["--boost.rmsnorm", "fused"],
+        ["unknown [boost] rmsnorm 'fused'; choose one of online, sync"],
+    ),
     "overlap_chunks not a choice": (
         ["--boost.overlap_chunks", "3"],
-        ["'3'", "--boost.overlap-chunks", "'1', '2', '4'"],
+        ["unknown [boost] overlap_chunks '3'; choose one of 1, 2, 4"],
     ),
     "unknown data_order": (
         ["--boost.data_order", "random"],
-        ["'random'", "--boost.data-order", "'sharded', 'global'"],
+        ["unknown [boost] data_order 'random'; choose one of sharded, global"],
     ),
     "unknown flavor": (["--model.flavor", "2B"], ["model.flavor '2B'", "7B"]),
     "negative rank": (["--boost.rank", "-1"], ["rank -1", "use 0"]),
