@@ -20,6 +20,7 @@ from boost_titan.bench.measure.activations import (
 )
 from boost_titan.bench.measure.fake_group import TORCH_DTYPES
 from boost_titan.boost_llama import FLAVORS, flavor_args
+from boost_titan.boost_llama.archs import ARCHITECTURES
 from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError
 
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         "(fake tensors; per TP rank).",
     )
     parser.add_argument("--flavor", default="1B", choices=list(FLAVORS))
-    parser.add_argument("--arch", default="cola", choices=["svd", "cola", "lax"])
+    low_rank = [name for name, a in ARCHITECTURES.items() if a.low_rank]
+    parser.add_argument("--arch", default="cola", choices=low_rank)
     parser.add_argument("--strategy", default="btp", choices=LOW_RANK_STRATEGIES)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=2048)

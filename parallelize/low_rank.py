@@ -28,12 +28,22 @@ ACTIVATIONS = (None, "silu")
 class LowRankLinear(nn.Module):
     """A projection of rank r: ``up(act(down(x)))``, two nn.Linear children.
 
+    ``act`` is the identity (SVD-style) or SiLU (CoLA). With latent crossing (LaX) the
+    latent also sees the same projection's latent ``h_prev`` from the previous block::
+
+        h = act(LayerNorm_r(down(x) + cross(h_prev))),   y = up(h)
+
+    `down` and `up` are children so plans address them by FQN (``...wq.down``); `cross`
+    and `latent_norm` exist only with crossing. Whatever runs between down and up is this
+    module's own code, so BTP shards any pair without knowing its activation.
+
     Args:
         in_features (int): input size.
         out_features (int): output size.
         rank (int): the latent size r.
         bias (bool): a bias on `up` (the pair's output). Default: False.
         activation (str | None): ``None`` or ``"silu"`` (CoLA) on the latent. Default: None.
+        crossing (bool): LaX's latent crossing (`cross`, `latent_norm`). Default: False.
         device (torch.device | None): where the weights live. Default: None (torch's).
         dtype (torch.dtype | None): the weights' dtype. Default: None (torch's).
 
@@ -54,23 +64,53 @@ class LowRankLinear(nn.Module):
         *,
         bias: bool = False,
         activation: str | None = None,
+        crossing: bool = False,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.down = nn.Linear(in_features, rank, bias=False, device=device, dtype=dtype)
-        self.up = nn.Linear(rank, out_features, bias=bias, device=device, dtype=dtype)
+        if activation not in ACTIVATIONS:
+            raise PlanError(f"activation must be None or 'silu', got {activation!r}")
+        kw = {"device": device, "dtype": dtype}
+        self.down = nn.Linear(in_features, rank, bias=False, **kw)
+        self.up = nn.Linear(rank, out_features, bias=bias, **kw)
         self.activation = activation
+        self.cross = nn.Linear(rank, rank, bias=False, **kw) if crossing else None
+        self.latent_norm = nn.LayerNorm(rank, **kw) if crossing else None
 
     @property
     def out_features(self) -> int:
         return self.up.out_features
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.down(x)
-        if self.activation == "silu":
-            z = F.silu(z)
-        return self.up(z)
+    def latent(self, z: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """The bottleneck activation h from the down-projection's output z."""
+        if self.cross is not None:
+            if prev is None:
+                raise ValueError("a crossing projection needs the previous block's latent")
+            z = self.latent_norm(z + self.cross(prev))
+        return F.silu(z) if self.activation == "silu" else z
+
+    def project(
+        self, x: torch.Tensor, prev: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, h): the output and the latent (what the next block's crossing consumes)."""
+        h = self.latent(self.down(x), prev)
+        return self.up(h), h
+
+    def forward(self, x: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        return self.project(x, prev)[0]
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """CoLA's init: down, up ~ N(0, std^2), std = r^(-1/4) (d_in + d_out)^(-1/4); the
+        crossing's G likewise over (r, r), its norm reset."""
+        rank, d_in, d_out = self.down.out_features, self.down.in_features, self.up.out_features
+        std = rank**-0.25 * (d_in + d_out) ** -0.25
+        nn.init.normal_(self.down.weight, std=std)
+        nn.init.normal_(self.up.weight, std=std)
+        if self.cross is not None:
+            nn.init.normal_(self.cross.weight, std=rank**-0.25 * (2 * rank) ** -0.25)
+            self.latent_norm.reset_parameters()
 
     def extra_repr(self) -> str:
         return f"activation={self.activation}"

@@ -1,15 +1,19 @@
 """`boost_llama`: the boost LLaMA family and its TorchTitan glue, kept together as
 TorchTitan keeps `models/llama3/`.
 
+- `archs`: the architecture registry (fullrank / svd / cola / lax): what a projection is,
+  its sizes, layout hooks and pricing flags (no torch until a projection is built);
 - `shapes`: `ModelShape`, the flavors (debug .. 30B) and closed-form sizes (no torch);
 - `args`: `BoostModelArgs`, a shape with TorchTitan's model-args protocol;
-- `layers`, `model`: the pure `nn.Module` decoder (fullrank / svd / cola / lax), blind to
-  parallelism;
+- `layers`, `model`: the pure `nn.Module` decoder, blind to parallelism, its projections
+  built by the registry (pairs are the library's `LowRankLinear`);
 - `strategies`: the one registry of TP strategies, the model's `ModelLayout` and its plans;
 - `parallelize`: the TrainSpec's parallelize function (TP -> AC -> compile -> FSDP2 / DDP);
 - `data_parallel`: its last step, FSDP2 / HSDP / DDP and the mixed precision of unsharded layouts;
-- `state_dict_adapter`: the export format and TorchTitan's adapter for it;
-- `spec`: the TrainSpec, registered on import, and the job checks.
+- `export_format`: the export format (`config.json` + `model.safetensors`) and what a
+  checkpoint's shapes tell; `state_dict_adapter`: TorchTitan's adapter for it;
+- `spec`: the TrainSpec (importing it registers nothing; `register_spec()` does) and the
+  job checks.
 
     python -m boost_titan.boost_llama      # the flavor table
 

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from boost_titan.config import LAX_BASES
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.checkpoint_files import (
     check_readable,
@@ -29,6 +30,7 @@ from boost_titan.runtime.checkpoint_files import (
     read_tensors,
 )
 
+from .archs import ARCHITECTURES, architecture
 from .shapes import FLAVORS, ModelShape
 
 if TYPE_CHECKING:
@@ -43,11 +45,10 @@ MODEL_NAME = "boost_llama"
 
 # ---- config.json ---------------------------------------------------------------------
 def model_fields(args: ModelShape) -> dict[str, Any]:
-    """The model's fields in `config.json`, in their order (lax_base only for LaX, rank only
-    for low-rank models)."""
+    """The model's fields in `config.json`, in their order (the architecture's own fields,
+    LaX's lax_base, after arch; rank only for low-rank models)."""
     fields: dict[str, Any] = {"arch": args.arch}
-    if args.arch == "lax":
-        fields["lax_base"] = args.lax_base
+    fields.update((name, getattr(args, name)) for name in args.architecture.fields)
     fields.update(
         dim=args.dim,
         n_layers=args.n_layers,
@@ -188,6 +189,25 @@ def model_flags(ns: Any) -> dict[str, Any]:
     return {name: getattr(ns, name) for name in MODEL_FLAGS}
 
 
+def _low_rank_fits(shapes: dict[str, tuple[int, ...]], n_layers: int) -> tuple[str, tuple]:
+    """(what the checkpoint's pairs are, the low-rank archs they fit): a family's latent
+    modules (LaX's crossing) show from the second block on; one block cannot tell."""
+    names = {m for a in ARCHITECTURES.values() for m in a.latent_modules}
+    found = {m for m in names if any(f".{m}." in key for key in shapes)}
+    low_rank = [a for a in ARCHITECTURES.values() if a.low_rank]
+    if n_layers == 1:
+        return "low-rank projections", tuple(a.name for a in low_rank)
+    fits = tuple(a.name for a in low_rank if set(a.latent_modules) == found)
+    if not fits:
+        raise ConfigError(
+            f"the checkpoint's pairs hold {', '.join(sorted(found))}, which no arch has; "
+            "export a checkpoint written by boost_titan.train"
+        )
+    if found:
+        return f"low-rank projections with {' and '.join(sorted(found))}", fits
+    return "low-rank projections without crossing", fits
+
+
 def infer_args(
     shapes: dict[str, tuple[int, ...]],
     arch: str | None = None,
@@ -211,19 +231,15 @@ def infer_args(
     vocab_size, dim = shapes["tok_embeddings.weight"]
     n_layers = 1 + max((int(m.group(1)) for k in shapes if (m := _LAYER.match(k))), default=-1)
     if "layers.0.attention.wq.weight" in shapes:
-        family, fits, rank = "full-rank linears", ("fullrank",), 0
+        family, rank = "full-rank linears", 0
         ffn_dim = shapes["layers.0.feed_forward.w1.weight"][0]
         kv_dim = shapes["layers.0.attention.wk.weight"][0]
+        fits = tuple(name for name, a in ARCHITECTURES.items() if not a.low_rank)
     elif "layers.0.attention.wq.down.weight" in shapes:
         rank = shapes["layers.0.attention.wq.down.weight"][0]
         ffn_dim = shapes["layers.0.feed_forward.w1.up.weight"][0]
         kv_dim = shapes["layers.0.attention.wk.up.weight"][0]
-        if "layers.1.attention.wq.cross.weight" in shapes:
-            family, fits = "LaX low-rank projections (with latent crossing)", ("lax",)
-        elif n_layers > 1:
-            family, fits = "low-rank projections without crossing", ("svd", "cola")
-        else:  # one block: LaX has no crossing to tell it apart
-            family, fits = "low-rank projections", ("svd", "cola", "lax")
+        family, fits = _low_rank_fits(shapes, n_layers)
     else:
         raise ConfigError(
             "the checkpoint has no layers.0.attention.wq weights; export a checkpoint "
@@ -241,10 +257,10 @@ def infer_args(
             f"--arch {arch} does not match the checkpoint, whose projections are {family}; "
             f"use --arch {' or '.join(fits)}"
         )
-    if arch == "lax" and lax_base is None:
+    if "lax_base" in architecture(arch).fields and lax_base is None:
         raise ConfigError(
-            "a LaX checkpoint fits --lax-base svd or cola (same shapes); pass the [boost] "
-            "lax_base it was trained with"
+            f"a {arch} checkpoint fits --lax-base {' or '.join(LAX_BASES)} (same shapes); "
+            "pass the [boost] lax_base it was trained with"
         )
 
     sizes = {"dim": dim, "n_layers": n_layers, "ffn_dim": ffn_dim}

@@ -1,4 +1,5 @@
-"""Building blocks of the boost LLaMA family: low-rank projections, RoPE, attention.
+"""Building blocks of the boost LLaMA family: RoPE and attention (the projections are
+the architecture registry's, `archs`).
 
 Everything here is single-device maths. Tensor parallelism is applied from outside by the
 plans in `boost_titan.parallelize`, which shard these modules' weights and swap their
@@ -12,77 +13,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-
-class LowRankLinear(nn.Module):
-    """A d_in -> d_out projection factored through a rank-r bottleneck.
-
-    SVD-style: ``y = B(A x)``; CoLA: ``y = B(silu(A x))``. With latent crossing (LaX, every
-    block but the first) the latent also sees the same projection's latent ``h_prev`` from
-    the previous block::
-
-        h = act(LayerNorm_r(A x + G h_prev)),   y = B h
-
-    `down` (A) and `up` (B) are plain `nn.Linear` children so plans can address them by
-    FQN (``...wq.down`` / ``...wq.up``); `cross` (G) and `latent_norm` exist only with LaX.
-    """
-
-    def __init__(
-        self, d_in: int, d_out: int, rank: int, activation: str, crossing: bool = False
-    ) -> None:
-        super().__init__()
-        self.down = nn.Linear(d_in, rank, bias=False)
-        self.up = nn.Linear(rank, d_out, bias=False)
-        self.act = nn.SiLU() if activation == "silu" else nn.Identity()
-        self.cross = nn.Linear(rank, rank, bias=False) if crossing else None
-        self.latent_norm = nn.LayerNorm(rank) if crossing else None
-
-    def latent(self, z: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
-        """The bottleneck activation h from the down-projection's output z = A x."""
-        if self.cross is not None:
-            if prev is None:
-                raise ValueError("a crossing projection needs the previous block's latent")
-            z = self.latent_norm(z + self.cross(prev))
-        return self.act(z)
-
-    def project(
-        self, x: torch.Tensor, prev: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(y, h): the output and the latent that the next block's crossing consumes."""
-        h = self.latent(self.down(x), prev)
-        return self.up(h), h
-
-    def forward(self, x: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
-        return self.project(x, prev)[0]
-
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """CoLA's init: A, B ~ N(0, std^2), std = r^(-1/4) (d_in + d_out)^(-1/4)."""
-        rank, d_in, d_out = self.down.out_features, self.down.in_features, self.up.out_features
-        std = rank**-0.25 * (d_in + d_out) ** -0.25
-        nn.init.normal_(self.down.weight, std=std)
-        nn.init.normal_(self.up.weight, std=std)
-        if self.cross is not None:
-            nn.init.normal_(self.cross.weight, std=rank**-0.25 * (2 * rank) ** -0.25)
-            self.latent_norm.reset_parameters()
-
-
-def make_projection(
-    arch: str, d_in: int, d_out: int, rank: int, activation: str, crossing: bool
-) -> nn.Module:
-    """The linear factory: a plain linear for `fullrank`, a LowRankLinear otherwise."""
-    if arch == "fullrank":
-        return nn.Linear(d_in, d_out, bias=False)
-    return LowRankLinear(d_in, d_out, rank, activation, crossing)
-
-
-@torch.no_grad()
-def init_projection(projection: nn.Module, std: float) -> None:
-    """CoLA init for low-rank projections; truncated normal(std) for full linears."""
-    if isinstance(projection, LowRankLinear):
-        projection.init_weights()
-    else:
-        nn.init.trunc_normal_(projection.weight, std=std, a=-3 * std, b=3 * std)
 
 
 def rope_table(head_dim: int, max_seq_len: int, theta: float, device=None) -> torch.Tensor:

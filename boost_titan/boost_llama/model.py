@@ -1,13 +1,14 @@
 """The boost LLaMA decoder: pre-norm blocks with RoPE, causal SDPA and a gated MLP.
 
-Which projection family a model uses comes from `BoostModelArgs.arch`; the module tree is
-the same for all families, so plans address the same FQNs:
+Which projection family a model uses comes from `BoostModelArgs.arch`, a name of the
+architecture registry (`archs`), which builds and initialises every projection; the module
+tree is the same for all families, so plans address the same FQNs:
 
     tok_embeddings, layers.<i>.{attention_norm, attention.{wq,wk,wv,wo}, ffn_norm,
     feed_forward.{w1,w2,w3}}, norm, output
 
 with ``.down`` / ``.up`` (and LaX ``.cross`` / ``.latent_norm``) under each low-rank
-projection. The model code knows nothing about parallelism.
+projection (`parallelize.LowRankLinear`). The model code knows nothing about parallelism.
 """
 
 from __future__ import annotations
@@ -19,44 +20,33 @@ import torch.nn.functional as F
 from torch import nn
 
 from .args import BoostModelArgs
-from .layers import (
-    CausalAttention,
-    LowRankLinear,
-    apply_rope,
-    depth_std,
-    document_mask,
-    init_projection,
-    make_projection,
-    rope_table,
-)
+from .layers import CausalAttention, apply_rope, depth_std, document_mask, rope_table
 
 
 def _project(
     projection: nn.Module, x: torch.Tensor, prev: torch.Tensor | None, latents: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(output, latent) of a projection; the latent (LaX's crossing input for the next
-    block) only when `latents`."""
-    if latents and isinstance(projection, LowRankLinear):
+    block) only when `latents` (the architecture's pairs then have `project`)."""
+    if latents:
         return projection.project(x, prev)
     return projection(x), None
 
 
-def _projections(args: BoostModelArgs, crossing: bool, *names: str) -> list[nn.Module]:
-    """The block's projections `names` (keys of `projection_shapes`) for `args.arch`."""
-    shapes = args.projection_shapes()
-    return [
-        make_projection(args.arch, *shapes[n], args.effective_rank, args.activation, crossing)
-        for n in names
-    ]
+def _projections(args: BoostModelArgs, layer_id: int, *names: str) -> list[nn.Module]:
+    """Block `layer_id`'s projections `names` (keys of `projection_shapes`), built by the
+    architecture."""
+    shapes, arch = args.projection_shapes(), args.architecture
+    return [arch.projection(*shapes[n], args, layer_id) for n in names]
 
 
 class Attention(nn.Module):
     """Multi-head (optionally grouped-query) attention with rotary embeddings."""
 
-    def __init__(self, args: BoostModelArgs, crossing: bool) -> None:
+    def __init__(self, args: BoostModelArgs, layer_id: int) -> None:
         super().__init__()
         self.head_dim = args.head_dim
-        self.wq, self.wk, self.wv, self.wo = _projections(args, crossing, "q", "k", "v", "o")
+        self.wq, self.wk, self.wv, self.wo = _projections(args, layer_id, "q", "k", "v", "o")
         self.inner_attention = CausalAttention()
 
     def attend(
@@ -79,9 +69,9 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """Gated MLP ``w2(gate * w3(x))``; gate = silu(w1 x), or w1 x when w1 already ends in SiLU."""
 
-    def __init__(self, args: BoostModelArgs, crossing: bool) -> None:
+    def __init__(self, args: BoostModelArgs, layer_id: int) -> None:
         super().__init__()
-        self.w1, self.w3, self.w2 = _projections(args, crossing, "gate", "up", "down")
+        self.w1, self.w3, self.w2 = _projections(args, layer_id, "gate", "up", "down")
         self.gate_silu = not (args.low_rank and args.activation == "silu")
 
     def gate(self, g: torch.Tensor) -> torch.Tensor:
@@ -93,13 +83,13 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, layer_id: int, args: BoostModelArgs) -> None:
         super().__init__()
-        crossing = args.arch == "lax" and layer_id > 0
         self.layer_id = layer_id
-        self.carries_latents = args.arch == "lax"
+        self.architecture = args.architecture
+        self.carries_latents = self.architecture.carries_latents
         self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = Attention(args, crossing)
+        self.attention = Attention(args, layer_id)
         self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.feed_forward = FeedForward(args, crossing)
+        self.feed_forward = FeedForward(args, layer_id)
 
     def forward(
         self,
@@ -131,11 +121,11 @@ class TransformerBlock(nn.Module):
         std = depth_std(self.layer_id)
         for norm in (self.attention_norm, self.ffn_norm):
             norm.reset_parameters()
-        attn, mlp = self.attention, self.feed_forward
+        attn, mlp, init = self.attention, self.feed_forward, self.architecture.init_projection
         for projection in (attn.wq, attn.wk, attn.wv, mlp.w1):
-            init_projection(projection, 0.02)
+            init(projection, 0.02)
         for projection in (attn.wo, mlp.w2, mlp.w3):
-            init_projection(projection, std)
+            init(projection, std)
 
 
 class BoostTransformer(nn.Module):

@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from boost_titan.config import ARCHS, LAX_BASES
+from boost_titan.config import Arch, LaxBase, check_choice
 from boost_titan.config.errors import ConfigError
+
+from .archs import Architecture, architecture
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 """The seven projections of a block, in the order they run."""
@@ -29,8 +31,9 @@ class ModelShape:
     ffn_dim: int = 688
     vocab_size: int = 0
     rank: int = 0
-    arch: str = "cola"
-    lax_base: str = "cola"
+    arch: Arch = "cola"
+    """A name of the architecture registry (`archs`)."""
+    lax_base: LaxBase = "cola"
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_seq_len: int = 4096
@@ -45,8 +48,13 @@ class ModelShape:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
+    def architecture(self) -> Architecture:
+        """The registry's object for `arch` (ConfigError for an unknown name)."""
+        return architecture(self.arch)
+
+    @property
     def low_rank(self) -> bool:
-        return self.arch != "fullrank"
+        return self.architecture.low_rank
 
     @property
     def effective_rank(self) -> int:
@@ -55,8 +63,7 @@ class ModelShape:
     @property
     def activation(self) -> str:
         """Activation inside each low-rank pair: silu (CoLA) or none (SVD)."""
-        base = self.lax_base if self.arch == "lax" else self.arch
-        return "silu" if base == "cola" else "none"
+        return self.architecture.activation(self)
 
     def projection_shapes(self) -> dict[str, tuple[int, int]]:
         """(d_in, d_out) of each of the seven projections of one block."""
@@ -73,15 +80,10 @@ class ModelShape:
 
     # ---- validation ----------------------------------------------------------------
     def validate(self) -> None:
-        """Raise ConfigError (one line, with the fix) for impossible shapes."""
-        if self.arch not in ARCHS:
-            raise ConfigError(
-                f"unknown [boost] arch {self.arch!r}; choose one of {', '.join(ARCHS)}"
-            )
-        if self.arch == "lax" and self.lax_base not in LAX_BASES:
-            raise ConfigError(
-                f"unknown [boost] lax_base {self.lax_base!r}; choose one of {', '.join(LAX_BASES)}"
-            )
+        """Raise ConfigError (one line, with the fix) for an unknown family or impossible
+        shapes."""
+        architecture(self.arch)
+        check_choice("lax_base", self.lax_base, LaxBase)
         if self.dim % self.n_heads:
             raise ConfigError(
                 f"dim {self.dim} is not divisible by n_heads {self.n_heads}; pick a flavor "
@@ -100,13 +102,14 @@ class ModelShape:
 
 # ---- closed-form sizes ------------------------------------------------------------
 def projection_params(args: ModelShape, name: str, layer_id: int) -> int:
-    """Parameters of one projection: d_in*d_out (full) or r*(d_in+d_out) (+ LaX gate/norm)."""
+    """Parameters of one projection: d_in*d_out (full) or r*(d_in+d_out) plus what the
+    architecture adds (LaX's crossing)."""
     d_in, d_out = args.projection_shapes()[name]
-    if not args.low_rank:
+    arch = args.architecture
+    if not arch.low_rank:
         return d_in * d_out
     r = args.effective_rank
-    lax = r * r + 2 * r if args.arch == "lax" and layer_id > 0 else 0
-    return r * (d_in + d_out) + lax
+    return r * (d_in + d_out) + arch.extra_params(r, layer_id)
 
 
 def param_count(args: ModelShape) -> int:

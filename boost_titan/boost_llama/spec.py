@@ -17,12 +17,10 @@ from torchtitan.components.optimizer import build_optimizers
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
-from boost_titan.config import DATA_ORDERS, OVERLAP_CHUNKS
 from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.held_out import validation_data
 from boost_titan.data.prepared_check import check_prepared
-from boost_titan.parallelize.norm_modes import RMSNORM_MODES
 from boost_titan.runtime.held_out_loss import BoostValidator
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
@@ -68,10 +66,6 @@ def _require_divisible(what: str, value: int, tp: int, strategy: str) -> None:
 def validate_parallelism(args: BoostModelArgs, boost, parallelism) -> str:
     """Check the strategy against the arch and the shapes against the degrees; return the
     resolved strategy's name."""
-    if boost.rmsnorm not in RMSNORM_MODES:
-        raise ConfigError(
-            f"unknown [boost] rmsnorm {boost.rmsnorm!r}; choose one of {', '.join(RMSNORM_MODES)}"
-        )
     strategy = resolve_strategy(args.arch, boost.tp_strategy)
     tp = parallelism.tensor_parallel_degree
     if tp > 1:
@@ -83,11 +77,6 @@ def validate_parallelism(args: BoostModelArgs, boost, parallelism) -> str:
         raise ConfigError(
             f"pipeline_parallel_degree {pp} exceeds the model's {args.n_layers} layers; "
             "lower the PP degree"
-        )
-    if boost.overlap_chunks not in OVERLAP_CHUNKS:
-        raise ConfigError(
-            f"[boost] overlap_chunks {boost.overlap_chunks} is not one of "
-            f"{', '.join(map(str, OVERLAP_CHUNKS))}; set --boost.overlap_chunks to one of them"
         )
     if boost.lowrank_ac and not args.low_rank:
         raise ConfigError("[boost] lowrank_ac needs a low-rank arch; set arch or turn it off")
@@ -156,11 +145,6 @@ def validate_job(job_config, world_size: int) -> None:
     validate_parallelism(args, job_config.boost, job_config.parallelism)
     validate_context_parallel(job_config)
     validate_validation(job_config, args)
-    if job_config.boost.data_order not in DATA_ORDERS:
-        raise ConfigError(
-            f"unknown [boost] data_order {job_config.boost.data_order!r}; "
-            f"choose one of {', '.join(DATA_ORDERS)}"
-        )
     validate_float8(job_config)
     if job_config.boost.lowrank_ac and job_config.activation_checkpoint.mode != "none":
         raise ConfigError(

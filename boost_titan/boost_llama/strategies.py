@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from boost_titan.config.errors import ConfigError
 
+from .archs import architecture
 from .shapes import ModelShape
 
 if TYPE_CHECKING:
@@ -92,40 +93,40 @@ def strategy_names(*, auto: bool = False) -> tuple[str, ...]:
 
 
 def resolve_strategy(arch: str, name: str) -> Strategy:
-    """The strategy `name` stands for (`auto` -> btp for low-rank archs, megatron for
-    fullrank); ConfigError for an unknown name or one that does not fit the arch."""
+    """The strategy `name` stands for (`auto` -> the architecture's default: btp for
+    low-rank archs, megatron for full rank); ConfigError for an unknown name or one that
+    does not fit the arch."""
+    family = architecture(arch)
     if name == AUTO:
-        name = "megatron" if arch == "fullrank" else "btp"
+        name = family.default_strategy
     if name not in STRATEGIES:
         raise ConfigError(
             f"unknown [boost] tp_strategy {name!r}; choose one of "
             f"{', '.join(strategy_names(auto=True))}"
         )
     strategy = STRATEGIES[name]
-    if strategy.low_rank and arch == "fullrank":
+    if strategy.low_rank != family.low_rank:
+        fits = [f'"{s.name}"' for s in STRATEGIES.values() if s.low_rank == family.low_rank]
+        needs = "a low-rank arch" if strategy.low_rank else "a full-rank arch"
         raise ConfigError(
-            f"tp_strategy {name} needs a low-rank arch, but arch is fullrank; "
-            'use tp_strategy = "megatron" (or "auto")'
-        )
-    if not strategy.low_rank and arch != "fullrank":
-        raise ConfigError(
-            f"tp_strategy {name} is for arch fullrank, but arch is {arch}; "
-            'use tp_strategy = "btp" or "vanilla" (or "auto")'
+            f"tp_strategy {name} needs {needs}, but arch is {arch}; use tp_strategy = "
+            f'{" or ".join(fits)} (or "auto")'
         )
     return strategy
 
 
 def boost_layout(args: ModelShape) -> ModelLayout:
     """Where `BoostTransformer` keeps the modules the plans shard (the layout's defaults
-    name them); LaX adds the crossing modules, and since it hands every latent to the next
-    block's crossing, its ups reduce their own grads."""
+    name them); the architecture's latent modules (LaX's crossing) are replicated, and an
+    architecture that hands every latent to the next block lets its ups reduce their own
+    grads."""
     from boost_titan.parallelize import ModelLayout
 
-    lax = args.arch == "lax"
+    arch = args.architecture
     return ModelLayout(
         head_dim=args.head_dim,
-        crossing=("cross", "latent_norm") if lax else (),
-        defer_latent_grads=not lax,
+        crossing=arch.latent_modules,
+        defer_latent_grads=not arch.carries_latents,
     )
 
 

@@ -12,40 +12,63 @@ new sections.
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from boost_titan.config.errors import ConfigError
 
-ARCHS = ("fullrank", "svd", "cola", "lax")
-LAX_BASES = ("svd", "cola")
+# The [boost] choices: each type is its check (the TOML's in `cli.check_toml`, the command
+# line's in tyro, both one `error:` line naming the values).
+Arch = Literal["fullrank", "svd", "cola", "lax"]
+"""Projection families, each the `ARCH` of the module of its name in `boost_llama.archs`
+(the architecture registry)."""
+LaxBase = Literal["svd", "cola"]
+TpStrategy = Literal["auto", "megatron", "vanilla", "btp"]
+"""auto and the names of `boost_llama.strategies.STRATEGIES`."""
+RmsNorm = Literal["online", "sync"]
+"""The library's `parallelize.norm_modes.RMSNORM_MODES`."""
+OverlapChunks = Literal[1, 2, 4]
+DataOrder = Literal["sharded", "global"]
+
+
+def check_choice(key: str, value: object, choices: object) -> None:
+    """ConfigError (one line) for a `[boost] key` value that is not one of the `Literal`
+    `choices`: for values that reach the model without a parse (a saved config.json)."""
+    values = get_args(choices)
+    if value not in values:
+        raise ConfigError(
+            f"unknown [boost] {key} {value!r}; choose one of {', '.join(map(str, values))}"
+        )
+
+
+ARCHS: tuple[str, ...] = get_args(Arch)
+LAX_BASES: tuple[str, ...] = get_args(LaxBase)
 AC_MODES = ("none", "full", "selective", "lowrank")
 """Activation checkpointing: none; TorchTitan's full and op-level selective; BOOST's low-rank
 ([activation_checkpoint] mode, or [boost] lowrank_ac with mode none)."""
-OVERLAP_CHUNKS = (1, 2, 4)
-"""Values of [boost] overlap_chunks."""
-DATA_ORDERS = ("sharded", "global")
-"""Values of [boost] data_order."""
+OVERLAP_CHUNKS: tuple[int, ...] = get_args(OverlapChunks)
+DATA_ORDERS: tuple[str, ...] = get_args(DataOrder)
 
 
 @dataclass
 class Boost:
-    arch: str = "cola"
-    """Projection family: fullrank | svd | cola | lax."""
+    arch: Arch = "cola"
+    """Projection family: fullrank | svd | cola | lax (`boost_llama.archs`)."""
 
     rank: int = 0
     """Bottleneck rank r of every low-rank projection (0 = the flavor's default, d/4)."""
 
-    lax_base: str = "cola"
+    lax_base: LaxBase = "cola"
     """For arch = lax: the underlying low-rank layer, cola (with SiLU) or svd (none)."""
 
     max_seq_len: int = 0
     """Longest sequence the model takes, the length of its RoPE table (0: the flavor's,
     4096 for the paper sizes); raise it to train on longer sequences (training.seq_len)."""
 
-    tp_strategy: str = "auto"
+    tp_strategy: TpStrategy = "auto"
     """Tensor-parallel plan: auto (btp for low-rank, megatron for fullrank) or a name from
     `boost_titan.boost_llama.strategies.STRATEGIES` (megatron | vanilla | btp)."""
 
-    rmsnorm: str = "online"
+    rmsnorm: RmsNorm = "online"
     """RMSNorm in front of BTP down-projections: online (the statistic rides the down
     all-reduce) | sync."""
 
@@ -60,13 +83,13 @@ class Boost:
     lowrank_ac: bool = False
     """Low-rank activation checkpointing: save only the bottleneck latents, recompute the rest."""
 
-    overlap_chunks: int = 1
+    overlap_chunks: OverlapChunks = 1
     """Under TP, split the tokens of every all-reduce that follows a GEMM (forward: the
     down-projections' latents, row-parallel outputs; backward: column-parallel input grads)
     into this many blocks, each launched before the next block's GEMM so that it runs behind
     it (1, 2 or 4; 1: one all-reduce each)."""
 
-    data_order: str = "sharded"
+    data_order: DataOrder = "sharded"
     """Training batches: sharded (TorchTitan's: each data-parallel rank reads its own share
     of the documents) | global (every rank reads the one stream and keeps its rows of each
     global batch, so the batches do not depend on the DP degree; every rank tokenizes all)."""

@@ -11,6 +11,7 @@ imported inside functions here.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import difflib
@@ -18,6 +19,7 @@ import importlib
 import io
 import logging
 import os
+import re
 import sys
 import time
 import types
@@ -201,7 +203,27 @@ def condense_tyro_message(text: str) -> str:
     ]
     if suggestions:
         message += f"; did you mean {suggestions[0]}?"
+    if choice := _INVALID_CHOICE.search(message):
+        return _unknown_choice(**choice.groupdict())
     return f"{message} (run with --help for the valid options)"
+
+
+_INVALID_CHOICE = re.compile(
+    r"invalid choice (?P<value>'.*') for argument '--(?P<name>[\w.-]+)'\. "
+    r"Expected one of (?P<choices>\(.*\))"
+)
+"""tyro's message for a value outside a `Literal` type's choices."""
+
+
+def _unknown_choice(value: str, name: str, choices: str | tuple, path: str = "") -> str:
+    """A `Literal` option's wrong value (`repr`) as every choice says it: `unknown [boost]
+    arch 'x'; choose one of fullrank, svd, cola, lax` (`section.key` outside `[boost]`;
+    `choices` a tuple or tyro's text of one; `path`: the TOML that holds it)."""
+    section, _, key = name.replace("-", "_").partition(".")
+    label = f"[boost] {key}" if section == "boost" else f"{section}.{key}"
+    values = ast.literal_eval(choices) if isinstance(choices, str) else choices
+    where = f" in {path}" if path else ""
+    return f"unknown {label} {value}{where}; choose one of {', '.join(map(str, values))}"
 
 
 # ---- boolean flags given a value ------------------------------------------------------
@@ -355,6 +377,8 @@ def _check_fields(data: dict[str, Any], fields: dict[str, Any], path: str, prefi
             if not isinstance(value, dict):
                 raise ConfigError(f"{name} in {path} must be a [{name}] table, not a value")
             _check_fields(value, _field_types(expected), path, prefix=f"{name}.")
+        elif typing.get_origin(expected) is Literal and value not in typing.get_args(expected):
+            raise ConfigError(_unknown_choice(repr(value), name, typing.get_args(expected), path))
         elif not _matches(value, expected):
             raise ConfigError(
                 f"{name} = {value!r} in {path} has the wrong type; expected {_describe(expected)}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from boost_titan.boost_llama.archs import ARCHITECTURES
 from boost_titan.boost_llama.shapes import PAPER_VOCAB, ModelShape, flavor_shape
 from boost_titan.boost_llama.strategies import STRATEGIES, sizes, strategy_names
 from boost_titan.config import AC_MODES
@@ -109,10 +110,11 @@ def check(args: ModelShape, plan: TrainingLayout) -> None:
     for option, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"unknown {option} {value!r}; choose one of {', '.join(allowed)}")
-    if args.arch == "lax":
+    if not args.architecture.priced:
+        priced = ", ".join(name for name, a in ARCHITECTURES.items() if a.priced)
         raise ConfigError(
-            "the perf model covers fullrank, svd and cola; LaX's crossing is not modelled, "
-            "use --arch cola"
+            f"the perf model covers {priced}; {args.arch} ({args.architecture.summary}) is "
+            "not modelled, use --arch cola"
         )
     if plan.strategy != "megatron" and not args.low_rank:
         raise ConfigError(

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from boost_titan.boost_llama.archs import architecture
 from boost_titan.boost_llama.shapes import FLAVORS, ModelShape
+from boost_titan.boost_llama.strategies import STRATEGIES
 from boost_titan.config import AC_MODES, OVERLAP_CHUNKS
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import layout, memory, timing
@@ -109,8 +111,11 @@ def check_request(r: Request) -> None:
 
 
 def strategies(arch: str) -> tuple[str, ...]:
-    """The strategies that train `arch` itself (megatron trains the fullrank twin only)."""
-    return ("megatron",) if arch == "fullrank" else ("btp", "vanilla")
+    """The strategies that train `arch` itself, its default first (megatron trains the
+    fullrank twin only)."""
+    family = architecture(arch)
+    fits = [name for name, s in STRATEGIES.items() if s.low_rank == family.low_rank]
+    return tuple(sorted(fits, key=lambda name: name != family.default_strategy))
 
 
 def _divisors(n: int) -> list[int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from boost_titan.boost_llama.archs import architecture
 from boost_titan.perf import layout, timing
 from boost_titan.perf.gpus import GpuProfile, gpu_profile
 from boost_titan.perf.layout import TrainingLayout
@@ -38,7 +39,7 @@ class MeasuredRow:
 
     @property
     def strategy(self) -> str:
-        return "megatron" if self.arch == "fullrank" else "btp"
+        return architecture(self.arch).default_strategy
 
     @property
     def step_s(self) -> float:

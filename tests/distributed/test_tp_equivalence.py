@@ -1,6 +1,8 @@
 """Every TP strategy equals a single-process run of the same weights: forward, loss and
 every parameter gradient, on 2 and 4 gloo ranks (fp32); `-documents`: positions and
-attention reset per document (`[boost] reset_position_ids`, `reset_attention_mask`)."""
+attention reset per document (`[boost] reset_position_ids`, `reset_attention_mask`). A toy
+architecture registered from outside the package (`tests/helpers/toy_arch.py`) runs among
+them under BTP."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch.nn.functional as F
 from boost_titan.boost_llama import BoostTransformer, flavor_args
 from boost_titan.data.document_masks import DocumentOptions
 from tests.helpers.distributed import randomize, run_on_ranks
+from tests.helpers.toy_arch import TOY
 
 VOCAB, BATCH, SEQ = 64, 2, 16
 RTOL = 1e-5
@@ -33,6 +36,7 @@ CASES: dict[str, tuple[str, str, dict, dict]] = {
     "lax-vanilla-ungrouped": ("lax", "vanilla", {}, {"group_linears": False}),
     "cola-vanilla-ungrouped": ("cola", "vanilla", {}, {"group_linears": False}),
     "fullrank-megatron": ("fullrank", "megatron", {}, {}),
+    "toy-btp": (TOY.name, "btp", {}, {}),
     "fullrank-megatron-ungrouped": ("fullrank", "megatron", {}, {"group_linears": False}),
     # all-reduces in overlapped row blocks (apply_plan's overlap_chunks)
     "cola-btp-overlap2": ("cola", "btp", {}, {"overlap_chunks": 2}),

@@ -185,6 +185,7 @@ ALLOWED = {
         "boost_titan.config",
         "boost_titan.boost_llama.shapes",
         "boost_titan.boost_llama.strategies",
+        "boost_titan.boost_llama.archs",
         "boost_titan.parallelize.float8",
         "boost_titan.parallelize.norm_modes",
         "boost_titan.kernels.float8",

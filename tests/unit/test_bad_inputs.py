@@ -23,8 +23,31 @@ from tests.helpers.corpus import write_tiktoken
 
 # name -> (arguments after --job.config_file debug.toml, fragments of the message)
 CASES = {
-    "unknown arch": (["--boost.arch", "lowrank"], ["arch 'lowrank'", "fullrank, svd, cola, lax"]),
-    "unknown strategy": (["--boost.tp_strategy", "fast"], ["tp_strategy 'fast'", "btp"]),
+    # each [boost] choice: its Literal type, one line naming the values
+    "unknown arch": (
+        ["--boost.arch", "lowrank"],
+        ["unknown [boost] arch 'lowrank'; choose one of fullrank, svd, cola, lax"],
+    ),
+    "unknown lax_base": (
+        ["--boost.lax_base", "gelu"],
+        ["unknown [boost] lax_base 'gelu'; choose one of svd, cola"],
+    ),
+    "unknown strategy": (
+        ["--boost.tp_strategy", "fast"],
+        ["unknown [boost] tp_strategy 'fast'; choose one of auto, megatron, vanilla, btp"],
+    ),
+    "unknown rmsnorm": (
+        ["--boost.rmsnorm", "fused"],
+        ["unknown [boost] rmsnorm 'fused'; choose one of online, sync"],
+    ),
+    "overlap_chunks not a choice": (
+        ["--boost.overlap_chunks", "3"],
+        ["unknown [boost] overlap_chunks '3'; choose one of 1, 2, 4"],
+    ),
+    "unknown data_order": (
+        ["--boost.data_order", "random"],
+        ["unknown [boost] data_order 'random'; choose one of sharded, global"],
+    ),
     "unknown flavor": (["--model.flavor", "2B"], ["model.flavor '2B'", "7B"]),
     "negative rank": (["--boost.rank", "-1"], ["rank -1", "use 0"]),
     "rank above d": (["--boost.rank", "100000"], ["rank 100000", "1..256"]),

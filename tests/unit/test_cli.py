@@ -58,6 +58,14 @@ ERRORS: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "unknown key in toml": (_toml("[training]\nstepz = 3\n"), ["training.stepz", "training.steps"]),
     "unknown section in toml": (_toml("[trainingg]\nsteps = 3\n"), ["[trainingg]", "training"]),
     "wrong value type in toml": (_toml('[training]\nsteps = "many"\n'), ["training.steps", "int"]),
+    "[boost] choice not one of its values in toml": (
+        _toml('[boost]\narch = "lowrank"\n'),
+        ["unknown [boost] arch 'lowrank' in", "job.toml; choose one of fullrank, svd, cola, lax"],
+    ),
+    "[boost] int choice not one of its values in toml": (
+        _toml("[boost]\noverlap_chunks = 3\n"),
+        ["unknown [boost] overlap_chunks 3 in", "job.toml; choose one of 1, 2, 4"],
+    ),
     "unknown command-line option": (
         _debug("--training.stepz", "3"),
         ["--training.stepz", "--training.steps"],
@@ -268,6 +276,14 @@ def test_boost_section_added_once():
         "--job.custom_config_module",
         "x",
     ]
+
+
+def test_a_wrong_choice_reads_as_every_choice_does():
+    """tyro's 'invalid choice' of a `Literal` option becomes the one line of every choice."""
+    tyro = "invalid choice 'x' for argument '--boost.tp-strategy'. Expected one of ('a', 'b')."
+    assert condense_tyro_message(tyro) == "unknown [boost] tp_strategy 'x'; choose one of a, b"
+    tyro = "invalid choice '7' for argument '--parallelism.degree'. Expected one of ('1', '2')."
+    assert condense_tyro_message(tyro) == "unknown parallelism.degree '7'; choose one of 1, 2"
 
 
 def test_condense_tyro_message():

@@ -134,7 +134,7 @@ def measure_layer(
         x = torch.randn(batch, seq_len, width, requires_grad=True)
         rank = args.effective_rank
         prevs = [torch.randn(batch, seq_len, rank, requires_grad=True) for _ in range(7)]
-        prevs = prevs if args.arch == "lax" else []
+        prevs = prevs if args.architecture.carries_latents else []
 
         def forward():
             return block(x, model.rope, prevs)
