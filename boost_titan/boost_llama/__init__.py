@@ -6,8 +6,8 @@ TorchTitan keeps `models/llama3/`.
 - `layers`, `model`: the pure `nn.Module` decoder (fullrank / svd / cola / lax), blind to
   parallelism;
 - `strategies`: the one registry of TP strategies, the model's `ModelLayout` and its plans;
-- `parallelize`: the TrainSpec's parallelize function (TP -> AC -> compile -> FSDP2 / DDP);
-- `data_parallel`: its last step, FSDP2 / HSDP / DDP and the mixed precision of unsharded layouts;
+- `parallelize`: the TrainSpec's parallelize function (TP -> CP -> float8 -> AC -> compile
+  -> data parallelism: `runtime.data_parallel`, `context_parallel` and `job_float8`);
 - `state_dict_adapter`: the export format and TorchTitan's adapter for it;
 - `spec`: the TrainSpec, registered on import, and the job checks.
 
