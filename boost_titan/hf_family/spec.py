@@ -102,7 +102,7 @@ def validate_job(job_config, world_size: int) -> None:
     if refused:
         raise ConfigError(
             f"model.name hf does not support {refused[0]} yet; turn it off (TP, DDP and "
-            "fp32 / bf16 compute train: docs/hf_models.md)"
+            "fp32 / bf16 compute train: docs/huggingface.md)"
         )
     args = job_args(job_config)
     strategy_of(job_config, args)
