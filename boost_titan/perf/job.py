@@ -194,7 +194,7 @@ def plan_of(
 
     if job.model.name != BOOST_MODEL:
         raise ConfigError(
-            f"model.name {job.model.name!r} in {path} is not priced: the perf model prices "
+            f"model.name {job.model.name!r} in {path}: not priced, the perf model prices "
             f"family {BOOST_MODEL} only"
         )
     world, degrees = resolve_world(job, nproc)
