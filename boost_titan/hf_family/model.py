@@ -21,11 +21,14 @@ ATTENTION = "sdpa"
 
 
 def hf_config(args: HfModelArgs):
-    """The transformers config of `args.folder` (read from disk, nothing downloaded)."""
+    """The transformers config of `args.folder` (read from disk, nothing downloaded), its
+    head untied from the embedding (the plans shard the two apart: `pretrained_state`
+    starts the head from the tied weight)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(args.folder, local_files_only=True)
     config.use_cache = False
+    config.tie_word_embeddings = False
     return config
 
 
@@ -79,13 +82,17 @@ def build_hf_model(args: HfModelArgs) -> nn.Module:
     return convert(model, args, init="random")
 
 
+@torch.no_grad()
 def pretrained_state(args: HfModelArgs) -> dict[str, torch.Tensor]:
     """The folder's weights converted as the model is (SVD pairs), and its buffers, on CPU."""
     from transformers import AutoModelForCausalLM
 
+    config = hf_config(args)
     model = AutoModelForCausalLM.from_pretrained(
-        args.folder, local_files_only=True, dtype=torch.float32
+        args.folder, config=config, local_files_only=True, dtype=torch.float32
     )
+    if args.config.get("tie_word_embeddings"):  # the folder's head is its embedding
+        model.lm_head.weight.copy_(model.model.embed_tokens.weight)
     convert(model, args, init="svd")
     state = dict(model.state_dict())
     state.update(dict(model.named_buffers()))

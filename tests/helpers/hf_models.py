@@ -77,10 +77,11 @@ def logits_of(output) -> torch.Tensor:
     return output if isinstance(output, torch.Tensor) else output.logits
 
 
-def write_pretrained(folder, layers: int = 2, vocab_size: int = 512):
+def write_pretrained(folder, layers: int = 2, vocab_size: int = 512, tied: bool = False):
     """A Hugging Face model folder as `--model.name hf` reads it: a tiny Llama (seed 0,
-    every parameter random, norm weights far from 1) saved with `save_pretrained`
-    (config.json, model.safetensors) beside a small byte-level `tokenizer.json`."""
+    every parameter random, norm weights far from 1; `tied`: its head is its embedding)
+    saved with `save_pretrained` (config.json, model.safetensors) beside a small
+    byte-level `tokenizer.json`."""
     from pathlib import Path
 
     import transformers
@@ -91,6 +92,7 @@ def write_pretrained(folder, layers: int = 2, vocab_size: int = 512):
     write_hf_tokenizer(folder, vocab_size)
     torch.manual_seed(0)
     settings = CONFIG | {"vocab_size": vocab_size, "attn_implementation": "sdpa"}
+    settings["tie_word_embeddings"] = tied
     model = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(num_hidden_layers=layers, **settings)
     )

@@ -20,6 +20,13 @@ def pretrained(tmp_path_factory):
     return write_pretrained(tmp_path_factory.mktemp("hf") / "pretrained")
 
 
+@pytest.fixture(scope="module")
+def folders(pretrained, tmp_path_factory):
+    """The untied folder, and one whose head is its embedding (tie_word_embeddings)."""
+    tied = write_pretrained(tmp_path_factory.mktemp("hf") / "tied", tied=True)
+    return {False: pretrained, True: tied}
+
+
 @pytest.fixture
 def world_of_one():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -29,12 +36,13 @@ def world_of_one():
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("arch", ["cola", "fullrank"])
-def test_built_model_starts_from_the_folder(pretrained, world_of_one, arch):
+@pytest.mark.parametrize("arch, tied", [("cola", False), ("fullrank", False), ("fullrank", True)])
+def test_built_model_starts_from_the_folder(folders, world_of_one, arch, tied):
     """Every weight equal, bit for bit, to transformers' `from_pretrained` of the folder
     converted by `to_low_rank(init="svd")` (fullrank: unconverted), and so the logits (to
     fp32 rounding: the plan's styles sum in another order); the buffers the meta build
-    left empty (rotary frequencies) are the folder model's."""
+    left empty (rotary frequencies) are the folder model's. A tied folder's model trains
+    with its head untied, starting from the embedding (the plans shard the two apart)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM
 
@@ -42,6 +50,7 @@ def test_built_model_starts_from_the_folder(pretrained, world_of_one, arch):
     from boost_titan.hf_family.model import build_hf_model
     from boost_titan.parallelize import apply_plan, btp_plan, hf_layout, megatron_plan, to_low_rank
 
+    pretrained = folders[tied]
     folder = str(pretrained)
     args = HfModelArgs(folder=folder, arch=arch, rank=16, config=read_config(folder))
     with torch.device("meta"):
