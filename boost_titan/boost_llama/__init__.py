@@ -10,6 +10,8 @@ TorchTitan keeps `models/llama3/`.
   -> data parallelism: `runtime.data_parallel`, `context_parallel` and `job_float8`);
 - `state_dict_adapter`: the export format and TorchTitan's adapter for it;
 - `spec`: the TrainSpec, registered on import, and the job checks.
+- `family`: its hooks for the checks before launch (`runtime.family.ModelFamily`), which
+  `boost_titan.job.families` lists.
 
     python -m boost_titan.boost_llama      # the flavor table
 
