@@ -5,7 +5,8 @@ random, nothing downloaded) converted to CoLA (SVD initialisation) and trained b
 then torchrun): 4 steps with a checkpoint every 2 and validation at steps 2 and 4; then its
 step-2 checkpoint resumed in a new dump folder with the same `training.steps`; then the
 step-4 checkpoint exported (`python -m boost_titan.export --hf-model`) and loaded back by
-transformers (`load_hf`). Two launches in all, shared by the tests.
+transformers (`load_hf`); a resume at another rank and an export without its arch are
+one line each. Two launches in all, shared by the tests.
 
 `tests/unit/test_hf_family.py`: the model built as the trainer builds it starts from the
 folder's converted weights; the refused jobs."""
@@ -77,6 +78,8 @@ class HfRuns:
     """The uninterrupted run's validation rows (steps 2, 4)."""
     resumed_output: str
     export: Path
+    full: Path
+    """The uninterrupted run's dump folder."""
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +113,7 @@ def hf_runs(tmp_path_factory) -> HfRuns:
         validation,
         resumed_output,
         export,
+        full,
     )
 
 
@@ -166,3 +170,34 @@ def test_hf_export_reloads_in_transformers(hf_runs):
         total / tokens,
         trained,
     )
+
+
+def test_hf_checkpoint_mismatches_are_one_line(hf_runs, tmp_path, capsys):
+    """Through the family's hooks `check` names the hf model a checkpoint does not hold
+    (resuming the run at another rank), and `export --hf-model` asks for the arch that
+    low-rank pairs cannot tell (svd or cola); one `error:` line each, exit 2."""
+    argv = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML)]
+    argv += ["--job.dump_folder", str(hf_runs.full), *hf_runs.args, "--boost.rank", "8"]
+    step4 = str(hf_runs.full / "checkpoint" / "step-4")
+    export = ["--checkpoint", step4, "--out", str(tmp_path / "out"), "--hf-model"]
+    export.append(str(hf_runs.pretrained))
+    cases = [
+        (
+            check_main,
+            argv,
+            [
+                "mlp.down_proj.down.weight (16, 96)",
+                "expects (8, 96)",
+                "arch cola, rank 8",
+                "and rank it was saved with",
+            ],
+        ),
+        (export_main, export, ["fit --arch svd or cola", "pass the [boost] arch"]),
+    ]
+    for main, args, fragments in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        out, err = capsys.readouterr()
+        assert exit_info.value.code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert err.startswith("error: ") and all(f in err for f in fragments), err
+    assert not (tmp_path / "out").exists()
