@@ -67,10 +67,11 @@ def memory_line(job, nproc: int | None, where: str | None = None) -> str:
     GPU (or the assumed one); `where` names the job's source (default: its TOML)."""
     import torch
 
-    from boost_titan.boost_llama.spec import SPEC_NAME, job_args
+    from boost_titan.job.families import family_of
 
     world, _ = resolve_world(job, nproc)
-    vocab = job_args(job).vocab_size if job.model.name == SPEC_NAME else None
+    family = family_of(job)
+    vocab = None if family is None else family.vocab_size(job)
     device = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

@@ -14,6 +14,11 @@ shapes; what shapes cannot tell comes from flags: `--arch` (svd and cola have th
 shapes), `--lax-base`, and the head count, norm eps, RoPE theta and maximum sequence
 length, which default to the flavor whose sizes match (or `--flavor`).
 
+With `--hf-model FOLDER` (a `--model.name hf` run's `model.hf_assets_path`) it writes a
+Hugging Face folder instead: FOLDER's config (with the low-rank pairs recorded), the
+trained weights under transformers' names, FOLDER's tokenizer files
+(`boost_titan.hf_family.export`); `boost_titan.parallelize.load_hf` loads it.
+
 The format and the export itself are `boost_titan.boost_llama.export_format`; its loading
 by the trainer (`--checkpoint.initial_load_in_hf`) is
 `boost_titan.boost_llama.state_dict_adapter`.
@@ -62,6 +67,12 @@ def parser() -> argparse.ArgumentParser:
         "have the same shapes), inferred for fullrank",
     )
     p.add_argument(
+        "--hf-model",
+        metavar="FOLDER",
+        help="the Hugging Face folder a --model.name hf run trained from (its "
+        "model.hf_assets_path): write OUT as a Hugging Face folder of that model",
+    )
+    p.add_argument(
         "--lax-base", choices=LAX_BASES, help="[boost] lax_base of a LaX run (required for lax)"
     )
     p.add_argument(
@@ -97,6 +108,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """CLI entry: one `error:` line and exit 2 on bad input; a summary line on success."""
     ns = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if ns.hf_model:
+        export_hf_folder(ns)
+        return
     try:
         args = export(ns.checkpoint, ns.out, **model_flags(ns))
     except ConfigError as e:
@@ -108,6 +122,23 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.arch}, dim {args.dim}, {args.n_layers} layers{rank}, vocab {args.vocab_size}; "
         f"train from it with --checkpoint.initial_load_path {ns.out} "
         "--checkpoint.initial_load_in_hf",
+        flush=True,
+    )
+
+
+def export_hf_folder(ns: argparse.Namespace) -> None:
+    """`--hf-model`: the checkpoint as a Hugging Face folder (module docstring)."""
+    from boost_titan.boost_llama.export_format import load_model_state
+    from boost_titan.hf_family.export import export_hf
+
+    try:
+        args = export_hf(load_model_state(ns.checkpoint), ns.out, ns.hf_model, ns.arch)
+    except ConfigError as e:
+        fail(str(e))
+    rank = f", rank {args.rank}" if args.low_rank else ""
+    print(
+        f"exported {ns.checkpoint} -> {ns.out} (a Hugging Face folder of {ns.hf_model}'s "
+        f"model: {args.arch}{rank}); load it with boost_titan.parallelize.load_hf",
         flush=True,
     )
 

@@ -159,13 +159,16 @@ def _head_dim(model: nn.Module, name: str) -> int:
 
 @torch.no_grad()
 def _check_norm(norm: nn.Module, fqn: str, name: str) -> None:
-    """A norm must be RMSNorm-like and compute x / rms(x) * weight (checked on numbers)."""
+    """A norm must be RMSNorm-like and compute x / rms(x) * weight (checked on numbers,
+    where there are: not on the meta device)."""
     if isinstance(norm, nn.LayerNorm) or not is_rmsnorm_like(norm):
         raise PlanError(
             f"{name} uses {type(norm).__name__} at {fqn}, not an RMSNorm (1-D weight, eps, no "
             "bias); the plans need RMSNorm"
         )
     weight = norm.weight
+    if weight.is_meta:  # no numbers yet (a trainer's meta build): checked once loaded
+        return
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, weight.shape[0], generator=generator).to(weight.device, weight.dtype)
     want = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + norm_eps(norm, x))

@@ -8,12 +8,14 @@ TorchTitan keeps `models/llama3/`.
 - `layers`, `model`: the pure `nn.Module` decoder, blind to parallelism, its projections
   built by the registry (pairs are the library's `LowRankLinear`);
 - `strategies`: the one registry of TP strategies, the model's `ModelLayout` and its plans;
-- `parallelize`: the TrainSpec's parallelize function (TP -> AC -> compile -> FSDP2 / DDP);
-- `data_parallel`: its last step, FSDP2 / HSDP / DDP and the mixed precision of unsharded layouts;
+- `parallelize`: the TrainSpec's parallelize function (TP -> CP -> float8 -> AC -> compile
+  -> data parallelism: `runtime.data_parallel`, `context_parallel` and `job_float8`);
 - `export_format`: the export format (`config.json` + `model.safetensors`) and what a
   checkpoint's shapes tell; `state_dict_adapter`: TorchTitan's adapter for it;
 - `spec`: the TrainSpec (importing it registers nothing; `register_spec()` does) and the
-  job checks.
+  job checks;
+- `family`: its hooks for the checks before launch (`runtime.family.ModelFamily`), which
+  `boost_titan.job.families` lists.
 
     python -m boost_titan.boost_llama      # the flavor table
 

@@ -18,12 +18,12 @@ from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan, key_compile_caches_by_rank
 from boost_titan.parallelize.lowrank_ac import apply_lowrank_ac, compilable_full_ac
+from boost_titan.runtime.context_parallel import apply_cp
+from boost_titan.runtime.data_parallel import apply_data_parallel
+from boost_titan.runtime.job_float8 import apply_job_float8
 from boost_titan.runtime.titan_internals import selective_ac_saves
 
-from .context_parallel import apply_cp
-from .data_parallel import apply_data_parallel
-from .job_float8 import apply_job_float8
-from .strategies import build_plan, resolve_strategy
+from .strategies import boost_layout, build_plan, resolve_strategy
 
 # selective AC keeps collectives' outputs, so recomputation never replays a collective
 _SAC_SAVE = selective_ac_saves() | {
@@ -54,7 +54,7 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
         )
         logger.info(f"Applied {strategy} tensor parallelism (TP={parallel_dims.tp}{details})")
     if parallel_dims.cp_enabled:
-        count = apply_cp(model, parallel_dims.get_mesh("cp"), job_config)
+        count = apply_cp(model, parallel_dims.get_mesh("cp"), boost_layout(model.args), job_config)
         logger.info(f"Applied context parallelism (CP={parallel_dims.cp}) to {count} attentions")
     apply_job_float8(model, job_config)  # on the plan's per-rank GEMMs, before AC and compile
 
@@ -72,7 +72,9 @@ def parallelize_boost(model: nn.Module, parallel_dims: ParallelDims, job_config)
     if compile_model:
         apply_compile(model, job_config.compile)
 
-    apply_data_parallel(model, parallel_dims, job_config, compile_model)
+    apply_data_parallel(
+        model, list(model.layers.values()), parallel_dims, job_config, compile_model
+    )
     return model
 
 

@@ -21,11 +21,11 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.held_out import validation_data
 from boost_titan.data.prepared_check import check_prepared
+from boost_titan.runtime.context_parallel import validate_context_parallel
 from boost_titan.runtime.held_out_loss import BoostValidator
+from boost_titan.runtime.job_float8 import install_converter, validate_float8
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
-from .context_parallel import validate_context_parallel
-from .job_float8 import install_converter, validate_float8
 from .model import BoostTransformer
 from .parallelize import parallelize_boost
 from .shapes import flavor_shape, param_count

@@ -3,7 +3,7 @@
 TorchTitan 0.2.2 casts for bf16 compute only where FSDP runs (dp_shard or cp > 1); it keeps
 TP-only, PP-only and TP x PP layouts in fp32 and wraps one device and DDP in
 `torch.autocast`, which BTP's hand-written backward functions do not fit. Here every layout
-computes as FSDP2's `MixedPrecisionPolicy` does (`boost_llama.data_parallel`): bf16
+computes as FSDP2's `MixedPrecisionPolicy` does (`runtime.data_parallel`): bf16
 parameters in compute, fp32 master weights and optimizer state, gradients accumulated and
 reduced in fp32. Where no weight is sharded and no PP or dp_replicate runs, the compute
 copies do it with autograd alone (`runtime.compute_copies`, the same bits); PP stages and
@@ -39,7 +39,7 @@ class Precision:
     @property
     def casts_for_compute(self) -> bool:
         """fp32 weights computed in a narrower dtype: the compute copies or FSDP2's policy
-        cast them (`boost_llama.data_parallel`)."""
+        cast them (`runtime.data_parallel`)."""
         return self.weights == "float32" and self.compute != "float32"
 
     def describe(self, fsdp: bool) -> str:

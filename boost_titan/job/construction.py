@@ -9,8 +9,9 @@ TorchTitan's `Trainer` does (the flavor's args updated from the job, the default
 the parameter and FLOP count) and requires what the trainer calls on it afterwards
 (`init_weights`). `build_titan_data` builds a TorchTitan-data TrainSpec's tokenizer,
 training dataloader and, with validation on, TorchTitan's validation dataloader: our own
-TrainSpec's data is checked by `boost_llama.spec.validate_job` and `preflight.check_data`
-instead. What needs a process group (`parallelize_fn`, the meshes) is not built here.
+families' data (`job.families`: ours) is checked by the family's `validate_job` and
+`preflight.check_data` instead. What needs a process group (`parallelize_fn`, the meshes)
+is not built here.
 Every failure is one ConfigError line naming the option to change.
 """
 
@@ -37,9 +38,9 @@ def train_spec(job):
     (a user's TrainSpec registers itself there); ConfigError for an unknown name."""
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from boost_titan.boost_llama.spec import SPEC_NAME, register_spec
+    from boost_titan.job.families import FAMILIES, register_families
 
-    register_spec()
+    register_families()
     module = job.experimental.custom_import
     if module:
         try:
@@ -53,7 +54,8 @@ def train_spec(job):
         return get_train_spec(job.model.name)
     except ValueError:
         raise ConfigError(
-            f"unknown model.name {job.model.name!r}; use {SPEC_NAME}, one of TorchTitan's "
+            f"unknown model.name {job.model.name!r}; use one of {', '.join(FAMILIES)}, one of "
+            "TorchTitan's "
             "models (e.g. llama3), or register yours in the module named by "
             "--experimental.custom_import"
         ) from None

@@ -1,7 +1,7 @@
 """The training worker behind `python -m boost_titan.train` (and `bench step`'s worker).
 
 Importing this module changes nothing. `run` prepares the process (`prepare_process`: CPU/gloo
-when there is no accelerator, the `boost_llama` TrainSpec registered), parses the job once
+when there is no accelerator, every family's TrainSpec registered), parses the job once
 (`parse_job_config`, which adds the `[boost]` section) and trains it (`train`: TorchTitan's
 `main` on that parsed job). User errors (`ConfigError`) and a diverged loss end the worker
 with one `error:` line and exit code 2 or 3, a stop with a checkpoint (`runtime.stopping`)
@@ -31,7 +31,6 @@ import torch
 import torchtitan
 from torchtitan.tools.logging import init_logger, logger
 
-from boost_titan.boost_llama.spec import register_spec
 from boost_titan.config import check_cuda_graphs, check_documents, check_run_limits
 from boost_titan.config.bounds import check_bounds
 from boost_titan.config.cli import fail, parse_job_config
@@ -40,6 +39,7 @@ from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.config.world import resolve_world
 from boost_titan.data.held_out import point_titan_validation_at_held_out
 from boost_titan.data.tokenizer import DefaultAssetsWarningFilter
+from boost_titan.job.families import register_families
 from boost_titan.parallelize.teardown import end_process_groups
 from boost_titan.runtime.device import use_cpu_if_no_accelerator
 from boost_titan.runtime.dump_lock import DumpFolderLock
@@ -50,10 +50,11 @@ from boost_titan.runtime.trainer import BoostTrainer
 
 
 def prepare_process() -> None:
-    """CPU processes and gloo when there is no accelerator, the `boost_llama` TrainSpec
-    registered, and a warning of torchdata's silenced; before the trainer is built."""
+    """CPU processes and gloo when there is no accelerator, every family's TrainSpec
+    registered (`job.families`), and a warning of torchdata's silenced; before the
+    trainer is built."""
     use_cpu_if_no_accelerator()
-    register_spec()
+    register_families()
     # torchdata's StatefulDataLoader calls a deprecated torch API on every construction.
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 

@@ -30,6 +30,7 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision
 from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.config.world import check_batch, pop_nproc, resolve_world
+from boost_titan.job.families import family_of
 from boost_titan.runtime.checkpoint_files import (
     check_loadable,
     is_complete_checkpoint,
@@ -74,25 +75,27 @@ def _missing_ancestors(folder: str) -> list[str]:
 
 
 def check_model(job, world: int, data_parallel: int) -> tuple[int | None, Shapes]:
-    """Prepare default assets, let our TrainSpec validate model x parallelism, and build what
-    the worker builds before training (`job.construction`: the model on the meta device
-    for every TrainSpec; the tokenizer and dataloaders of one with TorchTitan's data);
-    return the vocabulary size of a boost_llama model and the model's state-dict shapes."""
+    """Prepare default assets, let the job's model family (`job.families`) validate model x
+    parallelism, and build what the worker builds before training (`job.construction`:
+    the model on the meta device for every TrainSpec; the tokenizer and dataloaders of
+    one of no family of ours, which reads TorchTitan's data); return the vocabulary size
+    of a family's model (None for another TrainSpec) and the model's state-dict shapes."""
     import boost_titan.data
-    from boost_titan.boost_llama.spec import SPEC_NAME, validate_job
     from boost_titan.data.held_out import point_titan_validation_at_held_out
     from boost_titan.job.construction import build_model, build_titan_data, flavor_args, train_spec
 
     spec = train_spec(job)
     boost_titan.data.prepare_default_assets()
-    validate_job(job, world)
+    family = family_of(job)
+    if family is not None:
+        family.validate_job(job, world)
     args = flavor_args(spec, job)
-    if job.model.name != SPEC_NAME:
+    if family is None:
         point_titan_validation_at_held_out(job)  # as the worker does
         build_titan_data(spec, args, job, data_parallel)
     model = build_model(spec, args, job)
     shapes = {key: tuple(t.shape) for key, t in model.state_dict().items()}
-    return (args.vocab_size if job.model.name == SPEC_NAME else None), shapes
+    return (None if family is None else family.vocab_size(job)), shapes
 
 
 LARGE_RAW_CORPUS = 1 << 30
@@ -181,9 +184,11 @@ def check_resume(job) -> int | None:
     return int(os.path.basename(path).removeprefix("step-"))
 
 
-def check_initial_checkpoint(checkpoint) -> None:
+def check_initial_checkpoint(job) -> None:
     """`checkpoint.initial_load_path` must be a complete DCP checkpoint folder, or with
-    `initial_load_in_hf` a folder written by `python -m boost_titan.export`."""
+    `initial_load_in_hf` a folder written by `python -m boost_titan.export` (the family's
+    export format)."""
+    checkpoint = job.checkpoint
     path = checkpoint.initial_load_path
     if path and not checkpoint.enable:
         raise ConfigError(
@@ -191,8 +196,6 @@ def check_initial_checkpoint(checkpoint) -> None:
             "(training would start from scratch); add --checkpoint.enable"
         )
     if checkpoint.initial_load_in_hf:
-        from boost_titan.boost_llama.state_dict_adapter import check_export_files
-
         if not path:
             raise ConfigError(
                 "checkpoint.initial_load_in_hf needs checkpoint.initial_load_path; point it at "
@@ -203,7 +206,9 @@ def check_initial_checkpoint(checkpoint) -> None:
                 "checkpoint.initial_load_in_hf loads model weights only; drop "
                 "--checkpoint.no_initial_load_model_only"
             )
-        check_export_files(path)
+        family = family_of(job)
+        if family is not None:
+            family.check_export_folder(path)
         return
     if not path:
         return
@@ -230,24 +235,16 @@ Shapes = dict[str, tuple[int, ...]]
 
 def _saved_with(job) -> str:
     """What a checkpoint of another model was saved with, to train with instead."""
-    from boost_titan.boost_llama.spec import SPEC_NAME
-
-    if job.model.name == SPEC_NAME:
-        return "the model.flavor, [boost] arch and rank, and tokenizer it was saved with"
-    return "the model.name and model.flavor it was saved with"
+    family = family_of(job)
+    return (
+        "the model.name and model.flavor it was saved with" if family is None else family.saved_with
+    )
 
 
 def _job_model(job) -> str:
     """The job's model as the mismatch line names it."""
-    from boost_titan.boost_llama.spec import SPEC_NAME, job_args
-
-    if job.model.name != SPEC_NAME:
-        return f"{job.model.name} {job.model.flavor}"
-    args = job_args(job)
-    return (
-        f"{job.model.flavor}, arch {job.boost.arch}, rank {args.effective_rank}, vocab "
-        f"{args.vocab_size}"
-    )
+    family = family_of(job)
+    return f"{job.model.name} {job.model.flavor}" if family is None else family.describe(job)
 
 
 def check_holds_model(job, metadata, where: str, fix: str, expected: Shapes) -> None:
@@ -257,15 +254,16 @@ def check_holds_model(job, metadata, where: str, fix: str, expected: Shapes) -> 
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
 
-    from boost_titan.boost_llama.export_format import first_shape_mismatch
-
     training_state = {DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE}
     stored = {
         key: tuple(meta.size)
         for key, meta in metadata.state_dict_metadata.items()
         if key.split(".")[0] not in training_state and isinstance(meta, TensorStorageMetadata)
     }
-    key = first_shape_mismatch(expected, stored)
+    key = next(
+        (k for k in sorted(expected.keys() | stored.keys()) if expected.get(k) != stored.get(k)),
+        None,
+    )
     if key is not None:
         raise ConfigError(
             f"{where} has {key} {stored.get(key, 'missing')} but the job's model "
@@ -296,24 +294,18 @@ def check_checkpoint_model(job, expected: Shapes) -> None:
 
 def check_initial_export(job) -> None:
     """An export given with `initial_load_in_hf` must hold exactly the job's model."""
-    if not job.checkpoint.initial_load_in_hf:
-        return
-    from boost_titan.boost_llama.spec import job_args
-    from boost_titan.boost_llama.state_dict_adapter import check_export
-
-    check_export(job.checkpoint.initial_load_path, job_args(job))
+    family = family_of(job)
+    if job.checkpoint.initial_load_in_hf and family is not None:
+        family.check_initial_export(job)
 
 
 def _our_model(job) -> str:
-    """` (arch, tp_strategy auto -> btp)` for our model; TorchTitan's and users' models have
-    no arch or strategy of ours."""
-    from boost_titan.boost_llama.spec import SPEC_NAME
-    from boost_titan.boost_llama.strategies import resolve_strategy
-
-    if job.model.name != SPEC_NAME:
-        return ""
-    strategy = resolve_strategy(job.boost.arch, job.boost.tp_strategy).name
-    return f" ({job.boost.arch}, tp_strategy {job.boost.tp_strategy} -> {strategy})"
+    """` (arch, tp_strategy auto -> btp)` for a model of our families; TorchTitan's and
+    users' models have no arch or strategy of ours: said so."""
+    family = family_of(job)
+    if family is None:
+        return " (no family of boost_titan: TorchTitan's construction checks only)"
+    return family.layout(job)
 
 
 def _count_source(nproc: int | None) -> str:
@@ -347,7 +339,7 @@ def check_job(job, nproc: int | None) -> str:
     check_bounds(job)
     check_output_folder(job.job.dump_folder)
     data_note = check_data(job)
-    check_initial_checkpoint(job.checkpoint)
+    check_initial_checkpoint(job)
     resumed = check_resume(job)
     vocab, shapes = check_model(job, world, degrees["dp_replicate"] * degrees["dp_shard"])
     check_prepared_data(job, vocab)

@@ -211,7 +211,7 @@ def rank_tensors(args: ModelShape, plan: TrainingLayout) -> int:
 
 def launch_kind(plan: TrainingLayout) -> str:
     """`weight_launches`' pattern for `plan`: without PP the compute copies
-    (`boost_llama.data_parallel`; the model prices layouts without data parallelism)."""
+    (`runtime.data_parallel`; the model prices layouts without data parallelism)."""
     if plan.cuda_graphs:
         return "graphs"
     if plan.legacy_launches:

@@ -194,8 +194,8 @@ def plan_of(
 
     if job.model.name != BOOST_MODEL:
         raise ConfigError(
-            f"model.name {job.model.name!r} in {path}: the model prices "
-            f'{BOOST_MODEL}; set model.name = "{BOOST_MODEL}"'
+            f"model.name {job.model.name!r} in {path}: not priced, the perf model prices "
+            f"family {BOOST_MODEL} only"
         )
     world, degrees = resolve_world(job, nproc)
     global_batch = check_batch(job, degrees)

@@ -6,6 +6,11 @@ room, never the other way). Every module and its job:
 - `microbatches`: the run's micro-batch protocol (what happens around each micro-batch).
 - `titan_internals`: every use of TorchTitan's private API, behind named functions.
 - `device`: CPU/gloo bring-up when there is no accelerator.
+- `family`: `ModelFamily`, the hooks a model family gives the checks before launch.
+- `data_parallel`: FSDP2 / HSDP, compute copies or DDP, the last step of a parallelize
+  function (the one table of which layout gets which).
+- `context_parallel`: the job's CP checks and ring attention on a layout's attentions.
+- `job_float8`: TorchTitan's float8 switch for a TrainSpec that applies float8 itself.
 - `compute_copies`: bf16 compute copies of fp32 master weights where nothing is sharded.
 - `accumulation`: gradient accumulation that casts each weight once per optimizer step.
 - `cuda_graphs`: a micro-batch captured once as a CUDA graph and replayed.

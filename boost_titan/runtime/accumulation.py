@@ -6,7 +6,7 @@ backward: under gradient accumulation each weight was cast twice per micro-batch
 per step at 4 micro-batches; 3,184 cast kernels of a 13,733-kernel step of CoLA 1B on an
 H100). `Accumulation` sets FSDP2's switches before every micro-batch instead:
 
-- On a 1-rank FSDP2 mesh (nothing sharded; which layouts: `boost_llama.data_parallel`) the
+- On a 1-rank FSDP2 mesh (nothing sharded; which layouts: `runtime.data_parallel`) the
   bf16 copy stays from the first micro-batch's forward to the last one's backward
   (`reshard_after_forward = False` there, `set_reshard_after_backward` here) and the weight
   gradients accumulate unsharded in fp32 (FSDP2 upcasts each micro-batch's bf16 gradient

@@ -1,6 +1,6 @@
 """bf16 compute from fp32 master weights without FSDP2, on layouts that shard no weight.
 
-Where nothing is sharded (which layouts: `boost_llama.data_parallel`), FSDP2 on a 1-rank
+Where nothing is sharded (which layouts: `runtime.data_parallel`), FSDP2 on a 1-rank
 mesh gave mixed precision at the price of its per-unit machinery on every micro-batch
 (hooks, the reduce-buffer copy of every gradient): the bf16 step took 1.46x the fp32 one on
 the debug model at TP 1 on CPU. `ComputeCopies` does the same arithmetic with autograd alone:

@@ -15,7 +15,7 @@ What a replay needs, the trainer provides:
   captured input tensors;
 - gradients at fixed addresses: the optimizer zeroes them in place (`set_to_none=False`);
 - the same work for every micro-batch: FSDP2 reshards and reduces after each one (the
-  micro-batch protocol keeps nothing: `boost_llama.data_parallel`), so on a layout that
+  micro-batch protocol keeps nothing: `runtime.data_parallel`), so on a layout that
   shards nothing the weight cast runs inside each replay, on the GPU only;
 - a loss that survives the next replay: the output is cloned.
 

@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate
 
 def _groups(grad: torch.Tensor) -> tuple[dist.ProcessGroup, ...]:
     """The process groups the grad's elements are spread over (none: replicated). A mesh
-    dim of one rank spreads nothing (mixed precision's FSDP2 mesh, `boost_llama.data_parallel`)."""
+    dim of one rank spreads nothing (mixed precision's FSDP2 mesh, `runtime.data_parallel`)."""
     if not isinstance(grad, DTensor):
         return ()
     if any(p.is_partial() for p in grad.placements):

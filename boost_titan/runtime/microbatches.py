@@ -11,7 +11,7 @@ The trainer picks it once, from the parallel layout the TrainSpec's `parallelize
 | FSDP2 modules | `FsdpSwitches` with `Accumulation.for_layout` (dp_shard or cp > 1 shards) |
 | anything else (no data parallelism, DDP) | none |
 
-Which of these our model gets is `boost_llama.data_parallel`'s choice (its module
+Which of these our model gets is `runtime.data_parallel`'s choice (its module
 docstring holds the table of layouts); TorchTitan's own models apply FSDP2 or DDP
 themselves. The trainer, `bench memory` (`bench.measure.memtrack`) and
 `tests/unit/test_accumulation.py` call a protocol the same way:

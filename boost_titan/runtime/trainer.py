@@ -55,7 +55,7 @@ run summary and a NaN stop.
   `maybe_enable_amp` (autocast on one device and under DDP; fp32 and a warning for TP or PP
   without FSDP) is replaced by `autocast_for_layout`: where the built layout casts for
   compute itself (FSDP2's mixed-precision policy or the compute copies: every layout of our
-  model in bf16, `boost_llama.data_parallel`) there is no autocast; a layout that casts
+  model in bf16, `runtime.data_parallel`) there is no autocast; a layout that casts
   nothing (a TorchTitan model on one device or under DDP) gets TorchTitan's own.
 - On CPU the NCCL-only settings stay quiet: the flight recorder is off (it would only leave
   an empty `comm_traces/`), and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is dropped

@@ -75,3 +75,27 @@ def build(name: str, strategy: str, layers: int = 3, **overrides) -> nn.Module:
 def logits_of(output) -> torch.Tensor:
     """The logits of a model's output: the tensor itself, or HF's `.logits`."""
     return output if isinstance(output, torch.Tensor) else output.logits
+
+
+def write_pretrained(folder, layers: int = 2, vocab_size: int = 512, tied: bool = False):
+    """A Hugging Face model folder as `--model.name hf` reads it: a tiny Llama (seed 0,
+    every parameter random, norm weights far from 1; `tied`: its head is its embedding)
+    saved with `save_pretrained` (config.json, model.safetensors) beside a small
+    byte-level `tokenizer.json`."""
+    from pathlib import Path
+
+    import transformers
+
+    from tests.helpers.corpus import write_hf_tokenizer
+
+    folder = Path(folder)
+    write_hf_tokenizer(folder, vocab_size)
+    torch.manual_seed(0)
+    settings = CONFIG | {"vocab_size": vocab_size, "attn_implementation": "sdpa"}
+    settings["tie_word_embeddings"] = tied
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(num_hidden_layers=layers, **settings)
+    )
+    randomize(model)
+    model.save_pretrained(folder)
+    return folder

@@ -53,7 +53,7 @@ def one_rank_group():
 
 def _model(fsdp: bool) -> tuple[torch.nn.Module, MicrobatchProtocol]:
     """The debug model at TP 1 with bf16 compute: as the trainer builds it, or (`fsdp`) with
-    FSDP2 on a 1-rank mesh as `boost_llama.data_parallel` applies it where it still does;
+    FSDP2 on a 1-rank mesh as `runtime.data_parallel` applies it where it still does;
     and the protocol the trainer reads from that layout."""
     from torchtitan.distributed import ParallelDims
     from torchtitan.models.llama3.infra.parallelize import apply_fsdp

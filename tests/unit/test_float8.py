@@ -73,7 +73,7 @@ def _one_line(error: Exception, *fragments: str) -> None:
 
 
 def test_gpu_without_float8_is_refused_unless_emulated(monkeypatch):
-    from boost_titan.boost_llama.job_float8 import validate_float8
+    from boost_titan.runtime.job_float8 import validate_float8
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
@@ -97,7 +97,7 @@ def test_gpu_without_float8_is_refused_unless_emulated(monkeypatch):
     ],
 )
 def test_bad_float8_settings(settings, fragments):
-    from boost_titan.boost_llama.job_float8 import validate_float8
+    from boost_titan.runtime.job_float8 import validate_float8
 
     with pytest.raises(ConfigError) as error:
         validate_float8(_job(**settings))
@@ -106,7 +106,7 @@ def test_bad_float8_settings(settings, fragments):
 
 def test_nothing_qualifies_is_one_line_error():
     """Per-rank GEMM dims all off the 16 grid (r = 8): float8 would change nothing."""
-    from boost_titan.boost_llama.job_float8 import apply_job_float8
+    from boost_titan.runtime.job_float8 import apply_job_float8
 
     model = build_model("cola", rank=8)
     with pytest.raises(ConfigError) as error:

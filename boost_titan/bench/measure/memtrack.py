@@ -4,7 +4,7 @@ One CPU process plays rank 0 of a TP group (a fake process group of world size t
 `fake_group`, as in `bench trace`) and, with `fake=True`, FakeTensorMode holds no real
 memory, so a 13B stage at TP4 and seq 4096 costs seconds. The model is built as the trainer
 builds it: fp32 weights, the real TP plan (`apply_plan`), the AC mode, then its mixed
-precision (`boost_llama.data_parallel`): without PP the compute copies
+precision (`runtime.data_parallel`): without PP the compute copies
 (`runtime.compute_copies`, held for the step), under PP TorchTitan's `apply_fsdp` with bf16
 parameters and fp32 reductions on a 1-rank "fsdp" mesh dim, never resharding, with the
 accumulation switches a pipeline stage sets before every backward; each through its

@@ -1,6 +1,7 @@
-"""Context parallelism for `boost_llama` jobs: what a job may combine it with, and its
-application to the model (the ring attention of `boost_titan.parallelize.context_parallel`
-on every block's `attention.inner_attention`).
+"""Context parallelism of a job: what it may combine it with, and its application to a
+model whose `ModelLayout` names its attentions (the ring attention of
+`boost_titan.parallelize.context_parallel`; `boost_llama` gives every block's
+`attention.inner_attention`).
 
 TorchTitan's trainer does the rest, as for its own llama3: each CP rank of a group gets
 the same batch, and `post_dataloading_process` shards tokens, labels and `positions`
@@ -14,6 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.parallelize.plans import ModelLayout
 
 LOAD_BALANCERS = ("headtail", None)
 """`parallelism.context_parallel_load_balancer` values for SDPA (None: no balancing)."""
@@ -38,7 +40,7 @@ def validate_context_parallel(job_config) -> None:
     if p.context_parallel_load_balancer not in LOAD_BALANCERS:
         raise ConfigError(
             f"context_parallel_load_balancer {p.context_parallel_load_balancer!r} is for flex "
-            "or varlen attention; boost_llama runs causal SDPA under CP: use headtail or None"
+            "or varlen attention; CP runs causal SDPA: use headtail or None"
         )
     refused = {
         "pipeline parallelism": p.pipeline_parallel_degree > 1,
@@ -53,15 +55,10 @@ def validate_context_parallel(job_config) -> None:
             )
 
 
-def apply_cp(model: nn.Module, cp_mesh, job_config) -> int:
-    """Ring attention over `cp_mesh` in every block's attention; returns how many."""
+def apply_cp(model: nn.Module, cp_mesh, layout: ModelLayout, job_config) -> int:
+    """Ring attention over `cp_mesh` in every attention `layout` names; returns how many."""
     from boost_titan.parallelize.context_parallel import apply_context_parallel
 
-    from .strategies import boost_layout
-
     return apply_context_parallel(
-        model,
-        cp_mesh,
-        boost_layout(model.args),
-        rotate=job_config.parallelism.context_parallel_rotate_method,
+        model, cp_mesh, layout, rotate=job_config.parallelism.context_parallel_rotate_method
     )

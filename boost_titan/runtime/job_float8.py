@@ -1,4 +1,5 @@
-"""TorchTitan's float8 switch for `boost_llama`: `--model.converters quantize.linear.float8`
+"""TorchTitan's float8 switch for a TrainSpec whose parallelize function applies float8 itself
+(`boost_llama`'s): `--model.converters quantize.linear.float8`
 with `[quantize.linear.float8]` (`recipe_name`, `filter_fqns`, `emulate`).
 
 TorchTitan's `Float8LinearConverter` swaps nn.Linear for torchao's `Float8Linear` before
@@ -71,7 +72,7 @@ def validate_float8(job_config) -> None:
     if settings.enable_fsdp_float8_all_gather:
         raise ConfigError(
             "[quantize.linear.float8] enable_fsdp_float8_all_gather is not supported by "
-            "boost_llama (its TP styles cast the local shards); set it to false"
+            "our TP styles (they cast the local shards); set it to false"
         )
 
 

@@ -1,4 +1,5 @@
-"""Data parallelism and mixed precision, the last step of `parallelize_boost`. Which layout
+"""Data parallelism and mixed precision, the last step of a TrainSpec's parallelize function
+(`boost_llama.parallelize.parallelize_boost`; any model whose blocks it is given). Which layout
 takes which path (the one table of it), and the micro-batch protocol the trainer then reads
 from the built model (`runtime.microbatches.protocol_for`; nothing is attached to the model):
 
@@ -71,10 +72,17 @@ def _casts_without_fsdp(parallel_dims: ParallelDims, job_config) -> bool:
 
 
 def apply_data_parallel(
-    model: nn.Module, parallel_dims: ParallelDims, job_config, compile_model: bool
+    model: nn.Module,
+    blocks: list[nn.Module],
+    parallel_dims: ParallelDims,
+    job_config,
+    compile_model: bool,
 ) -> None:
     """FSDP2 / HSDP, compute copies or the 1-rank FSDP2 of mixed precision, or DDP (module
-    docstring)."""
+    docstring); `blocks` are the model's transformer blocks (the compute copies' units).
+    FSDP2 is TorchTitan's llama3 `apply_fsdp`: it wraps `model.layers` and the
+    `tok_embeddings` / `norm` / `output` it finds, so a model of other names takes the
+    paths without FSDP2 only."""
     training = job_config.training
     replicate = parallel_dims.dp_replicate_enabled
     names = ["dp_replicate", "fsdp"] if replicate else ["fsdp"]
@@ -83,9 +91,7 @@ def apply_data_parallel(
             apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
         return
     if _casts_without_fsdp(parallel_dims, job_config):
-        apply_compute_copies(
-            model, TORCH_DTYPE_MAP[training.mixed_precision_param], model.layers.values()
-        )
+        apply_compute_copies(model, TORCH_DTYPE_MAP[training.mixed_precision_param], blocks)
         logger.info(
             "Mixed precision without FSDP2 (nothing sharded): each fp32 weight cast once per "
             "step, gradients accumulated in fp32"

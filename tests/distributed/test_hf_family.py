@@ -1,0 +1,203 @@
+"""A Hugging Face causal LM as a model family (`--model.name hf`): a tiny Llama saved to a
+folder (config.json, model.safetensors, tokenizer.json; built from a config, every weight
+random, nothing downloaded) converted to CoLA (SVD initialisation) and trained by
+`boost_titan.train` under BTP at TP 2, as `run_train.sh` runs it (`check` in this process,
+then torchrun): 4 steps with a checkpoint every 2 and validation at steps 2 and 4; then its
+step-2 checkpoint resumed in a new dump folder with the same `training.steps`; then the
+step-4 checkpoint exported (`python -m boost_titan.export --hf-model`) and loaded back by
+transformers (`load_hf`); a resume at another rank and an export without its arch are
+one line each. Two launches in all, shared by the tests.
+
+`tests/unit/test_hf_family.py`: the model built as the trainer builds it starts from the
+folder's converted weights; the refused jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from boost_titan.check import main as check_main
+from boost_titan.export import main as export_main
+from boost_titan.job.launch import train_command
+from tests.helpers import DEBUG_TOML, ROOT
+from tests.helpers.hf_models import write_pretrained
+
+STEPS, SEQ_LEN, BATCH = 4, 64, 4
+
+
+def hf_args(folder: Path) -> list[str]:
+    """The hf job on debug.toml (CoLA, BTP TP 2): a checkpoint every 2 steps, all kept,
+    one validation batch every 2 steps."""
+    return [
+        *("--model.name", "hf", "--model.hf_assets_path", str(folder), "--boost.arch", "cola"),
+        *("--training.steps", str(STEPS), "--training.seq_len", str(SEQ_LEN)),
+        *("--training.local_batch_size", str(BATCH), "--lr_scheduler.warmup_steps", "2"),
+        *("--validation.freq", "2", "--validation.steps", "1"),
+        *("--validation.seq_len", str(SEQ_LEN), "--validation.local_batch_size", str(BATCH)),
+        *("--checkpoint.interval", "2", "--checkpoint.keep_latest_k", "0"),
+        *("--metrics.log_freq", "1", "--metrics.disable_color_printing"),
+    ]
+
+
+def _train(folder: Path, args: list[str]) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE")}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    command = train_command(2, DEBUG_TOML, folder, args, launcher_args=("--role", "rank"))
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output
+
+
+def _printed(main, argv: list[str]) -> str:
+    """What a command's `main` prints (it returns: no error)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(argv)
+    return out.getvalue()
+
+
+@dataclass
+class HfRuns:
+    pretrained: Path
+    args: list[str]
+    checked: str
+    """`check`'s output for the first run."""
+    rows: dict[str, list[dict]]
+    """losses.jsonl training rows: "uninterrupted" (steps 1-4), "resumed" (steps 3-4)."""
+    validation: list[dict]
+    """The uninterrupted run's validation rows (steps 2, 4)."""
+    resumed_output: str
+    export: Path
+    full: Path
+    """The uninterrupted run's dump folder."""
+
+
+@pytest.fixture(scope="module")
+def hf_runs(tmp_path_factory) -> HfRuns:
+    from boost_titan.runtime.run_log import read_log
+
+    root = tmp_path_factory.mktemp("hf")
+    pretrained = write_pretrained(root / "pretrained")
+    args = hf_args(pretrained)
+    full, resumed = root / "full", root / "resumed"
+    check_argv = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML)]
+    checked = _printed(check_main, [*check_argv, "--job.dump_folder", str(full), *args])
+    _train(full, args)
+    shutil.copytree(full / "checkpoint" / "step-2", resumed / "checkpoint" / "step-2")
+    resumed_output = _train(resumed, args)
+    export = root / "export"
+    _printed(
+        export_main,
+        [
+            *("--checkpoint", str(full / "checkpoint" / "step-4"), "--out", str(export)),
+            *("--hf-model", str(pretrained), "--arch", "cola"),
+        ],
+    )
+    rows, validation = read_log(str(full / "losses.jsonl"))
+    resumed_rows, _ = read_log(str(resumed / "losses.jsonl"))
+    return HfRuns(
+        pretrained,
+        args,
+        checked,
+        {"uninterrupted": rows, "resumed": resumed_rows},
+        validation,
+        resumed_output,
+        export,
+        full,
+    )
+
+
+def test_hf_trains_and_resumes_exactly(hf_runs):
+    """`check` accepts the job (the folder's model, CoLA, BTP); the run learns; steps 3-4
+    resumed from the step-2 checkpoint equal the uninterrupted run's bit for bit (same
+    processes, same layout: a lost data position, LR schedule, optimizer state or weight
+    moves them)."""
+    assert (
+        "config ok: hf " in hf_runs.checked and "cola, tp_strategy auto -> btp" in hf_runs.checked
+    )
+    uninterrupted = {row["step"]: row for row in hf_runs.rows["uninterrupted"]}
+    resumed = {row["step"]: row for row in hf_runs.rows["resumed"]}
+    assert sorted(uninterrupted) == [1, 2, 3, 4] and sorted(resumed) == [3, 4]
+    assert "Training starts at step 3" in hf_runs.resumed_output
+    for step, row in resumed.items():
+        for key in ("loss", "grad_norm"):
+            assert math.isfinite(row[key]) and row[key] == uninterrupted[step][key], (step, key)
+    assert uninterrupted[4]["loss"] < uninterrupted[1]["loss"]
+
+
+def test_hf_export_reloads_in_transformers(hf_runs):
+    """The step-4 export is a Hugging Face folder transformers loads (`load_hf`: config,
+    CoLA pairs, weights; its tokenizer with AutoTokenizer): its held-out loss on the
+    validation batch equals the trainer's (the TP 2 model's logits at step 4, after the
+    step-4 checkpoint) to fp32 rounding."""
+    from transformers import AutoTokenizer
+
+    from boost_titan.config.cli import parse_job_config
+    from boost_titan.data import build_tokenizer
+    from boost_titan.data.held_out import build_validation_batches, validation_data
+    from boost_titan.parallelize import load_hf
+
+    export = hf_runs.export
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(export))
+    assert AutoTokenizer.from_pretrained(export).bos_token == "<|bos|>"
+    model = load_hf(export).eval()
+    assert type(model.model.layers[0].mlp.up_proj).__name__ == "LowRankLinear"
+    job = parse_job_config(["--job.config_file", str(DEBUG_TOML), *hf_runs.args])
+    batches = build_validation_batches(
+        validation_data(job), build_tokenizer(job), SEQ_LEN, BATCH, steps=1
+    )
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for input_dict, labels in batches:
+            logits = model(input_dict["input"]).logits
+            total += torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1).float(), labels.flatten(), reduction="sum"
+            ).item()
+            tokens += int((labels != -100).sum())
+    (trained,) = [row for row in hf_runs.validation if row["step"] == STEPS]
+    assert tokens == trained["validation_tokens"]
+    assert math.isclose(total / tokens, trained["validation_loss"], rel_tol=1e-5), (
+        total / tokens,
+        trained,
+    )
+
+
+def test_hf_checkpoint_mismatches_are_one_line(hf_runs, tmp_path, capsys):
+    """Through the family's hooks `check` names the hf model a checkpoint does not hold
+    (resuming the run at another rank), and `export --hf-model` asks for the arch that
+    low-rank pairs cannot tell (svd or cola); one `error:` line each, exit 2."""
+    argv = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML)]
+    argv += ["--job.dump_folder", str(hf_runs.full), *hf_runs.args, "--boost.rank", "8"]
+    step4 = str(hf_runs.full / "checkpoint" / "step-4")
+    export = ["--checkpoint", step4, "--out", str(tmp_path / "out"), "--hf-model"]
+    export.append(str(hf_runs.pretrained))
+    cases = [
+        (
+            check_main,
+            argv,
+            [
+                "mlp.down_proj.down.weight (16, 96)",
+                "expects (8, 96)",
+                "arch cola, rank 8",
+                "and rank it was saved with",
+            ],
+        ),
+        (export_main, export, ["fit --arch svd or cola", "pass the [boost] arch"]),
+    ]
+    for main, args, fragments in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        out, err = capsys.readouterr()
+        assert exit_info.value.code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert err.startswith("error: ") and all(f in err for f in fragments), err
+    assert not (tmp_path / "out").exists()
