@@ -23,6 +23,13 @@ from __future__ import annotations
 import os
 import tempfile
 
+from boost_titan.checkpoint.files import (
+    check_loadable,
+    is_complete_checkpoint,
+    misnamed_step,
+    newest_step,
+    read_metadata,
+)
 from boost_titan.config import check_cuda_graphs, check_run_limits
 from boost_titan.config.bounds import check_bounds
 from boost_titan.config.cli import parse_job_config
@@ -30,13 +37,6 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision
 from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.config.world import check_batch, pop_nproc, resolve_world
-from boost_titan.runtime.checkpoint_files import (
-    check_loadable,
-    is_complete_checkpoint,
-    misnamed_step,
-    read_metadata,
-    titan_newest_step,
-)
 from boost_titan.runtime.dump_lock import DumpFolderLock
 
 
@@ -141,7 +141,7 @@ def resume_checkpoint(job) -> str | None:
     folder = os.path.join(job.job.dump_folder, c.folder)
     if not c.enable or not os.path.exists(folder):
         return None
-    step = titan_newest_step(folder) if c.load_step == -1 else c.load_step
+    step = newest_step(folder) if c.load_step == -1 else c.load_step
     if step < 0:
         return None
     problem = misnamed_step(folder, step)

@@ -22,5 +22,5 @@ room, never the other way). Every module and its job:
 - `dump_lock`: one job per dump folder.
 - `restarts`: crash recovery under torchrun restarts.
 
-The end of the process groups and of the process is `boost_titan.parallelize.teardown`,
+The end of the process groups and of the process is `boost_titan.processes.teardown`,
 shared with every multi-process command."""

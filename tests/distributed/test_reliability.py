@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from boost_titan.job.launch import train_command
-from boost_titan.runtime.checkpoint_files import (
+from boost_titan.checkpoint.files import (
     check_readable,
     is_complete_checkpoint,
     latest_checkpoint,

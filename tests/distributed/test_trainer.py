@@ -9,7 +9,7 @@ import re
 import subprocess
 
 from boost_titan.job.launch import torchrun_command
-from boost_titan.runtime.checkpoint_files import latest_checkpoint
+from boost_titan.checkpoint.files import latest_checkpoint
 from tests.helpers import DEBUG_TOML, ROOT
 
 

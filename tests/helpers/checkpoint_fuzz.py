@@ -522,7 +522,7 @@ def read_case(folder: Path, state: dict) -> dict:
     from torch.distributed.checkpoint import FileSystemReader
 
     from boost_titan.data.loader import CheckpointedDataloader
-    from boost_titan.runtime.checkpoint_files import check_loadable, read_tensors
+    from boost_titan.checkpoint.files import check_loadable, read_tensors
 
     metadata = check_loadable(str(folder), resuming=True)
     loaded = load_target(metadata, state)
@@ -665,7 +665,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"no guard named {sorted(unknown)}; guards: {sorted(GUARDS)}")
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     safe_load.MAX_OPCODES = MAX_OPCODES
     signal.signal(signal.SIGALRM, raise_timeout)

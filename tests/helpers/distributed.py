@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from boost_titan.parallelize.local_ranks import run_on_ranks
+from boost_titan.processes.local_ranks import run_on_ranks
 
 __all__ = ["randomize", "run_on_ranks"]
 

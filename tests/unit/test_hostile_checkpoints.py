@@ -25,8 +25,8 @@ from boost_titan import generate as generate_command
 from boost_titan.check import main as check_main
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.loader import guard_titan_dataloader
-from boost_titan.parallelize import safe_load
-from boost_titan.parallelize.teardown import end_process_groups
+from boost_titan.checkpoint import safe_load
+from boost_titan.processes.teardown import end_process_groups
 from boost_titan.runtime.resume import Choice, agree_on_checkpoint, check_checkpoint_to_load
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import debug_args, save_checkpoint, save_model_checkpoint
@@ -207,7 +207,7 @@ def test_file_names_are_relative_without_dot_dot(tmp_path):
     """A `relative_path` is refused when absolute or with a `..` part, even one that lands
     inside the folder (what an open resolves through `sub` may differ from the text), and
     when a symlink takes it out; a plain name inside is its size."""
-    from boost_titan.parallelize.dcp_layout import BadCheckpoint, check_file
+    from boost_titan.checkpoint.dcp_layout import BadCheckpoint, check_file
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "x").write_bytes(b"123")
@@ -221,7 +221,7 @@ def test_file_names_are_relative_without_dot_dot(tmp_path):
 def test_a_byte_item_is_capped_before_it_is_read(sources, tmp_path, monkeypatch):
     """A byte item declaring more than MAX_ITEM_BYTES (DCP reads one whole into memory) is
     refused from its `.metadata`, before the file is read."""
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     folder = tmp_path / "step-3"
     shutil.copytree(sources["job"], folder)
@@ -239,7 +239,7 @@ def test_a_step_folder_linked_elsewhere_is_refused(sources, capsys, tmp_path):
     """A run's `checkpoint/step-3` that is a symlink to a folder elsewhere (whose files pass
     every check against their own folder) is one line from `check` and from the trainer's
     check before it loads; the real folder passes `check_confined`."""
-    from boost_titan.parallelize.dcp_layout import check_confined
+    from boost_titan.checkpoint.dcp_layout import check_confined
 
     elsewhere = tmp_path / "elsewhere" / "step-3"
     shutil.copytree(sources["job"], elsewhere)
@@ -297,7 +297,7 @@ def test_a_tensor_archive_is_one_tensor_as_torch_reads_it(tmp_path):
     def records(archive: bytes) -> list:
         return dcp_layout.tensor_records(io.BytesIO(archive), 0, len(archive))
 
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     buffer = io.BytesIO()
     torch.save(torch.arange(16.0), buffer)
@@ -322,7 +322,7 @@ def test_a_tensor_archive_is_one_tensor_as_torch_reads_it(tmp_path):
 def test_a_tensor_in_more_chunks_than_any_run_has_ranks_is_refused(sources, monkeypatch):
     """A tensor's chunk list longer than `MAX_CHUNKS_PER_TENSOR` is refused from `.metadata`
     alone, before any chunk is looked up or read (65,536 chunks took check 88 s, export 145 s)."""
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     metadata = read_metadata(sources["cola"])
     fqn, entry = next(

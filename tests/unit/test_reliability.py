@@ -23,8 +23,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from boost_titan import torchrun
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.teardown import CLOSED_KEY, end_process_groups
-from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
+from boost_titan.processes.teardown import CLOSED_KEY, end_process_groups
+from boost_titan.checkpoint.files import AsyncSaveFolder, latest_checkpoint, save_failure
 from boost_titan.runtime.nonfinite import NonFiniteGuard, RankView, blame, nonfinite
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints, shared_store_warning
 from boost_titan.runtime.stopping import (

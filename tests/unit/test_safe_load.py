@@ -30,7 +30,7 @@ from boost_titan import generate as generate_command
 from boost_titan.check import main as check_main
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.loader import CheckpointedDataloader
-from boost_titan.parallelize.safe_load import (
+from boost_titan.checkpoint.safe_load import (
     UnsafeCheckpoint,
     guard_dcp,
     load_saved,
@@ -281,7 +281,7 @@ def test_load_sharded_refuses_a_planted_checkpoint(tmp_path, unguarded):
 
     from boost_titan.examples.own_model import LAYOUT, Decoder
     from boost_titan.parallelize import apply_plan, btp_plan, load_sharded, save_sharded
-    from boost_titan.parallelize.teardown import end_process_groups
+    from boost_titan.processes.teardown import end_process_groups
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
