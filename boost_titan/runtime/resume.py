@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torchtitan.tools.logging import logger
 
 from boost_titan.checkpoint.agree import Choice, agree_on_checkpoint, check_checkpoint_to_load
@@ -47,6 +48,7 @@ def prepare_to_load(checkpointer: Any, load_step: int) -> Resume:
     return Resume(choice, check_checkpoint_to_load(checkpointer, choice))
 
 
+@torch.no_grad()
 def load_checkpoint(checkpointer: Any, resume: Resume) -> bool:
     """Load what `resume` names into the checkpointer's states (collective); False when
     there is nothing to load."""

@@ -4,8 +4,9 @@ then report a failure that shows the hole (`SIGNS`: words of its failure line). 
 switch-off patches the product's own objects in this process and returns its undo.
 
 Guards not listed here are second layers whose removal no read can show, since the first
-layer refuses the same input before: DCP's own reads through the allowlist (`guard_dcp`,
-`guard_titan_dataloader`: the whole checkpoint is vetted before any load), the unpickler's
+layer refuses the same input before: DCP's own reads through the allowlist
+(`reads.GuardedReader`, `reads.GuardedPlanner`, which also vets the dataloader state before
+TorchTitan's loader gets it: the whole checkpoint is vetted before any load), the unpickler's
 refusal of persistent ids (CPython's unpickler refuses them by itself), the check that a
 MetadataIndex key holds a name, offsets and an int (its fields nest no deeper than the tuple
 depth allows), a file shorter than its entries (the archive or pickle read from it is then
