@@ -32,11 +32,10 @@ from boost_titan.checkpoint.files import (
 )
 from boost_titan.config import check_cuda_graphs, check_run_limits
 from boost_titan.config.bounds import check_bounds
-from boost_titan.config.cli import parse_job_config
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision
 from boost_titan.config.titan_settings import check_titan_settings
-from boost_titan.config.world import check_batch, pop_nproc, resolve_world
+from boost_titan.config.world import check_batch, resolve_world
 from boost_titan.runtime.dump_lock import DumpFolderLock
 
 
@@ -124,13 +123,6 @@ def check_data(job) -> str:
         f"; note: {path} holds {size / 2**30:.1f} GiB of raw text, tokenized by every rank on "
         "the fly: tokenize it once with python -m boost_titan.prepare (docs/datasets.md)"
     )
-
-
-def check_prepared_data(job, vocab: int | None) -> None:
-    """Prepared training data matches the job's tokenizer and vocabulary `vocab`."""
-    from boost_titan.data.prepared_check import check_prepared
-
-    check_prepared(job, vocab, scan_ids=True)
 
 
 def resume_checkpoint(job) -> str | None:
@@ -320,13 +312,6 @@ class NothingToTrain(Exception):
     """The job's checkpoint is already at training.steps; the message says so."""
 
 
-def check(args: list[str]) -> str:
-    """Validate a job given train's arguments (and `--nproc`): `check_job` on their one
-    parse."""
-    nproc, args = pop_nproc(args)
-    return check_job(parse_job_config(args), nproc)
-
-
 def check_job(job, nproc: int | None) -> str:
     """Validate the parsed job `job` on `nproc` processes (None: NGPU, else the fewest the
     degrees allow); return the `config ok` summary. Raises ConfigError for bad input and
@@ -342,7 +327,9 @@ def check_job(job, nproc: int | None) -> str:
     check_initial_checkpoint(job.checkpoint)
     resumed = check_resume(job)
     vocab, shapes = check_model(job, world, degrees["dp_replicate"] * degrees["dp_shard"])
-    check_prepared_data(job, vocab)
+    from boost_titan.data.prepared_check import check_prepared  # numpy: not for --help
+
+    check_prepared(job, vocab, scan_ids=True)  # prepared data: the tokenizer's, in `vocab`
     check_checkpoint_model(job, shapes)
     check_initial_export(job)
     if resumed is not None and resumed >= job.training.steps:

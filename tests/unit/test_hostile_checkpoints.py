@@ -103,6 +103,7 @@ def test_each_hostile_checkpoint_is_one_line_from_every_reader(
     assert pathlib.PosixPath.__dict__.get("_str") is path_str
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 def test_titan_dataloader_receives_only_vetted_state(sources, tmp_path):
     """`--model.name llama3` uses TorchTitan's own `ParallelAwareDataloader`, whose
     `load_state_dict` calls `pickle.loads`: the trainer's load (`resume.read_states`) vets
