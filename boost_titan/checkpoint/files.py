@@ -1,6 +1,7 @@
-"""DCP checkpoints on disk: the `step-N` folders of a run, which are complete, and whether
-one can be read safely (its `.metadata` and every byte item unpickle through the allowlist
-of `boost_titan.checkpoint.safe_load`, and every file the metadata names is there and long
+"""DCP checkpoints on disk: the `step-N` folders of a run, the one definition of the newest
+complete step (`newest_step`, and `latest_checkpoint`, its folder), and whether a checkpoint
+can be read safely (its `.metadata` and every byte item unpickle through the allowlist of
+`boost_titan.checkpoint.safe_load`, and every file the metadata names is there and long
 enough), and `read_tensors` (DCP's load through the same allowlist, one-line errors). Read
 by the trainer, `check`, `export`, `eval` and `generate`; imports torch only to read a
 checkpoint.
