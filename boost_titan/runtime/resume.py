@@ -25,7 +25,7 @@ from torchtitan.tools.logging import logger
 from boost_titan.checkpoint.agree import Choice, agree_on_checkpoint, check_checkpoint_to_load
 from boost_titan.checkpoint.files import DAMAGED, RESUME_FIX, failed_read
 from boost_titan.checkpoint.reads import GuardedPlanner, GuardedReader
-from boost_titan.checkpoint.safe_load import shown
+from boost_titan.checkpoint.safe_load import read_metadata, shown
 from boost_titan.config.errors import ConfigError
 from boost_titan.runtime.titan_internals import finish_load, states_to_load
 
@@ -74,13 +74,15 @@ def load_checkpoint(checkpointer: Any, resume: Resume) -> bool:
 def read_states(
     states: dict[str, Any], path: str, metadata: Metadata | None, where: str, fix: str
 ) -> None:
-    """DCP's load of `states` from `path` through the allowlist; a failed read (DCP's
-    CheckpointException, a BaseException that TorchTitan's main reports as a traceback and
-    the trainer would take for a failed save) is one ConfigError line naming `where`."""
+    """DCP's load of `states` from `path` through the allowlist (`metadata`: its `.metadata`,
+    read here when None); a failed read (DCP's CheckpointException, a BaseException that
+    TorchTitan's main reports as a traceback and the trainer would take for a failed save)
+    is one ConfigError line naming `where`."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
+        metadata = metadata or read_metadata(path)  # DCP would hide why in a fallback's error
         dcp.load(states, storage_reader=GuardedReader(path, metadata), planner=GuardedPlanner())
     except (Exception, CheckpointException) as e:
         cause = failed_read(e)

@@ -206,7 +206,8 @@ def test_a_failed_load_is_one_line(tmp_path, monkeypatch):
     checkpointer = SimpleNamespace(folder=str(tmp_path), initial_load_path="")
     monkeypatch.setattr(resume, "states_to_load", lambda checkpointer, model_only: {})
     with pytest.raises(ConfigError) as refusal:
-        resume.load_checkpoint(checkpointer, resume.Resume(Choice(str(tmp_path), True, 3), None))
+        read = resume.Resume(Choice(str(tmp_path), True, 3), metadata=SimpleNamespace())
+        resume.load_checkpoint(checkpointer, read)  # its .metadata read already
     line = str(refusal.value)
     assert line.startswith(
         f"cannot load the checkpoint {tmp_path / 'step-3'} (ValueError: bad bytes)"
