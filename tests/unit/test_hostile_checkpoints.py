@@ -347,3 +347,25 @@ def test_a_tensor_in_more_chunks_than_any_run_has_ranks_is_refused(sources, monk
     monkeypatch.setattr(dcp_layout, "MAX_CHUNKS_PER_TENSOR", 3)  # then the coverage check
     with pytest.raises(dcp_layout.BadCheckpoint, match="hold .* elements"):
         dcp_layout.check_types(metadata)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_metadata_is_parsed_once_per_load(sources, tmp_path, monkeypatch):
+    """The trainer's check before the load parses `.metadata` (through the allowlist) and
+    the load itself reuses it (`GuardedReader`): one parse, then the values load."""
+    folder = tmp_path / "checkpoint" / "step-3"
+    shutil.copytree(sources["job"], folder)
+    parsed = []
+    unpickle = safe_load.unpickle
+
+    def counted(data: bytes):
+        value = unpickle(data)
+        parsed.append(type(value))
+        return value
+
+    monkeypatch.setattr(safe_load, "unpickle", counted)
+    checkpointer = SimpleNamespace(folder=str(folder.parent), initial_load_path="")
+    metadata = check_checkpoint_to_load(checkpointer, Choice(str(folder.parent), True, 3))
+    states = {"train_state": {"step": 0, "ntokens_seen": 0}}
+    read_states(states, str(folder), metadata, str(folder), "fix")
+    assert parsed.count(Metadata) == 1 and states["train_state"]["step"] == 3, parsed
