@@ -29,7 +29,7 @@ from boost_titan.boost_llama.load_trained import add_model_options, fail_worker
 from boost_titan.boost_llama.strategies import strategy_names
 from boost_titan.config.cli import OneLineParser
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.teardown import run_to_end
+from boost_titan.processes.teardown import run_to_end
 
 
 def parser() -> OneLineParser:

@@ -27,7 +27,7 @@ from boost_titan.parallelize import (
     resolve_plan,
     to_low_rank,
 )
-from boost_titan.parallelize.teardown import end_process_groups
+from boost_titan.processes.teardown import end_process_groups
 
 TINY = dict(
     vocab_size=64,

@@ -34,6 +34,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 
+from boost_titan.parallelize.torch_internals import replace_torchrun_agent
 from boost_titan.runtime.stopping import STOPPED
 
 _first_signal_handler = elastic_api._terminate_process_handler
@@ -79,9 +80,7 @@ def _shutdown_noting_status(self: LocalElasticAgent, *args, **kwargs) -> None:
 def main() -> None:
     # torchrun installs `_terminate_process_handler`, looked up in its module when the
     # workers start.
-    elastic_api._terminate_process_handler = _handle_once
-    LocalElasticAgent._monitor_workers = _monitor_stopped_as_final
-    LocalElasticAgent._shutdown = _shutdown_noting_status
+    replace_torchrun_agent(_handle_once, _monitor_stopped_as_final, _shutdown_noting_status)
     try:
         torchrun_main()
     except ChildFailedError as e:

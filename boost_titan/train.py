@@ -21,8 +21,8 @@ from boost_titan.runtime.stopping import end_if_stopped_before
 def main() -> None:
     end_if_stopped_before()  # torchrun restarted a stopped group: it ends before the imports
     from boost_titan.job.entry import run
-    from boost_titan.parallelize.teardown import run_to_end
     from boost_titan.perf.fits import rank0_prediction
+    from boost_titan.processes.teardown import run_to_end
     from boost_titan.runtime.trainer import BoostTrainer
 
     trainer = functools.partial(BoostTrainer, memory_model=rank0_prediction)

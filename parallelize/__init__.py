@@ -1,7 +1,8 @@
 """Bottleneck-aware tensor parallelism (BTP) and its baselines as DTensor plans, for any
 torch-native decoder.
 
-A model-free library: it imports torch, `boost_titan.kernels` and its own modules only.
+A model-free library: it imports torch, `boost_titan.kernels`, its own modules and (to load
+a sharded checkpoint safely) `boost_titan.checkpoint`'s allowlist only.
 Describe where a model keeps its modules with a `ModelLayout`, build a plan
 (`btp_plan`, `vanilla_plan`, `megatron_plan`: FQN -> ParallelStyle) and apply it with
 `apply_plan`, which checks the plan against the model first (`verify=True` also compares
@@ -22,11 +23,9 @@ the attention modules a layout names, sequence sharding with head-tail load bala
 `CommDebugMode`). Hugging Face models (transformers imported lazily): `hf` (`hf_layout`),
 `hf_guards` (one-line errors for what a sharded HF model cannot do),
 `low_rank` (`to_low_rank`: down/up pairs with SVD init), `hf_checkpoint` (`save_hf` /
-`load_hf` as a HF folder, `save_sharded` / `load_sharded` with DCP). Processes and files:
-`safe_load` (a DCP checkpoint's pickles through one allowlist: loading never runs code from
-the files), `dcp_layout` (what a checkpoint's `.metadata` says, checked: types, files inside
-the folder, tensor bytes as declared), `teardown` (the orderly end of a process in a process
-group), `local_ranks` (`run_on_ranks`: a function on N local gloo ranks).
+`load_hf` as a HF folder, `save_sharded` / `load_sharded` with DCP, read through
+`boost_titan.checkpoint`'s allowlist). `torch_internals`: every write to torch's own
+modules, classes and settings, for this library and the rooms above it.
 """
 
 import importlib

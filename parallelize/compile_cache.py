@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from .torch_internals import set_compile_cache_tag
+
 TAG_MARK = "boost-titan-rank:"
 """Starts this module's part of `torch.compiler.config.cache_key_tag` (a user's own tag
 stays in front of it)."""
@@ -81,5 +83,5 @@ def key_compile_caches_by_rank(*meshes: DeviceMesh) -> str:
         >>> dist.destroy_process_group()
     """
     user_tag = torch.compiler.config.cache_key_tag.split(TAG_MARK)[0]
-    torch.compiler.config.cache_key_tag = user_tag + rank_cache_tag(list(meshes))
+    set_compile_cache_tag(user_tag + rank_cache_tag(list(meshes)))
     return torch.compiler.config.cache_key_tag

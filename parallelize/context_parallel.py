@@ -46,6 +46,7 @@ from .cp_checks import (
 )
 from .plans import ModelLayout
 from .styles import PlanError
+from .torch_internals import add_dtensor_op_handlers, set_cp_load_balance
 
 aten = torch.ops.aten
 SEQ_DIM = 2
@@ -105,7 +106,7 @@ def shard_sequence(
     along its only dim; module docstring); the ring's causal masking follows
     `load_balance` (torch's global CP option)."""
     world, rank = mesh.size(), mesh.get_local_rank()
-    ring._cp_options.enable_load_balance = load_balance
+    set_cp_load_balance(load_balance)
     order = chunk_order(world, load_balance)
     mine = order[2 * rank : 2 * rank + 2]
     shards = []
@@ -202,11 +203,7 @@ def enable_ring_dispatch() -> None:
     """Route DTensor SDPA to the ring: torch's CUDA handlers, then the CPU ones here (torch's
     switch rebuilds the handler table, so the CPU ones are added after it)."""
     ring._enable_context_parallel_dispatcher()
-    handlers = DTensor._op_dispatcher._custom_op_handlers
-    DTensor._op_dispatcher._custom_op_handlers = {
-        **handlers,
-        **dict.fromkeys(CPU_OPS, cpu_ring_handler),
-    }
+    add_dtensor_op_handlers(dict.fromkeys(CPU_OPS, cpu_ring_handler))
 
 
 @dataclass

@@ -6,7 +6,8 @@
   `to_low_rank`'s pairs when the config records ``low_rank``.
 * `save_sharded` / `load_sharded`: torch.distributed.checkpoint of the sharded model, each
   rank writing its own shards; it loads at another TP degree (DCP reshards), reading the
-  checkpoint's pickles through `safe_load`'s allowlist (a folder from elsewhere runs no code).
+  checkpoint's pickles through `boost_titan.checkpoint`'s allowlist (a folder from
+  elsewhere runs no code).
 
 transformers and safetensors are imported inside the functions that need them.
 """
@@ -154,7 +155,7 @@ def load_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
     allowlist raises `UnsafeCheckpoint`, a damaged or altered folder (wrong types, files
     outside it or not regular, tensors whose bytes are not their shapes') `BadCheckpoint`,
     each one line naming the file, before anything is loaded; DCP's own reads then go
-    through the same allowlist (`guard_dcp`).
+    through the same allowlist (`GuardedReader` with that `.metadata`, `GuardedPlanner`).
 
     Args:
         model (nn.Module): the model after `apply_plan`; its weights are replaced.
@@ -178,11 +179,10 @@ def load_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    from .dcp_layout import read_checked
-    from .safe_load import guard_dcp
+    from boost_titan.checkpoint.dcp_layout import read_checked
+    from boost_titan.checkpoint.reads import GuardedPlanner, GuardedReader
 
-    read_checked(str(folder))
-    guard_dcp()
+    metadata = read_checked(str(folder))
     state = get_model_state_dict(model)
-    dcp.load(state, checkpoint_id=str(folder))
+    dcp.load(state, storage_reader=GuardedReader(str(folder), metadata), planner=GuardedPlanner())
     set_model_state_dict(model, state)

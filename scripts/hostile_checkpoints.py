@@ -440,7 +440,7 @@ def main() -> None:
     marker = os.path.join(work, "PAYLOAD-RAN")
     python = [sys.executable, "-W", "ignore", "-m"]
     only = tuple(sys.argv[3:]) or ("",)
-    from boost_titan.parallelize.safe_load import CheckpointUnpickler
+    from boost_titan.checkpoint.safe_load import CheckpointUnpickler
 
     with open(os.path.join(fresh, ".metadata"), "rb") as f:
         unpickler = CheckpointUnpickler(io.BytesIO(f.read()))

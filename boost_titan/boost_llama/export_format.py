@@ -21,14 +21,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from boost_titan.config import LAX_BASES
-from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.checkpoint_files import (
+from boost_titan.checkpoint.files import (
     check_readable,
     is_complete_checkpoint,
     latest_checkpoint,
     read_tensors,
 )
+from boost_titan.config import LAX_BASES
+from boost_titan.config.errors import ConfigError
 
 from .archs import ARCHITECTURES, architecture
 from .shapes import FLAVORS, ModelShape
@@ -323,7 +323,8 @@ def infer_args(
 def load_model_state(checkpoint: str) -> dict[str, torch.Tensor]:
     """The model weights of a DCP checkpoint as full tensors (one process, no process group)."""
     import torch
-    from torch.distributed.checkpoint import FileSystemReader
+
+    from boost_titan.checkpoint.reads import GuardedReader
 
     metadata = model_metadata(checkpoint)  # its pickles vetted (check_readable)
     state = {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in metadata.items()}
@@ -331,7 +332,7 @@ def load_model_state(checkpoint: str) -> dict[str, torch.Tensor]:
         f"--checkpoint {checkpoint}: cannot read its tensors ({{}}); the checkpoint is "
         "damaged, use another step-N folder"
     )
-    read_tensors(state, FileSystemReader(checkpoint), failure)  # DCP's reads vetted alike
+    read_tensors(state, GuardedReader(checkpoint), failure)  # DCP's reads vetted alike
     return state
 
 

@@ -7,7 +7,7 @@ flags shapes cannot tell (`boost_llama.export_format.infer_args`: `--arch`, `--l
 `build` makes the model on the meta device, applies a TP plan when given a mesh,
 materialises it and reads the weights with DCP (the checkpoint's `FileSystemReader` or the
 export's `HuggingFaceStorageReader`), so each rank reads only its shards; a DCP folder's
-pickles are read through the checkpoint allowlist (`boost_titan.parallelize.safe_load`:
+pickles are read through the checkpoint allowlist (`boost_titan.checkpoint.safe_load`:
 `locate` refuses a folder that asks for more, and DCP's own reads are guarded).
 `load_tokenizer_for` checks a tokenizer against the model's vocabulary. `add_model_options`
 / `locate_from` are the command-line side.
@@ -23,7 +23,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader, HuggingFaceStorageReader
+from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     set_model_state_dict,
@@ -42,12 +42,13 @@ from boost_titan.boost_llama.export_format import (
 )
 from boost_titan.boost_llama.state_dict_adapter import check_export
 from boost_titan.boost_llama.strategies import build_plan, resolve_strategy
+from boost_titan.checkpoint.files import is_complete_checkpoint, read_tensors
+from boost_titan.checkpoint.reads import GuardedReader
 from boost_titan.config import ARCHS, LAX_BASES, Boost
 from boost_titan.config.cli import fail
 from boost_titan.config.errors import ConfigError
 from boost_titan.data.tokenizer import load_tokenizer
 from boost_titan.parallelize import apply_plan
-from boost_titan.runtime.checkpoint_files import is_complete_checkpoint, read_tensors
 
 DCP, EXPORT = "dcp", "export"
 
@@ -122,10 +123,10 @@ def build(
 
 def load_weights(model: nn.Module, source: Source) -> None:
     """Read `source`'s weights into `model` (plain or sharded parameters) with DCP, whose
-    reads of a DCP folder's pickles go through the checkpoint allowlist (`guard_dcp`; `locate`
-    has vetted them already)."""
+    reads of a DCP folder's pickles go through the checkpoint allowlist (`GuardedReader`,
+    `GuardedPlanner`; `locate` has vetted them already)."""
     if source.kind == DCP:
-        reader = FileSystemReader(source.path)
+        reader = GuardedReader(source.path)
     else:
         reader = HuggingFaceStorageReader(source.path)
     state = get_model_state_dict(model)

@@ -15,8 +15,8 @@ from typing import Any
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torchtitan.protocols.state_dict_adapter import BaseStateDictAdapter
 
+from boost_titan.checkpoint.files import is_complete_checkpoint
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.checkpoint_files import is_complete_checkpoint
 
 from .args import BoostModelArgs
 from .export_format import (

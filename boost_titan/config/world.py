@@ -1,6 +1,6 @@
 """The processes a job needs and the batch it trains: `--nproc`, the parallel degrees (the
 data-parallel shard degree resolved), and the global batch checked against them. Read by
-`check` (job.preflight) and priced by `bench model --config` (perf.job)."""
+`check` (job.preflight) and priced by `bench model --config` (perf.job_plan)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ TorchTitan stores each data-parallel rank's loader state in the checkpoint as
 `pickle.dumps` bytes and restores it with `pickle.loads`, which calls whatever a checkpoint
 from elsewhere names. `CheckpointedDataloader` keeps that format (checkpoints stay
 TorchTitan's) and unpickles it through the checkpoint allowlist
-(`boost_titan.parallelize.safe_load`); `guard_titan_dataloader` makes TorchTitan's own
-loader (the one its models, e.g. `llama3`, build) do the same. A dataset whose position is
+(`boost_titan.checkpoint.safe_load`); TorchTitan's own loader (the one its models, e.g.
+`llama3`, build) only ever receives a state the checkpoint's load vetted already
+(`boost_titan.checkpoint.reads.GuardedPlanner`). A dataset whose position is
 the same on every rank (`reshardable`: prepared data, `boost_titan.data.mix`) is saved under
 one key (`SHARED_KEY`), so a checkpoint resumes at another data-parallel degree.
 """
@@ -19,8 +20,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.tools.logging import logger
 
+from boost_titan.checkpoint.safe_load import UnsafeCheckpoint, loads
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.safe_load import UnsafeCheckpoint, loads
 
 SHARED_KEY = "all_dp_ranks"
 """The loader state's key for a dataset whose position every rank shares."""
@@ -77,9 +78,3 @@ class CheckpointedDataloader(ParallelAwareDataloader):
                 f"the checkpoint's dataloader state ({key}) does not fit this "
                 f"loader ({type(e).__name__}); add --checkpoint.exclude_from_loading dataloader"
             ) from None
-
-
-def guard_titan_dataloader() -> None:
-    """Make TorchTitan's `ParallelAwareDataloader` (every model's loader, ours subclasses
-    it) unpickle its saved state through the allowlist, in this whole process."""
-    ParallelAwareDataloader.load_state_dict = CheckpointedDataloader.load_state_dict

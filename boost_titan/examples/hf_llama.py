@@ -32,7 +32,7 @@ from boost_titan.parallelize import (
     save_hf,
     to_low_rank,
 )
-from boost_titan.parallelize.teardown import run_to_end
+from boost_titan.processes.teardown import run_to_end
 
 RANK, STEPS, TOLERANCE = 16, 5, 1e-5
 

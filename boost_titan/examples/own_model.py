@@ -22,7 +22,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from boost_titan.examples import start_process_group
 from boost_titan.parallelize import ModelLayout, apply_plan, btp_plan, plan_table
-from boost_titan.parallelize.teardown import run_to_end
+from boost_titan.processes.teardown import run_to_end
 
 VOCAB, DIM, HEADS, KV_HEADS, FFN, RANK, LAYERS = 256, 128, 8, 4, 352, 32, 4
 HEAD_DIM = DIM // HEADS

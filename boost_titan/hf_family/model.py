@@ -77,7 +77,7 @@ def build_hf_model(args: HfModelArgs) -> nn.Module:
     base = type(AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION))
     # the class built again, as the trainer's model (transformers builds from config only)
     model = logits_class(base)(config)
-    model.config._attn_implementation = ATTENTION
+    model.set_attn_implementation(ATTENTION)
     model.boost_args = args
     return convert(model, args, init="random")
 

@@ -5,7 +5,7 @@ when there is no accelerator, every family's TrainSpec registered), parses the j
 (`parse_job_config`, which adds the `[boost]` section) and trains it (`train`: TorchTitan's
 `main` on that parsed job). User errors (`ConfigError`) and a diverged loss end the worker
 with one `error:` line and exit code 2 or 3, a stop with a checkpoint (`runtime.stopping`)
-with its line and 75. Every worker ends through `boost_titan.parallelize.teardown.run_to_end`
+with its line and 75. Every worker ends through `boost_titan.processes.teardown.run_to_end`
 (groups destroyed, no interpreter finalization: a finished run cannot end in a SIGABRT).
 Rank 0 holds the dump folder's lock for the whole run (`boost_titan.runtime.dump_lock`: one
 job per folder) and warns when torchrun restarts are enabled over its shared TCPStore
@@ -40,7 +40,7 @@ from boost_titan.config.world import resolve_world
 from boost_titan.data.held_out import point_titan_validation_at_held_out
 from boost_titan.data.tokenizer import DefaultAssetsWarningFilter
 from boost_titan.job.families import register_families
-from boost_titan.parallelize.teardown import end_process_groups
+from boost_titan.processes.teardown import end_process_groups
 from boost_titan.runtime.device import use_cpu_if_no_accelerator
 from boost_titan.runtime.dump_lock import DumpFolderLock
 from boost_titan.runtime.nonfinite import TrainingDiverged
@@ -97,7 +97,7 @@ def run(trainer_cls: type[BoostTrainer] = BoostTrainer) -> int:
         return STOPPED
     finally:
         # BoostTrainer.close() ends the groups; this covers a trainer that never got built
-        # (then `run_to_end` ends the process: `boost_titan.parallelize.teardown`).
+        # (then `run_to_end` ends the process: `boost_titan.processes.teardown`).
         end_process_groups(finished=False)
         if lock is not None:
             lock.release()

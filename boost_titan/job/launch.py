@@ -1,9 +1,10 @@
-"""The one torchrun command line of the product's own launches (benchmarks, comparisons, tests).
+"""The torchrun command line of the product's own launches (benchmarks, comparisons, tests);
+`run_train.sh` builds the user's own, through `boost_titan.torchrun` (restarts, signals).
 
 `torchrun_command(nproc, module, args)` runs `python -m <module> <args>` on `nproc` local
 processes through `torch.distributed.run` with a c10d rendezvous on a free port (so that
 launches never collide), printing rank 0's output only. `train_command` is that command for
-`boost_titan.train` on a TOML and a dump folder, and `train` runs it (`loss_compare`'s
+`boost_titan.train` on a TOML and a dump folder, and `launch_training` runs it (`loss_compare`'s
 `bench.measure.loss_curves`, the parity tests). `worker_env()` is the environment those
 workers get: one intra-op thread per process unless the caller set OMP_NUM_THREADS, and the
 warnings that every CPU run prints silenced. `pipeline_args` are the trainer's options for
@@ -56,7 +57,7 @@ def train_command(
     return torchrun_command(nproc, "boost_titan.train", job, **options)
 
 
-def train(
+def launch_training(
     nproc: int, config: str | Path, dump: str | Path, args: Sequence[str], timeout: float = 3600
 ) -> str:
     """Train (`train_command`) with one thread per worker and warnings silenced; rank 0's
@@ -91,4 +92,10 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
-__all__ = ["pipeline_args", "torchrun_command", "train", "train_command", "worker_env"]
+__all__ = [
+    "launch_training",
+    "pipeline_args",
+    "torchrun_command",
+    "train_command",
+    "worker_env",
+]

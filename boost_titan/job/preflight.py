@@ -23,21 +23,20 @@ from __future__ import annotations
 import os
 import tempfile
 
-from boost_titan.config import check_cuda_graphs, check_documents, check_run_limits
-from boost_titan.config.bounds import check_bounds
-from boost_titan.config.cli import parse_job_config
-from boost_titan.config.errors import ConfigError
-from boost_titan.config.precision import Precision
-from boost_titan.config.titan_settings import check_titan_settings
-from boost_titan.config.world import check_batch, pop_nproc, resolve_world
-from boost_titan.job.families import family_of
-from boost_titan.runtime.checkpoint_files import (
+from boost_titan.checkpoint.files import (
     check_loadable,
     is_complete_checkpoint,
     misnamed_step,
+    newest_step,
     read_metadata,
-    titan_newest_step,
 )
+from boost_titan.config import check_cuda_graphs, check_documents, check_run_limits
+from boost_titan.config.bounds import check_bounds
+from boost_titan.config.errors import ConfigError
+from boost_titan.config.precision import Precision
+from boost_titan.config.titan_settings import check_titan_settings
+from boost_titan.config.world import check_batch, resolve_world
+from boost_titan.job.families import family_of
 from boost_titan.runtime.dump_lock import DumpFolderLock
 
 
@@ -136,13 +135,6 @@ def check_data(job) -> str:
     )
 
 
-def check_prepared_data(job, vocab: int | None) -> None:
-    """Prepared training data matches the job's tokenizer and vocabulary `vocab`."""
-    from boost_titan.data.prepared_check import check_prepared
-
-    check_prepared(job, vocab, scan_ids=True)
-
-
 def resume_checkpoint(job) -> str | None:
     """The step-N folder the job resumes from, as TorchTitan picks it: with checkpointing on
     and the dump folder's checkpoint folder present, `checkpoint.load_step` or the newest
@@ -151,7 +143,7 @@ def resume_checkpoint(job) -> str | None:
     folder = os.path.join(job.job.dump_folder, c.folder)
     if not c.enable or not os.path.exists(folder):
         return None
-    step = titan_newest_step(folder) if c.load_step == -1 else c.load_step
+    step = newest_step(folder) if c.load_step == -1 else c.load_step
     if step < 0:
         return None
     problem = misnamed_step(folder, step)
@@ -319,13 +311,6 @@ class NothingToTrain(Exception):
     """The job's checkpoint is already at training.steps; the message says so."""
 
 
-def check(args: list[str]) -> str:
-    """Validate a job given train's arguments (and `--nproc`): `check_job` on their one
-    parse."""
-    nproc, args = pop_nproc(args)
-    return check_job(parse_job_config(args), nproc)
-
-
 def check_job(job, nproc: int | None) -> str:
     """Validate the parsed job `job` on `nproc` processes (None: NGPU, else the fewest the
     degrees allow); return the `config ok` summary. Raises ConfigError for bad input and
@@ -342,7 +327,9 @@ def check_job(job, nproc: int | None) -> str:
     check_initial_checkpoint(job)
     resumed = check_resume(job)
     vocab, shapes = check_model(job, world, degrees["dp_replicate"] * degrees["dp_shard"])
-    check_prepared_data(job, vocab)
+    from boost_titan.data.prepared_check import check_prepared  # numpy: not for --help
+
+    check_prepared(job, vocab, scan_ids=True)  # prepared data: the tokenizer's, in `vocab`
     check_checkpoint_model(job, shapes)
     check_initial_export(job)
     if resumed is not None and resumed >= job.training.steps:

@@ -9,7 +9,7 @@ casts), `activations` (what a block keeps for backward), `host` (kernel launches
 host's launch time) -> `timing` (seconds of a block, a stage, the step) and `memory` (peak
 per GPU) -> `predict` (a layout's full record) -> `records` (the JSON record and its
 tables) -> `paper` (against the BOOST authors' published measurements), `measured` (our
-H100 rows), `plots`; `precision_table` (the paper's configurations per precision), `job` (a
+H100 rows), `plots`; `precision_table` (the paper's configurations per precision), `job_plan` (a
 training TOML's layout), `fits` and `layout_search` (`plan --auto`: every layout on N GPUs,
 ranked).
 Imports no CLI module and no measurement harness (`bench`), and torch only when a layout

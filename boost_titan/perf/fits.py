@@ -13,7 +13,7 @@ from typing import Any
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import memory
-from boost_titan.perf.job import JobPlan, config_view, plan_of
+from boost_titan.perf.job_plan import JobPlan, config_view, plan_of
 from boost_titan.perf.layout_search import GPU_MEMORY_GIB, USABLE
 
 DEFAULT_GPU = "a100"

@@ -25,7 +25,7 @@ from boost_titan.config import AC_MODES, OVERLAP_CHUNKS
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import layout, memory, timing
 from boost_titan.perf.gpus import GPUS, GpuProfile, gpu_profile
-from boost_titan.perf.job import job_plan
+from boost_titan.perf.job_plan import job_plan
 from boost_titan.perf.layout import TrainingLayout
 
 GPU_MEMORY_GIB = {"a100": 80.0, "a100-hgx4": 80.0, "h100": 80.0}

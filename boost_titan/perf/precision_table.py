@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from boost_titan.perf import layout, predict
 from boost_titan.perf.gpus import gpu_profile
-from boost_titan.perf.job import job_plan
+from boost_titan.perf.job_plan import job_plan
 from boost_titan.perf.layout import TrainingLayout
 from boost_titan.perf.paper import PAPER_GPU, PAPER_ROWS
 from boost_titan.perf.records import config_name

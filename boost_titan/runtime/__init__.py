@@ -22,10 +22,11 @@ room, never the other way). Every module and its job:
 - `held_out_loss`: the held-out evaluation shared by training's validator and `eval`.
 - `saved_activations`: the activation bytes a forward keeps for backward (logged per step).
 - `rss`: process memory.
-- `checkpoint_files`: step folders, DCP metadata and files (also read by `check`, `export`).
-- `resume`: every rank loads the checkpoint rank 0 picks.
+- `resume`: every rank loads the checkpoint rank 0 picks, through the checkpoint allowlist
+  (`boost_titan.checkpoint` reads it; TorchTitan's CheckpointManager through `titan_internals`).
+- `saves`: which folder a failed asynchronous save was writing.
 - `dump_lock`: one job per dump folder.
 - `restarts`: crash recovery under torchrun restarts.
 
-The end of the process groups and of the process is `boost_titan.parallelize.teardown`,
+The end of the process groups and of the process is `boost_titan.processes.teardown`,
 shared with every multi-process command."""

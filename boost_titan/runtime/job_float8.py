@@ -20,16 +20,15 @@ TorchTitan's converter unchanged.
 from __future__ import annotations
 
 import torch
-import torch._inductor.config
 from torch import nn
 from torchtitan.components.quantization.float8 import Float8LinearConverter
-from torchtitan.protocols import model_converter
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.kernels.float8 import RECIPES, float8_recipe
 from boost_titan.parallelize.float8 import AUTO_FILTER_FLAG, apply_float8, gemm_skip_reason
-from boost_titan.runtime.titan_internals import validate_quantization
+from boost_titan.parallelize.torch_internals import emulate_precision_casts
+from boost_titan.runtime.titan_internals import register_converter, validate_quantization
 
 CONVERTER = "quantize.linear.float8"
 
@@ -86,7 +85,7 @@ def apply_job_float8(model: nn.Module, job_config) -> None:
     settings = job_config.quantize.linear.float8
     f8 = float8_recipe(recipe_of(job_config), settings.emulate)
     if f8.recipe == "rowwise":  # as TorchTitan's converter (pytorch/pytorch#150859)
-        torch._inductor.config.emulate_precision_casts = True
+        emulate_precision_casts()
     selection = apply_float8(model, f8, settings.filter_fqns)
     if not selection.chosen:
         raise ConfigError(
@@ -123,4 +122,4 @@ def install_converter(spec_name: str) -> None:
     """Point the `quantize.linear.float8` registry entry at `BoostFloat8Converter`, which
     leaves models of TrainSpec `spec_name` to `parallelize_boost`."""
     BoostFloat8Converter.spec_name = spec_name
-    model_converter._registry_model_converter_cls[CONVERTER] = BoostFloat8Converter
+    register_converter(CONVERTER, BoostFloat8Converter)

@@ -33,8 +33,9 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from boost_titan.checkpoint.files import is_complete_checkpoint, step_folders
 from boost_titan.config.errors import ConfigError
-from boost_titan.runtime.checkpoint_files import is_complete_checkpoint, step_folders
+from boost_titan.parallelize.torch_internals import replace_dcp_write
 
 if TYPE_CHECKING:
     import torch
@@ -121,9 +122,7 @@ class Fault:
     def _hook_checkpoint_write(self) -> None:
         # DCP: every rank writes its shards (write_data), then the coordinator gathers the
         # results and writes .metadata; dying in between leaves a folder without .metadata.
-        from torch.distributed.checkpoint.filesystem import FileSystemWriter
-
-        write_data = FileSystemWriter.write_data
+        write_data = None
         folders = {f"step-{step}" for step in self.steps}
 
         def write_data_then_die(writer, plan, planner):
@@ -133,4 +132,4 @@ class Fault:
                 _die()
             return written
 
-        FileSystemWriter.write_data = write_data_then_die
+        write_data = replace_dcp_write(write_data_then_die)

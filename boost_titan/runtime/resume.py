@@ -1,152 +1,90 @@
-"""Every rank resumes from the checkpoint rank 0 picks, after reading it safely.
+"""Resuming a training job: every rank loads the checkpoint rank 0 picked, through the
+checkpoint allowlist, with nothing of TorchTitan or torch patched.
 
-TorchTitan's `CheckpointManager.load` lets each rank look for the newest `step-N` folder
-on its own. Ranks that see the folder differently (a shared file system that lags, or
-another job writing the same folder) then load different steps and fail, or train on
-mixed weights. `agree_on_checkpoint` makes rank 0's choice everyone's: rank 0 picks,
-broadcasts the step, every rank reports whether it sees that checkpoint, and the manager
-is pinned to the step. A rank that cannot see it ends the job on every rank with the same
-one-line error. `check_checkpoint_to_load` then reads the pickles of the checkpoint the
-choice will load through the checkpoint allowlist, on every rank alike; `prepare_to_load`
-is all of it, with DCP's own reads guarded, as BoostTrainer runs it before TorchTitan loads.
+`prepare_to_load` (collective, before the loop): rank 0's pick made everyone's
+(`checkpoint.agree.agree_on_checkpoint`) and that checkpoint read up front
+(`check_checkpoint_to_load`: its `.metadata` parsed once, every pickle through the
+allowlist). `load_checkpoint` then does what TorchTitan's `CheckpointManager.load` does
+for that choice (the states it loads, step 0 as the model alone, the model's flattened
+states: `titan_internals.states_to_load` / `finish_load`), with DCP reading through
+`GuardedReader` (the `.metadata` already read) and `GuardedPlanner` (every byte item, and
+the dataloader state in one, through the allowlist); a failed read is one ConfigError line.
+An export in safetensors (`checkpoint.initial_load_in_hf`: no pickle) is TorchTitan's own
+load.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch.distributed as dist
+import torch
 from torchtitan.tools.logging import logger
 
+from boost_titan.checkpoint.agree import Choice, agree_on_checkpoint, check_checkpoint_to_load
+from boost_titan.checkpoint.files import DAMAGED, RESUME_FIX, failed_read
+from boost_titan.checkpoint.reads import GuardedPlanner, GuardedReader
+from boost_titan.checkpoint.safe_load import read_metadata, shown
 from boost_titan.config.errors import ConfigError
-from boost_titan.data.loader import guard_titan_dataloader
-from boost_titan.parallelize.safe_load import guard_dcp, shown
-from boost_titan.runtime.checkpoint_files import (
-    DAMAGED,
-    RESUME_FIX,
-    TITAN_MARKERS,
-    check_loadable,
-    misnamed_step,
-)
-from boost_titan.runtime.titan_internals import newest_step, pin_newest_step
+from boost_titan.runtime.titan_internals import finish_load, states_to_load
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
 
 
 @dataclass(frozen=True)
-class Choice:
-    """What rank 0 saw: its checkpoint folder, whether it exists, and the step to load
-    (-1: none)."""
+class Resume:
+    """What every rank agreed to load, and its `.metadata` (None: nothing read up front)."""
 
-    folder: str
-    folder_exists: bool
-    step: int
+    choice: Choice
+    metadata: Metadata | None
 
 
-def _loadable(path: str) -> bool:
-    return any(os.path.isfile(os.path.join(path, marker)) for marker in TITAN_MARKERS)
-
-
-def pick(checkpointer, load_step: int) -> Choice:
-    """The choice TorchTitan's `load(step=load_step)` would make on this rank."""
-    folder = checkpointer.folder
-    if not os.path.exists(folder):
-        return Choice(folder, folder_exists=False, step=-1)
-    step = newest_step(checkpointer) if load_step == -1 else load_step
-    return Choice(folder, folder_exists=True, step=step)
-
-
-def disagreement(checkpointer, choice: Choice) -> str | None:
-    """Why this rank cannot follow rank 0's `choice`, or None."""
-    folder = checkpointer.folder
-    if os.path.exists(folder) != choice.folder_exists:
-        seen = "does not see" if choice.folder_exists else "sees"
-        return f"{seen} the checkpoint folder {folder}"
-    if choice.step >= 0 and not _loadable(os.path.join(folder, f"step-{choice.step}")):
-        return f"does not see a complete {os.path.join(folder, f'step-{choice.step}')}"
-    return None
-
-
-def agree_on_checkpoint(checkpointer, load_step: int) -> Choice:
-    """Pin `checkpointer` to rank 0's choice on every rank (collective; call it on all
-    ranks before `load`). Raises ConfigError on every rank if one cannot follow it."""
-    rank = dist.get_rank()
-    shared = [pick(checkpointer, load_step) if rank == 0 else None]
-    dist.broadcast_object_list(shared, src=0)
-    choice: Choice = shared[0]
-    views: list = [None] * dist.get_world_size()
-    own_newest = pick(checkpointer, -1).step
-    dist.all_gather_object(views, (disagreement(checkpointer, choice), own_newest))
-    misnamed = choice.step >= 0 and misnamed_step(checkpointer.folder, choice.step)
-    if misnamed:  # every rank sees it alike: a folder name, not a file system that lags
-        raise ConfigError(misnamed)
-    problems = [f"rank {r} {problem}" for r, (problem, _) in enumerate(views) if problem]
-    if problems:
-        plan = (
-            f"rank 0 resumes from {os.path.join(choice.folder, f'step-{choice.step}')}"
-            if choice.step >= 0
-            else f"rank 0 finds no checkpoint in {choice.folder}"
-        )
-        raise ConfigError(
-            f"{'; '.join(problems)} ({plan}); put job.dump_folder on a file system that every "
-            "rank sees alike, and let one job at a time write to it"
-        )
-    newer = [(r, step) for r, (_, step) in enumerate(views) if step > choice.step]
-    newer = newer if load_step == -1 else []  # a chosen load_step is nobody's newest
-    if rank == 0 and newer:
-        seen = ", ".join(f"rank {r} step-{step}" for r, step in newer)
-        logger.warning(
-            f"ranks see newer checkpoints than rank 0's step-{choice.step} ({seen}); every "
-            "rank loads rank 0's choice"
-        )
-    pin_newest_step(checkpointer, choice.step)
-    return choice
-
-
-def check_checkpoint_to_load(checkpointer, choice: Choice) -> None:
-    """What `checkpointer` will load after `choice` (this rank's step-N of rank 0's pick,
-    else a DCP `checkpoint.initial_load_path` when the dump folder has no checkpoint folder)
-    passes `check_loadable`: a ConfigError before any load starts."""
-    if choice.step >= 0:
-        path = os.path.join(checkpointer.folder, f"step-{choice.step}")
-        check_loadable(path, resuming=True)
-    elif not choice.folder_exists and checkpointer.initial_load_path:
-        if not checkpointer.initial_load_in_hf:  # an export is safetensors: no pickle
-            check_loadable(checkpointer.initial_load_path, resuming=False)
-
-
-def prepare_to_load(checkpointer, load_step: int) -> Choice:
-    """What every rank runs before `checkpointer.load`: DCP's reads through the checkpoint
-    allowlist for the whole process (`guard_dcp`, and TorchTitan's dataloader state:
-    `guard_titan_dataloader`), rank 0's pick made everyone's
-    (`agree_on_checkpoint`), and that checkpoint's pickles read up front
-    (`check_checkpoint_to_load`). Collective; raises ConfigError on every rank."""
-    guard_dcp()
-    guard_titan_dataloader()
+def prepare_to_load(checkpointer: Any, load_step: int) -> Resume:
+    """Rank 0's pick made everyone's and that checkpoint read safely up front. Collective;
+    raises ConfigError on every rank."""
     choice = agree_on_checkpoint(checkpointer, load_step)
-    check_checkpoint_to_load(checkpointer, choice)
-    load_in_one_line(checkpointer, choice)
-    return choice
+    return Resume(choice, check_checkpoint_to_load(checkpointer, choice))
 
 
-def load_in_one_line(checkpointer, choice: Choice) -> None:
-    """Make `checkpointer.load` end a failed read (DCP's CheckpointException, a
-    BaseException that TorchTitan's main reports as a traceback, and the trainer would take
-    for a failed save) in one ConfigError line naming the checkpoint."""
+@torch.no_grad()
+def load_checkpoint(checkpointer: Any, resume: Resume) -> bool:
+    """Load what `resume` names into the checkpointer's states (collective); False when
+    there is nothing to load."""
+    choice = resume.choice
+    if choice.folder_exists:
+        if choice.step < 0:
+            return False
+        path = os.path.join(checkpointer.folder, f"step-{choice.step}")
+        where, fix, model_only = path, RESUME_FIX, choice.step == 0
+    elif checkpointer.initial_load_path and not checkpointer.initial_load_in_hf:
+        path = checkpointer.initial_load_path
+        where, fix = f"checkpoint.initial_load_path {path}", DAMAGED
+        model_only = checkpointer.initial_load_model_only
+    else:  # nothing, or an export's safetensors from Hugging Face: no pickle to read
+        return checkpointer.load(step=choice.step)
+    logger.info(f"Loading the checkpoint from {path}.")
+    states = states_to_load(checkpointer, model_only)
+    read_states(states, path, resume.metadata, where, fix)
+    finish_load(checkpointer, states)
+    return True
+
+
+def read_states(
+    states: dict[str, Any], path: str, metadata: Metadata | None, where: str, fix: str
+) -> None:
+    """DCP's load of `states` from `path` through the allowlist (`metadata`: its `.metadata`,
+    read here when None); a failed read (DCP's CheckpointException, a BaseException that
+    TorchTitan's main reports as a traceback and the trainer would take for a failed save)
+    is one ConfigError line naming `where`."""
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    load = checkpointer.load
-    if choice.step >= 0:
-        path, fix = os.path.join(checkpointer.folder, f"step-{choice.step}"), RESUME_FIX
-    else:
-        path, fix = f"checkpoint.initial_load_path {checkpointer.initial_load_path}", DAMAGED
-
-    def load_or_fail(*args, **kwargs):
-        try:
-            return load(*args, **kwargs)
-        except CheckpointException as e:
-            failures = e.failures or {}
-            cause = failures[min(failures)][0] if failures else e
-            reason = f"{type(cause).__name__}: {shown(' '.join(str(cause).split()))}"
-            raise ConfigError(f"cannot load the checkpoint {path} ({reason}); {fix}") from None
-
-    checkpointer.load = load_or_fail
+    try:
+        metadata = metadata or read_metadata(path)  # DCP would hide why in a fallback's error
+        dcp.load(states, storage_reader=GuardedReader(path, metadata), planner=GuardedPlanner())
+    except (Exception, CheckpointException) as e:
+        cause = failed_read(e)
+        reason = f"{type(cause).__name__}: {shown(' '.join(str(cause).split()))}"
+        raise ConfigError(f"cannot load the checkpoint {where} ({reason}); {fix}") from None

@@ -76,21 +76,39 @@ def save_now(checkpointer: Any, path: str) -> None:
     checkpointer._purge_stale_checkpoints()
 
 
-def newest_step(checkpointer: Any, folder: str = "") -> int:
-    """The step `load(step=-1)` picks in `folder` (default: the checkpoint folder), -1 if
-    none."""
-    return checkpointer._find_load_step(folder)
+def states_to_load(checkpointer: Any, model_only: bool) -> dict[str, Any]:
+    """What the checkpointer's own `load` fills from a DCP checkpoint: the model's states
+    alone (`model_only`), else every state but `checkpoint.exclude_from_loading`, the
+    model's flattened in."""
+    return checkpointer._states_to_load(model_only)
 
 
-def pin_newest_step(checkpointer: Any, step: int) -> None:
-    """Make `load(step=-1)` pick `step` in the checkpoint folder (in other folders, as
-    before)."""
-    original = checkpointer._find_load_step
+def finish_load(checkpointer: Any, states: dict[str, Any]) -> None:
+    """What the checkpointer's own `dcp_load` does after DCP filled `states`: hand the
+    model's flattened states to the model."""
+    from torchtitan.components.checkpoint import MODEL
 
-    def find_load_step(folder: str = "") -> int:
-        return step if folder in ("", checkpointer.folder) else original(folder)
+    if MODEL in checkpointer.states:
+        checkpointer.states[MODEL].load_state_dict(states)
 
-    checkpointer._find_load_step = find_load_step
+
+# ---- the pipeline schedule, converters ---------------------------------------------------
+def schedule_loss(schedule: Any) -> Callable[..., Any]:
+    """The loss function a pipeline schedule calls on its last stage."""
+    return schedule._loss_fn
+
+
+def replace_schedule_loss(schedule: Any, loss: Callable[..., Any]) -> None:
+    """Make the pipeline schedule call `loss` (it reads its `_loss_fn` at each step)."""
+    schedule._loss_fn = loss
+
+
+def register_converter(name: str, converter: type) -> None:
+    """Register `converter` as TorchTitan's model converter `name`, replacing any converter
+    of that name (TorchTitan's `register_model_converter` refuses a second one)."""
+    from torchtitan.protocols import model_converter
+
+    model_converter._registry_model_converter_cls[name] = converter
 
 
 # ---- ParallelDims, float8, activation checkpointing ---------------------------------------
@@ -120,14 +138,17 @@ def selective_ac_saves() -> set:
 
 __all__ = [
     "checkpoint_path",
-    "newest_step",
+    "finish_load",
     "one_rank_mesh",
-    "pin_newest_step",
     "point_at_cpu",
+    "register_converter",
     "replace_amp",
+    "replace_schedule_loss",
     "save_now",
     "saves_at",
+    "schedule_loss",
     "selective_ac_saves",
+    "states_to_load",
     "validate_quantization",
     "wait_for_save",
 ]

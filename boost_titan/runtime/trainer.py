@@ -25,7 +25,7 @@ run summary and a NaN stop.
   the newest complete checkpoint stays the one a rerun loads.
 - The end of a run is orderly on every rank (`close`): pending checkpoint writes are
   waited for, the checkpointer's threads joined, and every process group destroyed after
-  the ranks met (`boost_titan.parallelize.teardown`); `train.py` then ends the process
+  the ranks met (`boost_titan.processes.teardown`); `train.py` then ends the process
   without interpreter finalization, so that a complete run cannot end in a SIGABRT. The
   meeting replaces TorchTitan's 2 s sleep of rank 0 "for other ranks to complete" at the
   end of its `train` loop.
@@ -44,9 +44,9 @@ run summary and a NaN stop.
   restart and any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*`
   injects a SIGKILL for testing.
 - Every rank loads the checkpoint rank 0 picks, and only after reading its pickles
-  through the checkpoint allowlist (`boost_titan.runtime.resume.prepare_to_load`): DCP's
-  loads are guarded for the whole process (`boost_titan.parallelize.safe_load`), and a
-  checkpoint that asks for anything else stops every rank with one line before the load.
+  through the checkpoint allowlist (`boost_titan.runtime.resume`: `prepare_to_load`, then
+  `load_checkpoint`, DCP reading through the same allowlist); a checkpoint that asks for
+  anything else stops every rank with one line before the load.
 - Gradient clipping uses the exact fp64 global norm (`runtime.grad_norm`), the same in every
   layout; `losses.jsonl` rows carry it as `grad_norm` (`[boost] exact_grad_norm = false`:
   TorchTitan's norm).
@@ -86,11 +86,11 @@ from torchtitan.tools.logging import logger
 from torchtitan.tools.profiling import maybe_enable_memory_snapshot, maybe_enable_profiling
 from torchtitan.train import Trainer
 
+from boost_titan.checkpoint.files import latest_checkpoint, save_failure
 from boost_titan.config import data_parallel_degree, global_batch
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision, no_autocast
-from boost_titan.parallelize.teardown import end_process_groups
-from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
+from boost_titan.processes.teardown import end_process_groups
 from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
@@ -104,17 +104,20 @@ from boost_titan.runtime.nonfinite import (
     nonfinite,
 )
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints
-from boost_titan.runtime.resume import prepare_to_load
+from boost_titan.runtime.resume import Resume, load_checkpoint, prepare_to_load
 from boost_titan.runtime.rss import current_rss, peak_rss
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.saved_activations import PeakSavedActivations
+from boost_titan.runtime.saves import SaveWatch
 from boost_titan.runtime.step_clock import StepClock, appended
 from boost_titan.runtime.stopping import StoppedEarly, StopRequest, finished_line, stopped_line
 from boost_titan.runtime.titan_internals import (
     checkpoint_path,
     replace_amp,
+    replace_schedule_loss,
     save_now,
     saves_at,
+    schedule_loss,
     wait_for_save,
 )
 
@@ -168,14 +171,15 @@ class BoostTrainer(Trainer):
         dp = data_parallel_degree(job_config.parallelism, world)
         job_config.training.global_batch_size = global_batch(job_config.training, boost, dp)
         super().__init__(job_config)
-        self.async_save = AsyncSaveFolder(self.checkpointer)
+        self.async_save = SaveWatch(self.checkpointer)
         self.failed_save: CheckpointException | None = None
+        self.resume: Resume | None = None  # what `train` agreed to load
         dims = self.parallel_dims
         self.pp_loss: TokenScaledLoss | None = None
         if dims.pp_enabled:
             # The schedule keeps its own reference to the loss (`_loss_fn`) and reads it lazily.
-            self.pp_loss = TokenScaledLoss(self.pp_schedule._loss_fn)
-            self.pp_schedule._loss_fn = self.pp_loss
+            self.pp_loss = TokenScaledLoss(schedule_loss(self.pp_schedule))
+            replace_schedule_loss(self.pp_schedule, self.pp_loss)
         # The loss lives on the last PP stage and is replicated over TP: count it once.
         self.owns_loss = owns_loss(dims, dims.pp_enabled and self.pp_has_last_stage)
         self.microbatch_protocol = protocol_for(self.model_parts, dims, job_config)
@@ -505,7 +509,7 @@ class BoostTrainer(Trainer):
         """Load, run the steps (`run_steps`), then log the summary; a run stopped early
         raises `StoppedEarly`."""
         if self.checkpointer.enable:
-            prepare_to_load(self.checkpointer, self.job_config.checkpoint.load_step)
+            self.resume = prepare_to_load(self.checkpointer, self.job_config.checkpoint.load_step)
             if dist.get_rank() == 0:
                 self.log_resume_state()
         try:
@@ -542,7 +546,8 @@ class BoostTrainer(Trainer):
         save, validation and profiler step, until the last step, the end of the data, or a
         stop the ranks agreed on (then this step's checkpoint is saved and the loop ends)."""
         job = self.job_config
-        self.checkpointer.load(step=job.checkpoint.load_step)
+        if self.checkpointer.enable:
+            load_checkpoint(self.checkpointer, self.resume)
         logger.info(f"Training starts at step {self.step + 1}")
         profiling = maybe_enable_profiling(
             job.profiling, global_step=self.step, base_folder=job.job.dump_folder
@@ -561,6 +566,7 @@ class BoostTrainer(Trainer):
                     logger.warning("Ran out of data; last step was canceled.")
                     break
                 self.checkpointer.save(self.step, last_step=self.step == job.training.steps)
+                self.async_save.saved(self.step)
                 if job.validation.enable and self.validator.should_validate(self.step):
                     self.validator.validate(self.model_parts, self.step)
                 if torch_profiler:

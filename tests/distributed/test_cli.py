@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from boost_titan.runtime.checkpoint_files import read_metadata
+from boost_titan.checkpoint.files import read_metadata
 from tests.helpers import DEBUG_TOML
 
 LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.]+)")

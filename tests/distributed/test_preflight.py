@@ -90,8 +90,9 @@ def _load_on_ranks(rank: int, world_size: int, root: str) -> dict[str, object]:
     """Each rank resumes from its own copy of the dump folder (`root/<scenario>/rank<r>`), as
     if the ranks saw one folder differently; then, as BoostTrainer does, from a checkpoint
     with a payload (resumed, or the initial one): the check before the load, then DCP's load
-    itself under the guard. Returns the loaded weight or the error of each."""
-    from boost_titan.runtime.resume import prepare_to_load
+    itself through the allowlist. Returns the loaded weight or the error of each."""
+    from boost_titan.checkpoint.agree import agree_on_checkpoint
+    from boost_titan.runtime.resume import Resume, load_checkpoint, prepare_to_load
 
     model = torch.nn.Module()  # loads one tensor of the debug-model checkpoints: norm.weight
     model.norm = torch.nn.RMSNorm(256)
@@ -99,8 +100,7 @@ def _load_on_ranks(rank: int, world_size: int, root: str) -> dict[str, object]:
     for scenario in ("rank1-sees-newer", "rank1-misses-newest"):
         manager = _manager(root, scenario, rank, model)
         try:
-            prepare_to_load(manager, load_step=-1)
-            manager.load()
+            load_checkpoint(manager, prepare_to_load(manager, load_step=-1))
             results[scenario] = model.norm.weight[0].item()
         except ConfigError as e:
             results[scenario] = str(e)
@@ -112,10 +112,11 @@ def _load_on_ranks(rank: int, world_size: int, root: str) -> dict[str, object]:
             prepare_to_load(manager, load_step=-1)  # as BoostTrainer.train, before the load
         except ConfigError as e:
             results[scenario] = str(e)
+        unchecked = Resume(agree_on_checkpoint(manager, load_step=-1), metadata=None)
         try:
-            manager.load()  # DCP's own reads, guarded by prepare_to_load, without its check
-        except BaseException as e:  # DCP's CheckpointException, with our refusal inside
-            results[f"{scenario}, load"] = f"{type(e).__name__}: {e}"
+            load_checkpoint(manager, unchecked)  # DCP's reads alone, without the check first
+        except ConfigError as e:  # DCP's CheckpointException, with our refusal inside
+            results[f"{scenario}, load"] = str(e)
     return results
 
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from boost_titan.job.launch import train_command
-from boost_titan.runtime.checkpoint_files import (
+from boost_titan.checkpoint.files import (
     check_readable,
     is_complete_checkpoint,
     latest_checkpoint,
 )
+from boost_titan.job.launch import train_command
 from boost_titan.runtime.run_log import read_log
 from boost_titan.runtime.stopping import STOPPED, finished_line, stopped_line
 from tests.helpers import ROOT

@@ -1,6 +1,6 @@
 """Training runs under different parallelisms, from one seed checkpoint, log the same loss,
 the same exact gradient norm and the same held-out validation loss (launched and read as
-`boost_titan.loss_compare` does: `job.launch.train`, `runtime.run_log.read_log`).
+`boost_titan.loss_compare` does: `job.launch.launch_training`, `runtime.run_log.read_log`).
 
 Training reads this repository's `parallelize/` sources in the global order
 (`[boost] data_order = "global"`): every sample is another window of real text, and each
@@ -30,7 +30,7 @@ from safetensors import safe_open
 from boost_titan.boost_llama.eval_trained import evaluate_trained
 from boost_titan.boost_llama.export_format import load_model_state
 from boost_titan.eval import parser
-from boost_titan.job.launch import pipeline_args, torchrun_command, train
+from boost_titan.job.launch import launch_training, pipeline_args, torchrun_command
 from boost_titan.runtime.run_log import read_log
 from tests.helpers import ROOT
 from tests.helpers.checkpoints import bits_equal, checkpoint_weights
@@ -49,7 +49,7 @@ SEQ_LEN = 64
 
 def _torchrun(nproc: int, dump: Path, *args: str) -> str:
     """Run training with the debug config; return its (rank 0) output."""
-    return train(nproc, ROOT / "train_configs/debug.toml", dump, args, timeout=600)
+    return launch_training(nproc, ROOT / "train_configs/debug.toml", dump, args, timeout=600)
 
 
 def _losses(dump: Path) -> list[float]:

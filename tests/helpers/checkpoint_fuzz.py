@@ -519,14 +519,13 @@ class Watch(OpenWatch):
 def read_case(folder: Path, state: dict) -> dict:
     """Read the checkpoint as `check`/the trainer and then a load do: what it loaded, or
     raises."""
-    from torch.distributed.checkpoint import FileSystemReader
-
+    from boost_titan.checkpoint.files import check_loadable, read_tensors
+    from boost_titan.checkpoint.reads import GuardedReader
     from boost_titan.data.loader import CheckpointedDataloader
-    from boost_titan.runtime.checkpoint_files import check_loadable, read_tensors
 
     metadata = check_loadable(str(folder), resuming=True)
     loaded = load_target(metadata, state)
-    read_tensors(loaded, FileSystemReader(str(folder)), "cannot read its tensors ({})")
+    read_tensors(loaded, GuardedReader(str(folder), metadata), "cannot read its tensors ({})")
     loader = CheckpointedDataloader(list(range(16)), dp_rank=0, dp_world_size=1, batch_size=2)
     loader.load_state_dict(loaded["dataloader"])
     return loaded
@@ -665,7 +664,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"no guard named {sorted(unknown)}; guards: {sorted(GUARDS)}")
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     safe_load.MAX_OPCODES = MAX_OPCODES
     signal.signal(signal.SIGALRM, raise_timeout)

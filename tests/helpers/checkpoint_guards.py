@@ -4,8 +4,9 @@ then report a failure that shows the hole (`SIGNS`: words of its failure line). 
 switch-off patches the product's own objects in this process and returns its undo.
 
 Guards not listed here are second layers whose removal no read can show, since the first
-layer refuses the same input before: DCP's own reads through the allowlist (`guard_dcp`,
-`guard_titan_dataloader`: the whole checkpoint is vetted before any load), the unpickler's
+layer refuses the same input before: DCP's own reads through the allowlist
+(`reads.GuardedReader`, `reads.GuardedPlanner`, which also vets the dataloader state before
+TorchTitan's loader gets it: the whole checkpoint is vetted before any load), the unpickler's
 refusal of persistent ids (CPython's unpickler refuses them by itself), the check that a
 MetadataIndex key holds a name, offsets and an int (its fields nest no deeper than the tuple
 depth allows), a file shorter than its entries (the archive or pickle read from it is then
@@ -44,7 +45,7 @@ class _Everything:
 
 def _plain_opcode(op: bytes, load: Callable) -> Undo:
     """The unpickler's handler of `op` as CPython's reference unpickler has it (counted)."""
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     dispatch = safe_load.CheckpointUnpickler.dispatch
     return _patch(dispatch, op[0], safe_load._counted(load, 1))
@@ -52,7 +53,7 @@ def _plain_opcode(op: bytes, load: Callable) -> Undo:
 
 def allowlist() -> Undo:
     """Any global resolves and any callable may be called."""
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     unpickler = safe_load.CheckpointUnpickler
     return _all(
@@ -67,19 +68,19 @@ def build() -> Undo:
 
 
 def opcode_cap() -> Undo:
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     return _patch(safe_load, "MAX_OPCODES", 1 << 62)
 
 
 def tuple_depth() -> Undo:
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     return _patch(safe_load.CheckpointUnpickler, "_made", lambda self, container: None)
 
 
 def nesting() -> Undo:
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     return _patch(safe_load, "check_nesting", lambda value: None)
 
@@ -89,7 +90,7 @@ def bytearray8() -> Undo:
 
 
 def hash_flood() -> Undo:
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     return _all(
         _patch(safe_load.KeyHashes, "add", lambda self, keys: len(list(keys))),
@@ -98,7 +99,7 @@ def hash_flood() -> Undo:
 
 
 def stored_items() -> Undo:
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     return _patch(safe_load, "check_stored", lambda info: None)
 
@@ -107,7 +108,7 @@ def types() -> Undo:
     """`.metadata`'s entries taken as they come: the chunk map built without a check."""
     from torch.distributed.checkpoint.metadata import MetadataIndex
 
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     def unchecked(metadata: Any) -> dict:
         found: dict = {}
@@ -120,25 +121,25 @@ def types() -> Undo:
 
 
 def confinement() -> Undo:
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     return _patch(dcp_layout, "check_inside", lambda folder, name: os.path.join(folder, name))
 
 
 def special_files() -> Undo:
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     return _patch(safe_load, "is_regular", lambda mode: True)
 
 
 def declared_bytes() -> Undo:
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     return _patch(dcp_layout, "size_problem", lambda records, declared: None)
 
 
 def zip_records() -> Undo:
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     return _patch(dcp_layout, "records_problem", lambda records: None)
 
@@ -151,20 +152,20 @@ class _Scan(dict):
 
 
 def chunk_index() -> Undo:
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     checked = dcp_layout.check_types
     return _patch(dcp_layout, "check_types", lambda metadata: _Scan(checked(metadata)))
 
 
 def step_folder() -> Undo:
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     return _patch(dcp_layout, "check_confined", lambda path: None)
 
 
 def train_step() -> Undo:
-    from boost_titan.runtime import checkpoint_files
+    from boost_titan.checkpoint import files as checkpoint_files
 
     return _patch(checkpoint_files, "TRAIN_STEP", "no such item")
 

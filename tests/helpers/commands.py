@@ -12,6 +12,17 @@ from pathlib import Path
 from tests.helpers import ROOT
 
 
+def check(args: list[str]) -> str:
+    """`job.preflight.check_job` on train's arguments (and `--nproc`) in this process:
+    `boost_titan.check`'s validation, its `config ok` line returned, its errors raised."""
+    from boost_titan.config.cli import parse_job_config
+    from boost_titan.config.world import pop_nproc
+    from boost_titan.job.preflight import check_job
+
+    nproc, args = pop_nproc(args)
+    return check_job(parse_job_config(args), nproc)
+
+
 def clean_env() -> dict[str, str]:
     """This process's environment without the variables a torchrun job sets."""
     return {k: v for k, v in os.environ.items() if k not in ("NGPU", "WORLD_SIZE", "RANK")}

@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 
-from boost_titan.parallelize import local_ranks
+from boost_titan.processes import local_ranks
 
 run_on_ranks = partial(local_ranks.run_on_ranks, start_method="forkserver")
 

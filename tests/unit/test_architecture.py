@@ -142,6 +142,11 @@ RULES = {
     # room: what it must not import (docs/architecture.md, "The rooms")
     "boost_titan.kernels": ("boost_titan", "torchtitan"),
     "boost_titan.parallelize": ("boost_titan", "torchtitan"),
+    "boost_titan.processes": ("boost_titan", "torchtitan"),
+    "boost_titan.checkpoint": ("boost_titan",),
+    "boost_titan.checkpoint.safe_load": ("boost_titan", "torchtitan"),
+    "boost_titan.checkpoint.dcp_layout": ("boost_titan", "torchtitan"),
+    "boost_titan.checkpoint.reads": ("boost_titan", "torchtitan"),
     "boost_titan.config": ("boost_titan",),
     "boost_titan.data": ("boost_titan",),
     "boost_titan.boost_llama": ("boost_titan",),
@@ -156,11 +161,29 @@ RULES = {
 ALLOWED = {
     # room: the exceptions to its RULES entry
     "boost_titan.kernels": ("boost_titan.kernels",),
-    "boost_titan.parallelize": ("boost_titan.parallelize", "boost_titan.kernels"),
+    "boost_titan.parallelize": (
+        "boost_titan.parallelize",
+        "boost_titan.kernels",
+        "boost_titan.checkpoint.safe_load",
+        "boost_titan.checkpoint.dcp_layout",
+        "boost_titan.checkpoint.reads",
+    ),
+    "boost_titan.processes": ("boost_titan.processes",),
+    "boost_titan.checkpoint": ("boost_titan.checkpoint", "boost_titan.config"),
+    "boost_titan.checkpoint.safe_load": ("boost_titan.checkpoint.safe_load",),
+    "boost_titan.checkpoint.dcp_layout": ("boost_titan.checkpoint.safe_load",),
+    "boost_titan.checkpoint.reads": ("boost_titan.checkpoint.safe_load",),
     "boost_titan.config": ("boost_titan.config",),
-    "boost_titan.data": ("boost_titan.data", "boost_titan.config", "boost_titan.parallelize"),
+    "boost_titan.data": (
+        "boost_titan.data",
+        "boost_titan.config",
+        "boost_titan.checkpoint",
+        "boost_titan.parallelize",
+    ),
     "boost_titan.boost_llama": (
         "boost_titan.boost_llama",
+        "boost_titan.checkpoint",
+        "boost_titan.processes",
         "boost_titan.config",
         "boost_titan.data",
         "boost_titan.runtime",
@@ -169,6 +192,8 @@ ALLOWED = {
     ),
     "boost_titan.runtime": (
         "boost_titan.runtime",
+        "boost_titan.checkpoint",
+        "boost_titan.processes",
         "boost_titan.config",
         "boost_titan.data",
         "boost_titan.parallelize",
@@ -183,6 +208,8 @@ ALLOWED = {
     ),
     "boost_titan.job": (
         "boost_titan.job",
+        "boost_titan.checkpoint",
+        "boost_titan.processes",
         "boost_titan.config",
         "boost_titan.data",
         "boost_titan.runtime",
@@ -201,6 +228,7 @@ ALLOWED = {
     "boost_titan.examples": (
         "boost_titan.examples",
         "boost_titan.parallelize",
+        "boost_titan.processes",
         "boost_titan.config.cli",
     ),
     "boost_titan.boost_llama.model": (
@@ -275,7 +303,10 @@ def unlisted_modules(package: str, files: dict[str, Path]) -> list[str]:
     return sorted(m for m in members if f"`{m.rpartition('.')[2]}`" not in doc)
 
 
-@pytest.mark.parametrize("package", ["boost_titan.runtime", "boost_titan.job"])
+@pytest.mark.parametrize(
+    "package",
+    ["boost_titan.runtime", "boost_titan.job", "boost_titan.checkpoint", "boost_titan.processes"],
+)
 def test_a_room_names_every_module_it_holds(product, package):
     _, files = product
     assert unlisted_modules(package, files) == []

@@ -174,7 +174,7 @@ def test_configs_scale_with_the_gpu_count(config, nproc, layout, real_data, tmp_
     """Each config passes `check` on README's process count (also what `check` picks
     without --nproc), and on 2x and 8x it: the extra processes are data parallelism and
     the global batch follows (4 sequences per replica for the GPU configs)."""
-    from boost_titan.job.preflight import check as check_in_process
+    from tests.helpers.commands import check as check_in_process
 
     monkeypatch.delenv("NGPU", raising=False)
     data = real_data if config != "debug" else []
@@ -256,7 +256,7 @@ def _check_args(words: list[str], env: dict[str, str]) -> list[str] | None:
 def test_documented_multi_gpu_launches_pass_check(real_data, tmp_path, monkeypatch):
     """Every documented launch of a GPU config or of several nodes passes `check` with its
     process count; its data paths are replaced by a small local corpus and tokenizer."""
-    from boost_titan.job.preflight import check as check_in_process
+    from tests.helpers.commands import check as check_in_process
 
     monkeypatch.delenv("NGPU", raising=False)
     replace = dict(zip(real_data[::2], real_data[1::2], strict=True))
@@ -321,7 +321,7 @@ def test_check_memory_line_prices_the_tokenizers_vocabulary(real_data):
     from boost_titan.check import memory_line
     from boost_titan.config.cli import parse_job_config
     from boost_titan.perf.fits import DEFAULT_GPU, fit_line
-    from boost_titan.perf.job import job_plan
+    from boost_titan.perf.job_plan import job_plan
     from boost_titan.perf.layout_search import GPU_MEMORY_GIB
 
     line = memory_line(parse_job_config(["--job.config_file", str(DEBUG_TOML), *real_data]), None)

@@ -197,9 +197,9 @@ def test_planned_cp_config_passes_check_and_prices_the_same(seq, real_data, tmp_
     """`plan --auto --flavor 7B --gpus 8 --gpu h100 --seq-len S --write-toml`: the winner
     uses CP, its TOML raises `[boost] max_seq_len` to S and sets the CP degree, `check
     --nproc 8` passes it, and `bench model --config` reads back the very plan priced."""
-    from boost_titan.job.preflight import check
-    from boost_titan.perf.job import job_plan
+    from boost_titan.perf.job_plan import job_plan
     from boost_titan.plan import main
+    from tests.helpers.commands import check
 
     path = tmp_path / "auto.toml"
     argv = ["--auto", "--flavor", "7B", "--gpus", "8", "--gpu", "h100", "--seq-len", str(seq)]

@@ -34,12 +34,11 @@ from boost_titan.data.held_out import (
     pack_windows,
     validation_data,
 )
-from boost_titan.job.preflight import check
 from boost_titan.runtime.held_out_loss import BoostValidator, evaluate
 from boost_titan.runtime.run_log import RunLog, read_log
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import debug_args, save_checkpoint
-from tests.helpers.commands import assert_one_error, run_module
+from tests.helpers.commands import assert_one_error, check, run_module
 
 VOCAB = 4096  # the default tokenizer's
 

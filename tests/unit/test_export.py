@@ -25,7 +25,6 @@ from boost_titan.boost_llama.export_format import args_of, export, model_shapes
 from boost_titan.boost_llama.state_dict_adapter import BoostStateDictAdapter
 from boost_titan.config.errors import ConfigError
 from boost_titan.export import main
-from boost_titan.job.preflight import check
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import (
     ARCHS,
@@ -34,7 +33,7 @@ from tests.helpers.checkpoints import (
     debug_args,
     save_checkpoint,
 )
-from tests.helpers.commands import assert_one_error, run_module
+from tests.helpers.commands import assert_one_error, check, run_module
 
 DEFAULT_VOCAB = 4096  # the default tokenizer's: an export the debug job accepts
 

@@ -78,7 +78,7 @@ def test_built_model_starts_from_the_folder(folders, world_of_one, arch, tied):
 def test_jobs_the_family_does_not_train_are_one_line(pretrained, tmp_path):
     """`check` refuses, in one `error:` line naming the option: an arch it has no
     conversion for, a folder without config.json, FSDP2 (llama3's module names), a tied
-    head, a TP strategy it has no plan for."""
+    head, BTP on a full-rank model."""
     empty = tmp_path / "no_config"
     empty.mkdir()
     base = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML), "--model.name", "hf"]
@@ -92,9 +92,9 @@ def test_jobs_the_family_does_not_train_are_one_line(pretrained, tmp_path):
             *("--parallelism.tensor_parallel_degree", "1"),
             *("--parallelism.data_parallel_shard_degree", "2"),
         ],
-        "tp_strategy 'sequence' is not available for model.name hf": [
+        "tp_strategy btp needs a low-rank arch": [
             *folder,
-            *("--boost.tp_strategy", "sequence"),
+            *("--boost.arch", "fullrank", "--boost.tp_strategy", "btp"),
         ],
     }
     results = check_each([[*base, *argv] for argv in cases.values()], tmp_path)

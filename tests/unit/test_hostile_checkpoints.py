@@ -16,18 +16,17 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata
-from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from boost_titan import eval as eval_command
 from boost_titan import export as export_command
 from boost_titan import generate as generate_command
 from boost_titan.check import main as check_main
+from boost_titan.checkpoint import safe_load
+from boost_titan.checkpoint.agree import Choice, agree_on_checkpoint, check_checkpoint_to_load
 from boost_titan.config.errors import ConfigError
-from boost_titan.data.loader import guard_titan_dataloader
-from boost_titan.parallelize import safe_load
-from boost_titan.parallelize.teardown import end_process_groups
-from boost_titan.runtime.resume import Choice, agree_on_checkpoint, check_checkpoint_to_load
+from boost_titan.processes.teardown import end_process_groups
+from boost_titan.runtime.resume import read_states
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import debug_args, save_checkpoint, save_model_checkpoint
 from tests.helpers.hostile import CASES, hostile_pickles, read_metadata
@@ -104,22 +103,33 @@ def test_each_hostile_checkpoint_is_one_line_from_every_reader(
     assert pathlib.PosixPath.__dict__.get("_str") is path_str
 
 
-def test_titan_dataloader_unpickles_through_the_allowlist(tmp_path):
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_titan_dataloader_receives_only_vetted_state(sources, tmp_path):
     """`--model.name llama3` uses TorchTitan's own `ParallelAwareDataloader`, whose
-    `load_state_dict` calls `pickle.loads`: after `guard_titan_dataloader` (the trainer's
-    `prepare_to_load`) a protocol-0 payload is one line and runs nothing; clean state loads."""
-    marker = tmp_path / "MARKER"
+    `load_state_dict` calls `pickle.loads`: the trainer's load (`resume.read_states`) vets
+    the pickle in the dataloader's byte item first, so a protocol-0 payload is one line and
+    runs nothing; a clean state loads (nothing of TorchTitan is patched)."""
+    import torch.distributed.checkpoint as dcp
+
     loader = ParallelAwareDataloader(list(range(8)), dp_rank=0, dp_world_size=1, batch_size=2)
-    original = ParallelAwareDataloader.load_state_dict
-    try:
-        guard_titan_dataloader()
-        payload = hostile_pickles(marker)["posix.system p0"]
-        with pytest.raises(ConfigError, match=r"dataloader state \(dp_rank_0\): asks for posix"):
-            loader.load_state_dict({"dp_rank_0": payload, "world_size": 1})
-        loader.load_state_dict(loader.state_dict())
-    finally:
-        ParallelAwareDataloader.load_state_dict = original
-    assert not marker.exists()
+    titan_load = ParallelAwareDataloader.load_state_dict
+    folder = tmp_path / "step-3"
+    shutil.copytree(sources["job"], folder)
+    said, plant = CASES["dataloader protocol-0 os.system"]
+    plant(folder, tmp_path / "MARKER")
+    with pytest.raises(ConfigError) as refusal:
+        read_states({"dataloader": loader}, str(folder), None, str(folder), "fix")
+    line = str(refusal.value)
+    assert line.startswith(f"cannot load the checkpoint {folder} (UnsafeCheckpoint: "), line
+    assert "dataloader.dp_rank_0" in line and said in line and "\n" not in line, line
+    assert not (tmp_path / "MARKER").exists()
+    batches = iter(loader)
+    next(batches)
+    dcp.save({"dataloader": loader}, checkpoint_id=str(tmp_path / "clean"), no_dist=True)
+    resumed = ParallelAwareDataloader(list(range(8)), dp_rank=0, dp_world_size=1, batch_size=2)
+    read_states({"dataloader": resumed}, str(tmp_path / "clean"), None, "clean", "fix")
+    assert next(iter(resumed)).tolist() == next(batches).tolist() == [2, 3]
+    assert ParallelAwareDataloader.load_state_dict is titan_load
 
 
 def test_check_refuses_a_llama3_checkpoint_with_a_payload(sources, capsys, tmp_path):
@@ -144,7 +154,6 @@ def test_step_folders_as_torchtitan_reads_them(name, sources, capsys, tmp_path):
     line = _check(capsys, tmp_path / "dump", "--checkpoint.enable")
     assert f"{name} counts as step 2 for TorchTitan" in line and "rename" in line, line
     checkpointer = SimpleNamespace(folder=str(folder))
-    checkpointer._find_load_step = lambda f="": CheckpointManager._find_load_step(checkpointer, f)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with pytest.raises(ConfigError, match=f"{name} counts as step 2 for TorchTitan"):
@@ -182,20 +191,23 @@ def test_unpickler_limits(monkeypatch):
         safe_load.loads(b"\x80\x04(" + b"\x8f" * 3 + b"l.")
 
 
-def test_a_failed_load_is_one_line(tmp_path):
-    """A read that fails inside TorchTitan's `CheckpointManager.load` (DCP's
-    CheckpointException, a BaseException) is one ConfigError line naming the checkpoint."""
+def test_a_failed_load_is_one_line(tmp_path, monkeypatch):
+    """A read that fails inside the trainer's load (DCP's CheckpointException, a
+    BaseException) is one ConfigError line naming the checkpoint."""
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from boost_titan.runtime.resume import load_in_one_line
+    from boost_titan.runtime import resume
 
-    def load(step: int = -1) -> None:
+    def load(*args, **kwargs) -> None:
         raise CheckpointException("load", {1: (ValueError("bad\nbytes"), None)})
 
-    checkpointer = SimpleNamespace(folder=str(tmp_path), initial_load_path="", load=load)
-    load_in_one_line(checkpointer, Choice(str(tmp_path), True, 3))
+    monkeypatch.setattr(dcp, "load", load)
+    checkpointer = SimpleNamespace(folder=str(tmp_path), initial_load_path="")
+    monkeypatch.setattr(resume, "states_to_load", lambda checkpointer, model_only: {})
     with pytest.raises(ConfigError) as refusal:
-        checkpointer.load(step=-1)
+        read = resume.Resume(Choice(str(tmp_path), True, 3), metadata=SimpleNamespace())
+        resume.load_checkpoint(checkpointer, read)  # its .metadata read already
     line = str(refusal.value)
     assert line.startswith(
         f"cannot load the checkpoint {tmp_path / 'step-3'} (ValueError: bad bytes)"
@@ -207,7 +219,7 @@ def test_file_names_are_relative_without_dot_dot(tmp_path):
     """A `relative_path` is refused when absolute or with a `..` part, even one that lands
     inside the folder (what an open resolves through `sub` may differ from the text), and
     when a symlink takes it out; a plain name inside is its size."""
-    from boost_titan.parallelize.dcp_layout import BadCheckpoint, check_file
+    from boost_titan.checkpoint.dcp_layout import BadCheckpoint, check_file
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "x").write_bytes(b"123")
@@ -221,7 +233,7 @@ def test_file_names_are_relative_without_dot_dot(tmp_path):
 def test_a_byte_item_is_capped_before_it_is_read(sources, tmp_path, monkeypatch):
     """A byte item declaring more than MAX_ITEM_BYTES (DCP reads one whole into memory) is
     refused from its `.metadata`, before the file is read."""
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     folder = tmp_path / "step-3"
     shutil.copytree(sources["job"], folder)
@@ -239,7 +251,7 @@ def test_a_step_folder_linked_elsewhere_is_refused(sources, capsys, tmp_path):
     """A run's `checkpoint/step-3` that is a symlink to a folder elsewhere (whose files pass
     every check against their own folder) is one line from `check` and from the trainer's
     check before it loads; the real folder passes `check_confined`."""
-    from boost_titan.parallelize.dcp_layout import check_confined
+    from boost_titan.checkpoint.dcp_layout import check_confined
 
     elsewhere = tmp_path / "elsewhere" / "step-3"
     shutil.copytree(sources["job"], elsewhere)
@@ -297,7 +309,7 @@ def test_a_tensor_archive_is_one_tensor_as_torch_reads_it(tmp_path):
     def records(archive: bytes) -> list:
         return dcp_layout.tensor_records(io.BytesIO(archive), 0, len(archive))
 
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     buffer = io.BytesIO()
     torch.save(torch.arange(16.0), buffer)
@@ -322,7 +334,7 @@ def test_a_tensor_archive_is_one_tensor_as_torch_reads_it(tmp_path):
 def test_a_tensor_in_more_chunks_than_any_run_has_ranks_is_refused(sources, monkeypatch):
     """A tensor's chunk list longer than `MAX_CHUNKS_PER_TENSOR` is refused from `.metadata`
     alone, before any chunk is looked up or read (65,536 chunks took check 88 s, export 145 s)."""
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     metadata = read_metadata(sources["cola"])
     fqn, entry = next(
@@ -335,3 +347,25 @@ def test_a_tensor_in_more_chunks_than_any_run_has_ranks_is_refused(sources, monk
     monkeypatch.setattr(dcp_layout, "MAX_CHUNKS_PER_TENSOR", 3)  # then the coverage check
     with pytest.raises(dcp_layout.BadCheckpoint, match="hold .* elements"):
         dcp_layout.check_types(metadata)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_metadata_is_parsed_once_per_load(sources, tmp_path, monkeypatch):
+    """The trainer's check before the load parses `.metadata` (through the allowlist) and
+    the load itself reuses it (`GuardedReader`): one parse, then the values load."""
+    folder = tmp_path / "checkpoint" / "step-3"
+    shutil.copytree(sources["job"], folder)
+    parsed = []
+    unpickle = safe_load.unpickle
+
+    def counted(data: bytes):
+        value = unpickle(data)
+        parsed.append(type(value))
+        return value
+
+    monkeypatch.setattr(safe_load, "unpickle", counted)
+    checkpointer = SimpleNamespace(folder=str(folder.parent), initial_load_path="")
+    metadata = check_checkpoint_to_load(checkpointer, Choice(str(folder.parent), True, 3))
+    states = {"train_state": {"step": 0, "ntokens_seen": 0}}
+    read_states(states, str(folder), metadata, str(folder), "fix")
+    assert parsed.count(Metadata) == 1 and states["train_state"]["step"] == 3, parsed

@@ -292,7 +292,7 @@ def real_data(tmp_path_factory) -> list[str]:
 
 def _checked(path, gpus: int, real_data: list[str], out) -> dict:
     """The TOML at `path` after `check --nproc gpus` passed it (with real data)."""
-    from boost_titan.job.preflight import check
+    from tests.helpers.commands import check
 
     args = ["--nproc", str(gpus), "--job.config_file", str(path), *real_data]
     assert check([*args, "--job.dump_folder", str(out)]).startswith("config ok:")
@@ -308,7 +308,7 @@ def test_written_toml_passes_check_and_prices_the_same(
     """The winner's TOML (and, for 13B, the best pipelined layout's) passes `check
     --nproc N` in process, and `bench model --config` reads back the very plan priced;
     checkpointing is on, every 30 predicted minutes or so."""
-    from boost_titan.perf.job import job_plan
+    from boost_titan.perf.job_plan import job_plan
     from boost_titan.plan import main
 
     path = tmp_path / "auto.toml"
@@ -338,7 +338,7 @@ def test_planned_toml_one_memory_answer_and_its_own_process_count(tmp_path, caps
     from boost_titan.bench.__main__ import main as bench
     from boost_titan.config.cli import parse_job_config
     from boost_titan.perf.fits import job_of
-    from boost_titan.perf.job import job_plan
+    from boost_titan.perf.job_plan import job_plan
 
     result = layout_search.plan_layouts(request(flavor="7B", gpus=8, global_batch=8))
     lay = result.ranked[0]
@@ -363,7 +363,7 @@ def test_planned_toml_one_memory_answer_and_its_own_process_count(tmp_path, caps
 def test_fit_line_says_fits_or_not():
     """`check`'s memory line: the prediction against the usable share of the GPU."""
     from boost_titan.perf.fits import fit_line
-    from boost_titan.perf.job import JobPlan
+    from boost_titan.perf.job_plan import JobPlan
 
     args = layout.trained_shape("7B", "cola", "btp")
     plan = TrainingLayout(strategy="btp", tp=2, micro_batch=2, microbatches=1)

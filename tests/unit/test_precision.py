@@ -50,7 +50,7 @@ def test_precision_phrases():
     ids=["debug-bf16", "debug-fp32", "7B"],
 )
 def test_check_states_the_precision(config, nproc, args, phrase, tmp_path):
-    from boost_titan.job.preflight import check
+    from tests.helpers.commands import check
 
     summary = check(
         [

@@ -22,11 +22,12 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from boost_titan import torchrun
+from boost_titan.checkpoint.files import latest_checkpoint, save_failure
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.teardown import CLOSED_KEY, end_process_groups
-from boost_titan.runtime.checkpoint_files import AsyncSaveFolder, latest_checkpoint, save_failure
+from boost_titan.processes.teardown import CLOSED_KEY, end_process_groups
 from boost_titan.runtime.nonfinite import NonFiniteGuard, RankView, blame, nonfinite
 from boost_titan.runtime.restarts import Fault, incomplete_checkpoints, shared_store_warning
+from boost_titan.runtime.saves import SaveWatch
 from boost_titan.runtime.stopping import (
     STOP_LINE,
     STOP_SIGNALS,
@@ -338,16 +339,25 @@ def _unwritable(folder: Path):
 
 
 class _Checkpointer:
-    """The two members of TorchTitan's CheckpointManager that AsyncSaveFolder uses."""
+    """What SaveWatch reads of TorchTitan's CheckpointManager (its save future, its step
+    folders), with a save that keeps the future of an async one as it does."""
 
     save_future = None
 
-    def dcp_save(self, state_dict, checkpoint_id, async_mode):
+    def __init__(self, folder) -> None:
+        self.folder = folder
+
+    def _create_checkpoint_id(self, step: int) -> str:
+        return os.path.join(self.folder, f"step-{step}")
+
+    def save(self, state_dict, step: int, async_mode: bool) -> None:
         import torch.distributed.checkpoint as dcp
 
+        path = self._create_checkpoint_id(step)
         if async_mode:
-            return dcp.async_save(state_dict, checkpoint_id=checkpoint_id)
-        dcp.save(state_dict, checkpoint_id=checkpoint_id)
+            self.save_future = dcp.async_save(state_dict, checkpoint_id=path)
+        else:
+            dcp.save(state_dict, checkpoint_id=path)
 
 
 def test_unwritable_folder_names_the_failed_save_and_keeps_the_last(tmp_path):
@@ -360,17 +370,17 @@ def test_unwritable_folder_names_the_failed_save_and_keeps_the_last(tmp_path):
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        ckpt = _Checkpointer()
-        folders = AsyncSaveFolder(ckpt)
+        ckpt = _Checkpointer(str(tmp_path))
+        folders = SaveWatch(ckpt)
         state = {"w": torch.randn(8, 8)}
-        ckpt.dcp_save(state, checkpoint_id=str(tmp_path / "step-3"), async_mode=False)
+        ckpt.save(state, 3, async_mode=False)
+        folders.saved(3)
         with _unwritable(tmp_path):
             with pytest.raises(CheckpointException) as raised:
-                ckpt.dcp_save(state, checkpoint_id=str(tmp_path / "step-6"), async_mode=False)
+                ckpt.save(state, 6, async_mode=False)
             assert folders.failed(raised.value, str(tmp_path / "step-6")).endswith("step-6")
-            ckpt.save_future = ckpt.dcp_save(
-                state, checkpoint_id=str(tmp_path / "step-7"), async_mode=True
-            )
+            ckpt.save(state, 7, async_mode=True)
+            folders.saved(7)
             error = ckpt.save_future.exception(timeout=60)
         assert isinstance(error, CheckpointException)
         failed = folders.failed(error, str(tmp_path / "step-9"))  # raised at step 9's save

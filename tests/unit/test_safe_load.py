@@ -1,9 +1,10 @@
-"""Loading never runs code from a checkpoint: the allowlist (`boost_titan.parallelize.
-safe_load`), DCP's guarded loads, TorchTitan's dataloader state, and every reader of a
-checkpoint (`check`, the trainer's check before it loads, `export`, `eval`, `generate`,
-`load_sharded`), each given payloads that would create a marker file through os.system,
-subprocess or builtins.eval (`tests/distributed/test_safe_load.py`: a checkpoint the trainer
-wrote, through `check` and `run_train.sh`).
+"""Loading never runs code from a checkpoint: the allowlist (`boost_titan.checkpoint.
+safe_load`), DCP's guarded loads (`boost_titan.checkpoint.reads`), TorchTitan's dataloader
+state, and every reader of a checkpoint (`check`, the trainer's check before it loads,
+`export`, `eval`, `generate`, `load_sharded`), each given payloads that would create a
+marker file through os.system, subprocess or builtins.eval
+(`tests/distributed/test_safe_load.py`: a checkpoint the trainer wrote, through `check`
+and `run_train.sh`).
 """
 
 from __future__ import annotations
@@ -23,22 +24,23 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
+from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from boost_titan import eval as eval_command
 from boost_titan import export as export_command
 from boost_titan import generate as generate_command
 from boost_titan.check import main as check_main
-from boost_titan.config.errors import ConfigError
-from boost_titan.data.loader import CheckpointedDataloader
-from boost_titan.parallelize.safe_load import (
+from boost_titan.checkpoint.agree import Choice, check_checkpoint_to_load
+from boost_titan.checkpoint.reads import GuardedPlanner, GuardedReader
+from boost_titan.checkpoint.safe_load import (
     UnsafeCheckpoint,
-    guard_dcp,
     load_saved,
     loads,
     read_metadata,
     vet_byte_items,
 )
-from boost_titan.runtime.resume import Choice, check_checkpoint_to_load
+from boost_titan.config.errors import ConfigError
+from boost_titan.data.loader import CheckpointedDataloader
 from tests.helpers import DEBUG_TOML
 from tests.helpers.checkpoints import (
     PAYLOAD_NAMES,
@@ -51,8 +53,8 @@ from tests.helpers.checkpoints import (
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
-UNGUARDED = (FileSystemReader.read_metadata, DefaultLoadPlanner.load_bytes)
-"""DCP's own reads, as imported (before any test installs the guard)."""
+DCP_READS = (FileSystemReader.read_metadata, DefaultLoadPlanner.load_bytes)
+"""DCP's own reads, as imported."""
 REFUSED = "refusing to load it; a checkpoint holds tensors and metadata only"
 # where -> (payload kind, plant(folder, kind, marker)): the places a checkpoint holds pickles
 PLACES = {
@@ -66,10 +68,11 @@ PLACES = {
 
 
 @pytest.fixture
-def unguarded(monkeypatch):
-    """DCP's reads as torch ships them: the code under test must install the guard itself."""
-    monkeypatch.setattr(FileSystemReader, "read_metadata", UNGUARDED[0])
-    monkeypatch.setattr(DefaultLoadPlanner, "load_bytes", UNGUARDED[1])
+def unguarded():
+    """DCP's reads stay as torch ships them: the code under test guards its own loads
+    (`GuardedReader`, `GuardedPlanner`), never torch's classes."""
+    yield
+    assert (FileSystemReader.read_metadata, DefaultLoadPlanner.load_bytes) == DCP_READS
 
 
 def _planted(source: Path, folder: Path, place: str) -> tuple[Path, Path, str]:
@@ -144,9 +147,10 @@ def test_torchtitan_checkpoint_loads_the_same_through_the_guard(tmp_path, unguar
     assert metadata.storage_data == plain.storage_data
     vet_byte_items(folder, metadata)
 
-    def load(flatten: bool | None = None) -> dict:
-        """The saved values through DCP: a nested state dict (flattened by the planner), or
-        with `flatten=False` one keyed by the flat names."""
+    def load(flatten: bool | None = None, guarded: bool = False) -> dict:
+        """The saved values through DCP (`guarded`: through `GuardedReader` and
+        `GuardedPlanner`): a nested state dict (flattened by the planner), or with
+        `flatten=False` one keyed by the flat names."""
         loaded = {
             "w": torch.zeros(4, 4),
             "optimizer": {"param_groups": [{"lr": 0.0, "betas": (), "foreach": 1}]},
@@ -156,20 +160,21 @@ def test_torchtitan_checkpoint_loads_the_same_through_the_guard(tmp_path, unguar
         if flatten is False:
             loaded = {"train_state.step": 0, "dataloader.dp_rank_0": b""}
         nested = flatten is not False  # flat: the caller's dict itself is filled in
-        planner = DefaultLoadPlanner(flatten_state_dict=nested, flatten_sharded_tensors=nested)
+        kind = GuardedPlanner if guarded else DefaultLoadPlanner
+        planner = kind(flatten_state_dict=nested, flatten_sharded_tensors=nested)
+        reader = GuardedReader(folder) if guarded else FileSystemReader(folder)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(loaded, checkpoint_id=folder, planner=planner, no_dist=True)
+            dcp.load(loaded, storage_reader=reader, planner=planner, no_dist=True)
         return loaded
 
     reference, flat_reference = load(), load(flatten=False)
-    guard_dcp()
-    loaded = load()
+    loaded = load(guarded=True)
     assert torch.equal(loaded.pop("w"), state["w"])
     assert loaded == {k: v for k, v in reference.items() if k != "w"}
     assert loaded["dataloader"] == state["dataloader"]
     assert (
-        load(flatten=False)
+        load(flatten=False, guarded=True)
         == flat_reference
         == {
             "train_state.step": 3,
@@ -183,20 +188,19 @@ def test_torchtitan_checkpoint_loads_the_same_through_the_guard(tmp_path, unguar
 
 @pytest.mark.parametrize("place", list(PLACES))
 def test_guarded_dcp_load_refuses_and_runs_nothing(place, tmp_path, unguarded):
-    """`guard_dcp`: DCP's own load (the trainer's, through TorchTitan) refuses each place;
-    a planted dataloader state is refused when the loader unpickles it."""
+    """DCP's load through `GuardedReader` and `GuardedPlanner` (the trainer's) refuses each
+    place, the dataloader state in a byte item before any loader receives it: TorchTitan's
+    own loader, which calls `pickle.loads`, is the one here."""
     source = tmp_path / "source"
     save_checkpoint(source, debug_args("cola"))
     folder, marker, name = _planted(source, tmp_path / "step-3", place)
-    guard_dcp()
-    state = {"train_state": {"step": 0, "ntokens_seen": 0}}
-    state["dataloader"] = {"dp_rank_0": b"", "world_size": 0}
-    loader = CheckpointedDataloader(_Counting(), dp_rank=0, dp_world_size=1, batch_size=2)
-    with pytest.raises((CheckpointException, UnsafeCheckpoint, ConfigError)) as refusal:
+    loader = ParallelAwareDataloader(_Counting(), dp_rank=0, dp_world_size=1, batch_size=2)
+    state = {"train_state": {"step": 0, "ntokens_seen": 0}, "dataloader": loader}
+    reader, planner = GuardedReader(str(folder)), GuardedPlanner()
+    with pytest.raises((CheckpointException, UnsafeCheckpoint)) as refusal:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, checkpoint_id=str(folder), no_dist=True)
-        loader.load_state_dict(state["dataloader"])
+            dcp.load(state, storage_reader=reader, planner=planner, no_dist=True)
     assert f"asks for {name}" in str(refusal.value)
     assert not marker.exists()
 
@@ -281,7 +285,7 @@ def test_load_sharded_refuses_a_planted_checkpoint(tmp_path, unguarded):
 
     from boost_titan.examples.own_model import LAYOUT, Decoder
     from boost_titan.parallelize import apply_plan, btp_plan, load_sharded, save_sharded
-    from boost_titan.parallelize.teardown import end_process_groups
+    from boost_titan.processes.teardown import end_process_groups
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -961,7 +961,7 @@ def test_job_toml_is_priced_in_the_runs_precision(tmp_path, capsys):
     """A job's TOML gives the plan the trainer runs: its layout and batch, fp32 when
     mixed_precision_param is float32, bf16 weights without master copy with training.dtype
     bfloat16, float8 from model.converters (casts fused when the model is compiled)."""
-    from boost_titan.perf.job import job_plan
+    from boost_titan.perf.job_plan import job_plan
 
     default = job_plan(str(ROOT / "train_configs" / "7B.toml"), 4).plan
     compiled = {"compiled": True, "float8_casts": "fused"}  # [compile] enable
@@ -1021,7 +1021,7 @@ def test_job_precision_agrees_with_the_trainers():
     from types import SimpleNamespace
 
     from boost_titan.config.precision import Precision
-    from boost_titan.perf.job import _precision
+    from boost_titan.perf.job_plan import _precision
 
     for weights in ("float32", "bfloat16"):
         for compute in ("float32", "bfloat16"):
@@ -1045,7 +1045,7 @@ def test_job_precision_agrees_with_the_trainers():
 def test_torchtitan_defaults_are_torchtitans():
     from torchtitan.config import JobConfig
 
-    from boost_titan.perf.job import TITAN_DEFAULTS
+    from boost_titan.perf.job_plan import TITAN_DEFAULTS
 
     titan = JobConfig()
     for section, defaults in TITAN_DEFAULTS.items():

@@ -34,6 +34,9 @@ SIGNATURES = {
     "torchtitan.components.checkpoint:CheckpointManager._find_load_step": (
         "(self, folder: str = '') -> int"
     ),
+    "torchtitan.components.checkpoint:CheckpointManager._states_to_load": (
+        "(self, model_only: bool) -> dict[str, typing.Any]"
+    ),
     "torchtitan.components.checkpoint:CheckpointManager.dcp_save": (
         "(self, state_dict: dict[str, typing.Any], checkpoint_id: str, async_mode: "
         "torchtitan.components.checkpoint.AsyncMode, enable_garbage_collection: bool = False, "
@@ -71,6 +74,7 @@ GLOBALS = {
     "torchtitan.tools.utils": ("device_module", "device_type", "get_peak_flops"),
     "torchtitan.distributed.utils": ("maybe_enable_amp",),
     "torchtitan.models.llama3.infra.parallelize": ("_op_sac_save_list",),
+    "torchtitan.protocols.model_converter": ("_registry_model_converter_cls",),
 }
 
 
@@ -159,6 +163,18 @@ REIMPLEMENTED = {
     ),
     "torchtitan.train:Trainer.train": ("6d9a39ca1238efbb", "BoostTrainer.run_steps"),
     "torchtitan.train:main": ("0d01bcc4e9ab533e", "boost_titan/job/entry.py's train"),
+    "torchtitan.components.checkpoint:CheckpointManager.load": (
+        "a739d1f0268402cd",
+        "boost_titan/runtime/resume.py's load_checkpoint",
+    ),
+    "torchtitan.components.checkpoint:CheckpointManager.dcp_load": (
+        "5862f9fc67420906",
+        "boost_titan/runtime/resume.py's load_checkpoint and titan_internals.finish_load",
+    ),
+    "torchtitan.components.checkpoint:CheckpointManager._find_load_step": (
+        "1cc58736c1d9eedf",
+        "boost_titan/checkpoint/files.py's newest_step (test_newest_step_is_torchtitans)",
+    ),
 }
 
 
@@ -173,3 +189,33 @@ def test_reimplemented_torchtitan_code_is_0_2_2s(name):
         f"TorchTitan changed {name} (source hash {got}, 0.2.2's is {expected}): carry the "
         f"change over to {ours}, then update the hash here"
     )
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        [],
+        ["step-3", "step-10", "step-20 (incomplete)"],
+        ["step-0002", "old-step-5", "step-4.bak", "step-x"],
+        ["step-7 (safetensors)", "step-6"],
+        ["unrelated", "step-1 (incomplete)"],
+    ],
+)
+def test_newest_step_is_torchtitans(names, tmp_path):
+    """`checkpoint.files.newest_step`, the one definition of the newest complete step,
+    picks what TorchTitan's own `_find_load_step` picks (its regex, its two markers)."""
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    from boost_titan.checkpoint.files import newest_step
+
+    for entry in names:
+        name, _, kind = entry.partition(" ")
+        (tmp_path / name).mkdir()
+        if kind == "(safetensors)":
+            (tmp_path / name / "model.safetensors.index.json").write_text("{}")
+        elif kind != "(incomplete)":
+            (tmp_path / name / ".metadata").write_text("")
+    titan = CheckpointManager.__new__(CheckpointManager)  # only its folder is read
+    titan.folder = str(tmp_path)
+    assert newest_step(str(tmp_path)) == CheckpointManager._find_load_step(titan)
+    assert newest_step(str(tmp_path / "missing")) == -1

@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from boost_titan.runtime.checkpoint_files import latest_checkpoint
+from boost_titan.checkpoint.files import latest_checkpoint
 from boost_titan.runtime.run_log import RunLog
 from boost_titan.runtime.trainer import TokenScaledLoss
 

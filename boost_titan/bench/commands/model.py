@@ -10,7 +10,7 @@ from boost_titan.bench.options import add_layout_args, csv, sweep_from_args
 from boost_titan.bench.report import add_json_option, write_json
 from boost_titan.config.errors import ConfigError
 from boost_titan.perf import predict
-from boost_titan.perf.job import job_plan, process_count
+from boost_titan.perf.job_plan import job_plan, process_count
 from boost_titan.perf.layout import FLOAT8_CASTS
 from boost_titan.perf.plots import write_plot
 from boost_titan.perf.records import (

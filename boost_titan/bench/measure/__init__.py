@@ -4,5 +4,5 @@
 saved activations, checked against `perf`), `cpu` (wall-clock training steps per
 strategy on gloo ranks), `compiled` (torch.compile against eager), `flops` (the FLOP
 formulas FlopCounterMode lacks). The gloo ranks come from
-`boost_titan.parallelize.local_ranks`, which ends them in order.
+`boost_titan.processes.local_ranks`, which ends them in order.
 """

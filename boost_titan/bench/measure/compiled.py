@@ -44,7 +44,7 @@ import torch.distributed as dist
 from boost_titan.boost_llama.strategies import STRATEGIES
 from boost_titan.config import AC_MODES
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.local_ranks import run_on_ranks
+from boost_titan.processes.local_ranks import run_on_ranks
 
 PG_COLLECTIVES = {
     "allreduce_": "all_reduce",

@@ -36,7 +36,7 @@ from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
 from boost_titan.boost_llama.strategies import STRATEGIES, build_plan, sizes
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan
-from boost_titan.parallelize.local_ranks import run_on_ranks
+from boost_titan.processes.local_ranks import run_on_ranks
 
 
 @dataclass(frozen=True)

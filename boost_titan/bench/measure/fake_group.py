@@ -24,8 +24,9 @@ from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
 from boost_titan.boost_llama.strategies import build_plan
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan
-from boost_titan.parallelize.teardown import end_process_groups
+from boost_titan.parallelize.torch_internals import replace_rms_norm
 from boost_titan.perf.layout import DTYPE_ALIASES
+from boost_titan.processes.teardown import end_process_groups
 
 TORCH_DTYPES = {short: getattr(torch, name) for name, short in DTYPE_ALIASES.items()}
 """The compute dtypes a measurement builds its model in, by the name the commands take."""
@@ -124,8 +125,8 @@ def fused_rms_norm_saves() -> Iterator[None]:
             return original(x, normalized_shape, weight, eps)
         return _FusedRMSNorm.apply(x, weight, torch.finfo(x.dtype).eps if eps is None else eps)
 
-    F.rms_norm = rms_norm
+    replace_rms_norm(rms_norm)
     try:
         yield
     finally:
-        F.rms_norm = original
+        replace_rms_norm(original)

@@ -4,7 +4,7 @@ gradient norms step by step: what `python -m boost_titan.loss_compare` measures.
 `LAYOUTS` names the layouts one can train (processes, data-parallel degree, trainer
 arguments, and for a yardstick or shown-only layout the seed or arch of its own seed
 checkpoint). `run` writes the seed checkpoints, trains each layout through torchrun
-(`job.launch.train`) into `OUT/LAYOUT/` unless a finished run is there, reads the
+(`job.launch.launch_training`) into `OUT/LAYOUT/` unless a finished run is there, reads the
 logs (`read_log_rows`) and returns a `Comparison`: the exact differences over the first
 steps (`Comparison.exact`) and the layouts that drift further from the reference than a
 run from other initial weights (`Comparison.drift_failures`).
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.job.launch import pipeline_args, train
+from boost_titan.job.launch import launch_training, pipeline_args
 from boost_titan.runtime.run_log import read_log
 
 
@@ -197,7 +197,7 @@ def _seed_checkpoint(out: Path, common: list[str], arch: str, seed: int, config:
         ]
         if arch:
             args += ["--boost.arch", arch]
-        train(1, config, folder, args)
+        launch_training(1, config, folder, args)
     return folder / "checkpoint" / "step-0"
 
 
@@ -281,7 +281,7 @@ def run(runs: LossRuns, extra: list[str]) -> Comparison:
                 str(runs.validation_batch // layout.dp),
             ]
             print(f"{name}: {layout.nproc} processes -> {dump}", flush=True)
-            output = train(
+            output = launch_training(
                 layout.nproc, runs.config, dump, [*common, *load, *layout.args, *arch, *batch]
             )
             (dump / "train.log").write_text(output)

@@ -24,7 +24,7 @@ import time
 from boost_titan.job import entry  # the worker (`entry.run` prepares the process)
 
 try:
-    from boost_titan.parallelize.teardown import run_to_end
+    from boost_titan.processes.teardown import run_to_end
 except ImportError:  # an earlier commit (scripts/compare_step.py): no orderly end to call
     run_to_end = None
 import torch

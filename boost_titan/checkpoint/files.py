@@ -1,6 +1,7 @@
-"""DCP checkpoints on disk: the `step-N` folders of a run, which are complete, and whether
-one can be read safely (its `.metadata` and every byte item unpickle through the allowlist
-of `boost_titan.parallelize.safe_load`, and every file the metadata names is there and long
+"""DCP checkpoints on disk: the `step-N` folders of a run, the one definition of the newest
+complete step (`newest_step`, and `latest_checkpoint`, its folder), and whether a checkpoint
+can be read safely (its `.metadata` and every byte item unpickle through the allowlist of
+`boost_titan.checkpoint.safe_load`, and every file the metadata names is there and long
 enough), and `read_tensors` (DCP's load through the same allowlist, one-line errors). Read
 by the trainer, `check`, `export`, `eval` and `generate`; imports torch only to read a
 checkpoint.
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
 
 _STEP_DIR = re.compile(r"step-(\d+)$")
+METADATA = ".metadata"
 DAMAGED = "the checkpoint is damaged, use another step-N folder"
 UNSAFE = "refusing to load it; a checkpoint holds tensors and metadata only"
 RESUME_FIX = (
@@ -33,7 +35,7 @@ SHORT_WRITE = "unexpected pos"
 
 def is_complete_checkpoint(path: str) -> bool:
     """A DCP checkpoint folder whose save finished: DCP writes `.metadata` last."""
-    return os.path.isfile(os.path.join(path, ".metadata"))
+    return os.path.isfile(os.path.join(path, METADATA))
 
 
 def step_folders(folder: str) -> list[tuple[int, str]]:
@@ -48,10 +50,31 @@ def step_folders(folder: str) -> list[tuple[int, str]]:
 
 
 TITAN_STEP = re.compile(r"step-(\d+)")
-"""How TorchTitan's `_find_load_step` reads a folder name (`re.search`: `step-0002` and
-`old-step-2` count as step 2, and it then loads `step-2`)."""
-TITAN_MARKERS = (".metadata", "model.safetensors.index.json")
-"""What TorchTitan's `_find_load_step` accepts as a complete `step-N` folder."""
+"""How TorchTitan reads a folder name (`re.search`: `step-0002` and `old-step-2` count as
+step 2, and a load of step 2 then reads `step-2`)."""
+MARKERS = (METADATA, "model.safetensors.index.json")
+"""What makes a `step-N` folder complete: DCP's `.metadata` (written last), or the index of
+a checkpoint saved as Hugging Face safetensors."""
+
+
+def has_marker(path: str) -> bool:
+    """Whether the folder `path` holds one of `MARKERS`."""
+    return any(os.path.isfile(os.path.join(path, marker)) for marker in MARKERS)
+
+
+def newest_step(folder: str) -> int:
+    """The newest complete step in `folder`, -1 for none: the one definition, read as
+    TorchTitan reads folder names (`TITAN_STEP`, `MARKERS`; its `_find_load_step` agrees,
+    `tests/unit/test_titan_internals.py`). Resuming, `check`, the trainer's messages and
+    `export` all ask this."""
+    if not os.path.isdir(folder):
+        return -1
+    steps = [
+        int(m.group(1))
+        for name in os.listdir(folder)
+        if (m := TITAN_STEP.search(name)) and has_marker(os.path.join(folder, name))
+    ]
+    return max(steps, default=-1)
 
 
 def folder_step(path: str) -> int | None:
@@ -60,22 +83,9 @@ def folder_step(path: str) -> int | None:
     return int(m.group(1)) if m and m.group(1) == str(int(m.group(1))) else None
 
 
-def titan_newest_step(folder: str) -> int:
-    """The step TorchTitan resumes from in `folder` (its `_find_load_step`), -1 for none."""
-    if not os.path.isdir(folder):
-        return -1
-    steps = [
-        int(m.group(1))
-        for name in os.listdir(folder)
-        if (m := TITAN_STEP.search(name))
-        and any(os.path.isfile(os.path.join(folder, name, marker)) for marker in TITAN_MARKERS)
-    ]
-    return max(steps, default=-1)
-
-
 def misnamed_step(folder: str, step: int) -> str | None:
-    """Why TorchTitan cannot load `step` from `folder` though it counts a folder there as
-    that step (`step-0002`, `step-2.bak`: it then loads `step-2`, absent), or None."""
+    """Why `step` cannot be loaded from `folder` though a folder there counts as that step
+    (`step-0002`, `step-2.bak`: a load then reads `step-2`, absent), or None."""
     if not os.path.isdir(folder) or is_complete_checkpoint(os.path.join(folder, f"step-{step}")):
         return None
     names = sorted(
@@ -93,9 +103,11 @@ def misnamed_step(folder: str, step: int) -> str | None:
 
 
 def latest_checkpoint(folder: str) -> str | None:
-    """The newest complete `step-N` folder (one with DCP `.metadata`) under `folder`."""
-    complete = [path for _, path in step_folders(folder) if is_complete_checkpoint(path)]
-    return complete[-1] if complete else None
+    """The folder of `newest_step(folder)` when it is a complete DCP checkpoint (what a
+    rerun resumes from), else None."""
+    step = newest_step(folder)
+    path = os.path.join(folder, f"step-{step}")
+    return path if step >= 0 and is_complete_checkpoint(path) else None
 
 
 def read_metadata(path: str, where: str, fix: str = DAMAGED) -> Metadata:
@@ -104,7 +116,7 @@ def read_metadata(path: str, where: str, fix: str = DAMAGED) -> Metadata:
     not unpickle into DCP metadata (garbage, truncated, foreign, a FIFO, outside the
     folder), is a one-line ConfigError that starts with `where` (e.g.
     "checkpoint.initial_load_path X") and ends with `fix` (UNSAFE for the former)."""
-    from boost_titan.parallelize import dcp_layout, safe_load
+    from boost_titan.checkpoint import dcp_layout, safe_load
 
     try:
         dcp_layout.check_file(path, safe_load.METADATA)
@@ -125,7 +137,7 @@ def read_metadata(path: str, where: str, fix: str = DAMAGED) -> Metadata:
 def check_storage_files(path: str, metadata: Metadata, where: str, fix: str = DAMAGED) -> None:
     """Every file the metadata names is a regular file inside `path` that holds the bytes
     it points to, and each tensor chunk's bytes are its shape's (`dcp_layout.check_layout`)."""
-    from boost_titan.parallelize import dcp_layout
+    from boost_titan.checkpoint import dcp_layout
 
     try:
         dcp_layout.check_layout(path, metadata)
@@ -138,7 +150,7 @@ def check_byte_items(
 ) -> None:
     """Every byte item (and the pickle in every bytes value of one) unpickles through the
     allowlist, and `train_state.step` is a step count (`step`, when given: the folder's)."""
-    from boost_titan.parallelize import safe_load
+    from boost_titan.checkpoint import safe_load
 
     try:
         values = safe_load.vet_byte_items(path, metadata)
@@ -169,7 +181,7 @@ def check_loadable(path: str, resuming: bool) -> Metadata:
     folder, not a symlink out: `dcp_layout.check_confined`) or its
     `checkpoint.initial_load_path`."""
     if resuming:
-        from boost_titan.parallelize import dcp_layout
+        from boost_titan.checkpoint import dcp_layout
 
         where, step = f"the checkpoint to resume from, {path}", folder_step(path)
         try:
@@ -205,50 +217,26 @@ def save_failure(failures: dict, path: str, kept: str | None) -> str:
     )
 
 
+def failed_read(error: BaseException) -> BaseException:
+    """The first rank's cause of a failed DCP read (DCP's CheckpointException gathers each
+    rank's), else `error` itself."""
+    failures = getattr(error, "failures", None)
+    return failures[min(failures)][0] if failures else error
+
+
 def read_tensors(state: dict[str, Any], reader: Any, failure: str, no_dist: bool = True) -> None:
-    """`dcp.load` of `state` from the storage `reader`, its pickles through the checkpoint
-    allowlist (`safe_load.guard_dcp`) and its single-process warning silenced; ConfigError
-    `failure` (formatted with the cause's type name) when a file is short or damaged."""
+    """`dcp.load` of `state` from the storage `reader` (`reads.GuardedReader` for a DCP
+    folder), its byte items through the allowlist (`reads.GuardedPlanner`) and its
+    single-process warning silenced; ConfigError `failure` (formatted with the cause's type
+    name) when a file is short or damaged."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from boost_titan.parallelize.safe_load import guard_dcp
+    from .reads import GuardedPlanner
 
-    guard_dcp()
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=reader, no_dist=no_dist)
+            dcp.load(state, storage_reader=reader, planner=GuardedPlanner(), no_dist=no_dist)
     except (Exception, CheckpointException) as e:  # DCP wraps a short read in several types
-        failures = getattr(e, "failures", None)
-        cause = next(iter(failures.values()))[0] if failures else e
-        raise ConfigError(failure.format(type(cause).__name__)) from None
-
-
-class AsyncSaveFolder:
-    """Names the folder of a failed async save. TorchTitan raises an async save's failure
-    when it next waits for it (at the next save or the end of the run), by then another
-    step: this wraps `checkpointer.dcp_save` to remember the folder of the save in flight."""
-
-    def __init__(self, checkpointer: Any) -> None:
-        self.checkpointer = checkpointer
-        self.folder: str | None = None
-        save = checkpointer.dcp_save
-
-        def dcp_save(state_dict: dict, checkpoint_id: str, *args: Any, **kwargs: Any) -> Any:
-            result = save(state_dict, checkpoint_id, *args, **kwargs)
-            if result is not None:  # a future: the save goes on in the background
-                self.folder = checkpoint_id
-            return result
-
-        checkpointer.dcp_save = dcp_save
-
-    def failed(self, error: BaseException, current: str) -> str:
-        """The folder whose save raised `error`: the async save in flight when `error` is
-        its future's, else `current` (the synchronous save that raised it)."""
-        future = self.checkpointer.save_future
-        if future is None or not future.done() or future.cancelled():
-            return current
-        if future.exception() is not error:
-            return current
-        return self.folder or current
+        raise ConfigError(failure.format(type(failed_read(e)).__name__)) from None

@@ -36,12 +36,13 @@ mutate replaced:
   (and a PUT index stays below `MAX_MEMO_INDEX`); `KeyHashes` serves any container a reader
   builds from a checkpoint's values too (`dcp_layout`'s chunk index).
 
-- `guard_dcp()`: every later DCP load in this process (`FileSystemReader.read_metadata`,
-  `DefaultLoadPlanner.load_bytes` and their subclasses) reads through the allowlist.
 - `read_metadata(path)`, `vet_byte_items(path, metadata)`: read a checkpoint's `.metadata`
   and every byte item (and the pickle that every bytes value in one holds) up front, so
   that a loader can refuse it with one message before any load starts.
 - `loads(data)`: one pickle (TorchTitan's dataloader state).
+
+DCP's own loads read through the same allowlist with `reads.GuardedReader` and
+`reads.GuardedPlanner`, passed to each `dcp.load` (nothing of torch is patched).
 """
 
 from __future__ import annotations
@@ -535,7 +536,7 @@ def read_metadata(path: str) -> Metadata:
         raise e.at(METADATA) from None
 
 
-def _vet_value(value: Any) -> None:
+def vet_value(value: Any) -> None:
     """Every bytes value a byte item holds is a pickle (TorchTitan's dataloader state,
     whatever its first byte): it must unpickle through the allowlist too."""
     stack = [value]
@@ -560,7 +561,7 @@ class _ByteItemVetter:
         part = f"{shown(self.files[index])} ({shown(index.fqn)})"
         try:
             loaded = load_saved(value)
-            _vet_value(loaded)
+            vet_value(loaded)
         except UnsafeCheckpoint as e:
             raise e.at(part) from None
         except Exception as e:  # a damaged archive or pickle fails in many ways
@@ -588,46 +589,3 @@ def vet_byte_items(path: str, metadata: Metadata) -> dict[str, Any]:
     vetter = _ByteItemVetter(metadata)
     reader.read_data(LoadPlan(items), vetter).wait()
     return vetter.values
-
-
-# ---- DCP's own loads ---------------------------------------------------------------------
-def _read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-    """`FileSystemReader.read_metadata` through the allowlist."""
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    path = self._get_metadata_path(kwargs.get("rank"))
-    with self.fs.create_stream(path, "rb") as file:
-        try:
-            metadata = unpickle(file.read(MAX_PICKLE_BYTES + 1))
-        except UnsafeCheckpoint as e:
-            raise e.at(str(path)) from None
-    if getattr(metadata, "storage_meta", None) is None:
-        metadata.storage_meta = StorageMeta()
-    metadata.storage_meta.load_id = self.load_id
-    return metadata
-
-
-def _load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-    """`DefaultLoadPlanner.load_bytes` through the allowlist."""
-    from torch.distributed.checkpoint._traverse import set_element
-
-    fqn = read_item.dest_index.fqn
-    try:
-        loaded = load_saved(value)
-    except UnsafeCheckpoint as e:
-        raise e.at(f"item {fqn}") from None
-    if self.flatten_state_dict:
-        set_element(self.original_state_dict, self.mappings[fqn], loaded)
-    else:
-        self.state_dict[fqn] = loaded
-
-
-def guard_dcp() -> None:
-    """Make DCP read every later checkpoint's pickles through the allowlist, in this whole
-    process (idempotent): `.metadata` by `FileSystemReader` (and subclasses), byte items by
-    `DefaultLoadPlanner` (and subclasses), whoever calls `dcp.load`."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
-    FileSystemReader.read_metadata = _read_metadata
-    DefaultLoadPlanner.load_bytes = _load_bytes
