@@ -233,16 +233,12 @@ def _tokenize(
 
 
 def write_shard(out: Path, index: int, plan: dict[str, Any]) -> dict[str, int]:
-    """Tokenize chunk `index` of `plan` into shard `index` under `out`; its counts. No
-    temporary file outlives a failure."""
+    """Tokenize chunk `index` of `plan` into shard `index` under `out`; its counts."""
     name = shard_name(index)
     tmp = out / f".{name}.bin.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            counts, ends, kept = _tokenize(f, index, plan)
-        os.replace(tmp, out / f"{name}.bin")
-    finally:
-        tmp.unlink(missing_ok=True)
+    with open(tmp, "wb") as f:
+        counts, ends, kept = _tokenize(f, index, plan)
+    os.replace(tmp, out / f"{name}.bin")
     _write(out / f"{name}.idx", np.asarray(ends, dtype="<u8").tobytes())
     if kept:
         (out / HELD_OUT).mkdir(exist_ok=True)
