@@ -59,6 +59,8 @@ COUNTS = ("tokens", "documents", "held_out_documents", "skipped_records", "lone_
 """What each shard's JSON and the manifest count."""
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A write's errors that mean no room: the disk, a quota, the file size limit."""
+BATCH = 64
+"""The most chunks a worker is sent at once (`batches`)."""
 FLUSH_TOKENS = 1 << 20
 """Tokens a worker holds before appending them to its shard file (the shard's tokens never
 sit in memory whole)."""
@@ -184,6 +186,14 @@ def _dumps(value: Any) -> bytes:
 _TOKENIZERS: dict[str, Any] = {}
 
 
+def _tokenizer(plan: dict[str, Any]) -> Any:
+    """The plan's tokenizer, loaded once per process (workers inherit the parent's)."""
+    assets = plan["tokenizer"]["assets"]
+    if assets not in _TOKENIZERS:
+        _TOKENIZERS[assets] = load_tokenizer(assets)
+    return _TOKENIZERS[assets]
+
+
 def _reading(plan: dict[str, Any]) -> Reading:
     return Reading(tuple(plan["text_keys"]), plan["encoding"], plan["max_document_mb"])
 
@@ -203,9 +213,7 @@ def _tokenize(
     """Append chunk `index`'s tokens to the shard file `f`; (counts, document ends,
     held-out lines)."""
     entry = plan["tokenizer"]
-    if entry["assets"] not in _TOKENIZERS:
-        _TOKENIZERS[entry["assets"]] = load_tokenizer(entry["assets"])
-    tokenizer = _TOKENIZERS[entry["assets"]]
+    tokenizer = _tokenizer(plan)
     separator = entry["separator_id"]
     dtype = TOKEN_DTYPES[plan["dtype"]]
     counts = dict.fromkeys(COUNTS, 0)
@@ -288,18 +296,37 @@ def _input_of(plan: dict[str, Any], index: int) -> str:
     return f"shard {index} ({path}, {part})"
 
 
+def batches(plan: dict[str, Any], todo: list[int]) -> list[list[int]]:
+    """`todo` in runs of consecutive chunks sent to a worker together: up to BATCH chunks
+    and one shard's bytes (a parquet row group counts as a whole shard), so tiny files go
+    many to a message and shard-sized chunks one."""
+    runs: list[list[int]] = []
+    size = 0
+    for i in todo:
+        path, start, end = plan["chunks"][i]
+        cost = plan["chunk_bytes"] if path.endswith(".parquet") else end - start
+        if not runs or size + cost > plan["chunk_bytes"] or len(runs[-1]) >= BATCH:
+            runs.append([])
+            size = 0
+        runs[-1].append(i)
+        size += cost
+    return runs
+
+
 def run_chunks(
     out: Path, plan: dict[str, Any], todo: list[int], workers: int
 ) -> Iterator[tuple[int, dict[str, int]]]:
     """(index, counts) of each chunk in `todo` as it completes: in this process for one
     worker, else on `workers` forked processes that inherit the plan and receive only chunk
-    numbers (a task costs the same at any file count). A worker's death is a `Stopped`
-    naming its input; the finished shards stay for a rerun."""
+    numbers, small chunks many at once (`batches`: a task costs the same at any file
+    count). A worker's death is a `Stopped` naming its input; the finished shards stay for
+    a rerun."""
     if workers <= 1:
         yield from ((i, write_shard(out, i, plan)) for i in todo)
         return
+    _tokenizer(plan)  # loaded before the fork, not once per worker
     try:
-        yield from run_tasks(lambda i: write_shard(out, i, plan), todo, workers)
+        yield from run_tasks(lambda i: write_shard(out, i, plan), batches(plan, todo), workers)
     except WorkerDied as e:
         for path in _in_flight(out):
             path.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import signal
+import threading
 import time
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -95,12 +96,14 @@ def test_a_task_carries_the_same_bytes_at_any_file_count(tmp_path, monkeypatch):
 
 
 def test_a_worker_killed_by_sigkill_ends_the_run_in_one_line(tmp_path, monkeypatch):
-    """The test kills the worker tokenizing shard 2 (its pid read from a file it writes):
-    the run ends within seconds naming shard 2's input, no `.tmp` is left, and the rerun
-    writes the folder a one-worker run writes."""
-    corpus = jsonl(tmp_path / "corpus" / "a.jsonl", 80)
-    plan = pc.make_plan([str(corpus)], "default", chunk_mb=0.0005)
-    assert len(plan["chunks"]) >= 8
+    """The test kills the worker tokenizing shard 2, the third of its batch of 4 tiny files
+    (its pid read from a file it writes): the run ends within seconds naming shard 2's
+    input, no `.tmp` is left, and the rerun writes the folder a one-worker run writes."""
+    for i in range(12):
+        jsonl(tmp_path / "corpus" / f"{i:02d}.jsonl", 3)
+    plan = pc.make_plan([str(tmp_path / "corpus")], "default")
+    monkeypatch.setattr(pc, "BATCH", 4)
+    assert pc.batches(plan, list(range(12))) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     pc.prepare(plan, str(tmp_path / "whole"), workers=1)
     out, pid_file, tokenize = tmp_path / "out", tmp_path / "pid", pc._tokenize
 
@@ -110,25 +113,30 @@ def test_a_worker_killed_by_sigkill_ends_the_run_in_one_line(tmp_path, monkeypat
             time.sleep(120)
         return tokenize(f, index, plan)
 
+    def kill() -> None:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # (the pid is written)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
     monkeypatch.setattr(pc, "_tokenize", stalls_on_two)
-    todo = pc.pending(plan, str(out))
-    killed_at = None
+    todo, killed_at = pc.pending(plan, str(out)), []
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
     with pytest.raises(pc.Stopped) as stopped:
         for _ in pc.run_chunks(out, plan, todo, workers=2):
-            deadline = time.monotonic() + 30
-            while killed_at is None and not pid_file.is_file() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if killed_at is None:
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-                killed_at = time.monotonic()
-    assert killed_at is not None and time.monotonic() - killed_at < 10
+            pass
+    killer.join()
+    assert time.monotonic() - killed_at[0] < 10
     message = str(stopped.value)
     path, start, end = plan["chunks"][2]
     assert "\n" not in message and "was killed by SIGKILL" in message, message
     assert f"shard 2 ({path}, bytes {start}-{end})" in message, message
     assert "rerun the same command" in message
     assert temporaries(out) == [] and not (out / "shard-00002.json").exists()
-    assert (out / "shard-00000.json").is_file()
+    assert (out / "shard-00001.json").is_file()
     monkeypatch.setattr(pc, "_tokenize", tokenize)
     pc.prepare(plan, str(out), workers=2)
     assert folder_bytes(out) == folder_bytes(tmp_path / "whole")
