@@ -59,6 +59,9 @@ COUNTS = ("tokens", "documents", "held_out_documents", "skipped_records", "lone_
 """What each shard's JSON and the manifest count."""
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A write's errors that mean no room: the disk, a quota, the file size limit."""
+ADJUSTABLE = ("max_document_mb",)
+"""Plan entries a rerun may change: they decide whether a document is refused, never the
+bytes of a shard written (a run killed for memory resumes with a lower cap)."""
 BATCH = 64
 """The most chunks a worker is sent at once (`batches`)."""
 FLUSH_TOKENS = 1 << 20
@@ -266,7 +269,8 @@ def _open_folder(out: Path, plan: dict[str, Any]) -> bool:
             saved = json.loads((out / name).read_text())
             break
     if saved is not None:
-        if {k: saved.get(k) for k in plan} != plan:
+        fixed = [k for k in plan if k not in ADJUSTABLE]
+        if any(saved.get(k) != plan[k] for k in fixed):
             raise ConfigError(
                 f"--out {out} holds a preparation of other inputs or settings; give a new "
                 "folder, or remove that one"

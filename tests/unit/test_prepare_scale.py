@@ -176,8 +176,8 @@ def test_an_overlong_document_is_refused_in_one_line(tmp_path, capsys):
 
 def test_a_full_disk_is_one_line_keeping_the_finished_shards(tmp_path, monkeypatch, capsys):
     """ENOSPC while shard 3 is written (simulated in-process: the workers are forked with
-    the patched `_tokenize`): one line, exit 2, shards 0-2 kept, no `.tmp`; the rerun
-    finishes the folder with the bytes of an uninterrupted run."""
+    the patched `_tokenize`): one line, exit 2, shards 0-2 kept, no `.tmp`; the rerun, with
+    a lower --max-document-mb, finishes the folder with the bytes of an uninterrupted run."""
     corpus = jsonl(tmp_path / "a.jsonl", 60)
     argv = ["--shard-mb", "0.0005", "--held-out-percent", "10", str(corpus)]
     assert run(["--out", str(tmp_path / "whole"), "--workers", "1", *argv], capsys)[0] == 0
@@ -201,8 +201,12 @@ def test_a_full_disk_is_one_line_keeping_the_finished_shards(tmp_path, monkeypat
                 f"shard-0000{i}.json" for i in range(3)
             }
         monkeypatch.setattr(pc, "_tokenize", tokenize)
-        assert run(["--out", str(out), "--workers", workers, *argv], capsys)[0] == 0
-        assert folder_bytes(out) == folder_bytes(tmp_path / "whole")
+        resume = ["--out", str(out), "--workers", workers, "--max-document-mb", "8", *argv]
+        assert run(resume, capsys)[0] == 0  # (another cap resumes: it changes no shard)
+        resumed, whole = folder_bytes(out), folder_bytes(tmp_path / "whole")
+        manifest = json.loads(whole.pop("manifest.json")) | {"max_document_mb": 8.0}
+        assert json.loads(resumed.pop("manifest.json")) == manifest
+        assert resumed == whole
 
 
 def test_the_smaller_refusals_are_one_line(tmp_path, capsys):
