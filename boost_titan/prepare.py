@@ -7,7 +7,8 @@ folders (searched recursively) or globs. TOK: what `--model.hf_assets_path` take
 the folder with `--training.dataset_path DIR`, or blend several with `--boost.data_mix
 "web=DIR1:0.7,code=DIR2:0.3"` (docs/datasets.md). Rerunning the same command after an
 interruption finishes the folder; the bytes do not depend on `--workers`. Exit status: 0; 2
-and one `error:` line (nothing is left in DIR); 130 when interrupted.
+and one `error:` line (bad input: nothing is left in DIR; a worker's death or a full
+disk: the finished shards stay, rerun to resume); 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worke
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     from boost_titan.data.corpus import HELD_OUT_PERCENT
+    from boost_titan.data.documents import MAX_DOCUMENT_MB
     from boost_titan.data.prepare_corpus import CHUNK_MB
 
     parser = argparse.ArgumentParser(
@@ -36,7 +38,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", required=True, help="the folder to write (new, or to resume)")
     parser.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)"
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes (default: all cores); 1 prepares in this process",
     )
     parser.add_argument(
         "--shard-mb", type=float, default=CHUNK_MB, help=f"input MB per shard ({CHUNK_MB:g})"
@@ -46,6 +51,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=HELD_OUT_PERCENT,
         help=f"percent of documents held out for validation, by text hash ({HELD_OUT_PERCENT})",
+    )
+    parser.add_argument(
+        "--max-document-mb",
+        type=float,
+        default=MAX_DOCUMENT_MB,
+        help=f"the longest document taken; a longer one is refused ({MAX_DOCUMENT_MB:g})",
     )
     parser.add_argument(
         "--separator",
@@ -87,7 +98,7 @@ def write(args: argparse.Namespace, plan: dict[str, Any], todo: list[int] | None
     )
     start, tokens = time.perf_counter(), 0
     try:
-        for _, counts in run_chunks(Path(args.out).expanduser(), plan, todo, max(1, args.workers)):
+        for _, counts in run_chunks(Path(args.out).expanduser(), plan, todo, args.workers):
             tokens += counts["tokens"]
             rate = tokens / max(time.perf_counter() - start, 1e-9)
             bar.set_postfix_str(f"{rate / 1e6:.2f}M tokens/s", refresh=False)
@@ -122,10 +133,21 @@ def main(argv: list[str] | None = None) -> None:
     from boost_titan.config.cli import fail
     from boost_titan.config.errors import ConfigError
     from boost_titan.data.documents import Reading, check_encoding, parse_text_keys
-    from boost_titan.data.prepare_corpus import discarded_on_error, finish, make_plan, pending
+    from boost_titan.data.prepare_corpus import (
+        Stopped,
+        discarded_on_error,
+        finish,
+        make_plan,
+        pending,
+    )
 
     try:
-        reading = Reading(parse_text_keys(args.text_key), check_encoding(args.encoding))
+        if args.workers < 1:
+            raise ConfigError(f"--workers {args.workers} must be at least 1 (1: in this process)")
+        reading = Reading(
+            parse_text_keys(args.text_key), check_encoding(args.encoding), args.max_document_mb
+        )
+        skipped: list[Path] = []
         plan = make_plan(
             args.inputs,
             args.tokenizer,
@@ -134,12 +156,19 @@ def main(argv: list[str] | None = None) -> None:
             args.separator,
             args.out,
             reading,
+            skipped,
         )
+        if skipped:
+            print(
+                f"skipped {len(skipped)} prepared folder(s) among the inputs (they hold a "
+                f"manifest.json or plan.json): {', '.join(map(str, skipped))}",
+                file=sys.stderr,
+            )
         todo = pending(plan, args.out)
         with discarded_on_error(plan, args.out):
             write(args, plan, todo)
             manifest = finish(plan, args.out)
-    except ConfigError as e:
+    except (ConfigError, Stopped) as e:
         fail(str(e))
     print(summary(args.out, manifest))
 

@@ -16,8 +16,12 @@ document order, is the same however many workers read them:
 
 `Reading` says where a record keeps its text (`text_keys`: the first key the record holds
 with a non-null value wins; parquet: the first key that is a column) and how bytes decode
-(`encoding`, ASCII-compatible; parquet strings are UTF-8 by format). Records without text
-(no key, null, or whitespace only) are skipped and counted by the caller (`records`).
+(`encoding`, ASCII-compatible; parquet strings are UTF-8 by format) and how long a document
+may be (`max_document_mb`: a longer one is a ConfigError naming it, found without reading
+more of it than the limit; tokenizing a document takes about 200 bytes of memory per byte).
+Records without text (no key, null, or whitespace only) are skipped and counted by the
+caller (`records`). A folder holding a prepared dataset (`manifest.json` or `plan.json`) is
+no input (`expand_inputs`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ UNREAD_COMPRESSIONS = {".lz4": "lz4", ".br": "brotli", ".sz": "snappy"}
 """Compressed corpora refused in one line rather than skipped (docs/datasets.md)."""
 NAMES = "/".join(SUFFIXES) + " (text formats also " + "/".join(COMPRESSIONS) + "-compressed)"
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+MAX_DOCUMENT_MB = 16.0
+"""The default longest document, in MB (`--max-document-mb`)."""
+PREPARED_MARKERS = ("manifest.json", "plan.json")
+"""Files that make a folder a prepared dataset (whole, or being written)."""
 _BROKEN_STREAM = (OSError, EOFError, zlib.error, lzma.LZMAError)
 """What a damaged compressed file raises while it is read (gzip.BadGzipFile is an OSError)."""
 
@@ -91,6 +99,19 @@ class Reading:
 
     text_keys: tuple[str, ...] = ("text",)
     encoding: str = "utf-8"
+    max_document_mb: float = MAX_DOCUMENT_MB
+
+    @property
+    def max_bytes(self) -> int:
+        return max(1, int(self.max_document_mb * (1 << 20)))
+
+    def too_long(self, where: str) -> ConfigError:
+        """The refusal of the document at `where` (one line)."""
+        return ConfigError(
+            f"{where} holds a document longer than --max-document-mb {self.max_document_mb:g}; "
+            "split it, or raise --max-document-mb (tokenizing takes about 200 bytes of memory "
+            "per byte of a document)"
+        )
 
     @property
     def keys_named(self) -> str:
@@ -172,19 +193,33 @@ def _format(path: Path) -> tuple[str, str | None]:
     return found
 
 
-def expand_inputs(inputs: list[str]) -> list[Path]:
+def prepared_folders(folder: Path) -> list[Path]:
+    """The folders under `folder` (itself included) that hold a prepared dataset."""
+    return sorted(
+        {m.parent for name in PREPARED_MARKERS for m in folder.rglob(name) if m.is_file()}
+    )
+
+
+def expand_inputs(inputs: list[str], skipped: list[Path] | None = None) -> list[Path]:
     """The supported files named by `inputs` (files, folders searched recursively, globs),
-    each once, sorted by path; ConfigError (one line) for an input that names none."""
+    each once, sorted by path; a prepared folder met in a search is left out and added to
+    `skipped`. ConfigError (one line) for an input that names none."""
     found: set[Path] = set()
     for item in inputs:
         matches = [Path(m) for m in sorted(glob.glob(item, recursive=True))] or [Path(item)]
         files = []
         for match in matches:
             if match.is_dir():
+                prepared = prepared_folders(match)
+                if skipped is not None:
+                    skipped += [p for p in prepared if p not in skipped]
                 files += [
                     f
                     for f in match.rglob("*")
-                    if f.is_file() and not f.name.startswith(".") and file_format(f)
+                    if f.is_file()
+                    and not f.name.startswith(".")
+                    and file_format(f)
+                    and not any(p == f.parent or p in f.parents for p in prepared)
                 ]
             elif match.is_file() and file_format(match):
                 files.append(match)
@@ -270,15 +305,32 @@ def _text_of(record: object, where: str, reading: Reading) -> str | None:
     return record[key]
 
 
-def _lines(f: BinaryIO, start: int, end: float) -> Iterator[tuple[int, bytes]]:
-    """(offset, line) for the lines of `f` that start in [start, end)."""
+def _readline(f: BinaryIO, offset: int, path: str, reading: Reading) -> bytes:
+    """The line of `f` at byte `offset`; ConfigError (`Reading.too_long`) for one longer
+    than `reading.max_bytes`, found after reading that many bytes of it."""
+    line = f.readline(reading.max_bytes + 1)
+    if len(line) > reading.max_bytes and not line.endswith(b"\n"):
+        raise reading.too_long(f"{path} at byte {offset}")
+    return line
+
+
+def _skip_line(f: BinaryIO) -> None:
+    """Read past the end of the current line, 1 MB at a time."""
+    while (block := f.readline(1 << 20)) and not block.endswith(b"\n"):
+        pass
+
+
+def _lines(
+    f: BinaryIO, start: int, end: float, path: str, reading: Reading
+) -> Iterator[tuple[int, bytes]]:
+    """(offset, line) for the lines of `f` that start in [start, end) (`_readline`)."""
     position = 0  # (a zstd stream cannot tell)
     if start > 0:
         f.seek(start - 1)
-        f.readline()  # the line holding byte start - 1 belongs to the previous chunk
+        _skip_line(f)  # the line holding byte start - 1 belongs to the previous chunk
         position = f.tell()
     while position < end:
-        line = f.readline()
+        line = _readline(f, position, path, reading)
         if not line:
             return
         yield position, line
@@ -302,7 +354,7 @@ def _without_bom(data: bytes, reading: Reading) -> bytes:
 
 def _json_lines(chunk: Chunk, reading: Reading) -> Iterator[str | None]:
     with _reading(chunk) as f:
-        for offset, line in _lines(f, *chunk.bounds):
+        for offset, line in _lines(f, *chunk.bounds, chunk.path, reading):
             if offset == 0:
                 line = _without_bom(line, reading)
             if not line.strip():
@@ -335,25 +387,23 @@ def _after_blank_line(f: BinaryIO, position: int) -> bool:
     if position == 0:
         return True
     end = position - 1  # the newline ending the previous line
-    block = 4096
-    tail = b""
-    while end > 0:
-        begin = max(0, end - block)
+    while end > 0:  # back 4 KB at a time, up to that line's first non-blank byte
+        begin = max(0, end - 4096)
         f.seek(begin)
-        tail = f.read(end - begin) + tail
-        newline = tail.rfind(b"\n")
-        if newline >= 0:
-            return _blank(tail[newline + 1 :])
-        if tail.strip():
+        block = f.read(end - begin)
+        newline = block.rfind(b"\n")
+        if not _blank(block[newline + 1 :]):
             return False
+        if newline >= 0:
+            return True
         end = begin
-    return _blank(tail)
+    return True
 
 
 def _paragraphs(chunk: Chunk, reading: Reading) -> Iterator[str | None]:
     start, end = chunk.bounds
     with _reading(chunk) as f:
-        lines = _lines(f, start, end)
+        lines = _lines(f, start, end, chunk.path, reading)
         first = next(lines, None)
         if first is None:
             return
@@ -367,18 +417,24 @@ def _paragraphs(chunk: Chunk, reading: Reading) -> Iterator[str | None]:
         if not starts_paragraph:  # the paragraph started in the previous chunk
             while line is not None and not _blank(line):
                 offset += len(line)
-                line = f.readline() or None
+                line = _readline(f, offset, chunk.path, reading) or None
+        size, begins = 0, offset
         while line is not None:
             if _blank(line):
                 if paragraph:
                     yield _decode(b"".join(paragraph).rstrip(b"\r\n"), chunk.path, reading)
-                    paragraph = []
+                    paragraph, size = [], 0
             elif paragraph or offset < end:
+                if not paragraph:
+                    begins = offset
+                size += len(line)
+                if size > reading.max_bytes + 2:  # (its line ends are no text)
+                    raise reading.too_long(f"{chunk.path} at byte {begins}")
                 paragraph.append(_without_bom(line, reading) if offset == 0 else line)
             else:
                 return  # the next paragraph starts in the next chunk
             offset += len(line)
-            line = f.readline() or None
+            line = _readline(f, offset, chunk.path, reading) or None
         if paragraph:
             yield _decode(b"".join(paragraph).rstrip(b"\r\n"), chunk.path, reading)
 
@@ -405,7 +461,11 @@ def records(chunk: Chunk, reading: Reading = UTF8_TEXT) -> Iterator[str | None]:
         reader = _json_array
     else:
         reader = _json_lines
-    return (text if text is None or text.strip() else None for text in reader(chunk, reading))
+    for text in reader(chunk, reading):
+        if text is not None and len(text) > reading.max_bytes:  # parquet, a JSON array
+            group = f" row group {chunk.start}" if reader is _parquet else ""
+            raise reading.too_long(chunk.path + group)
+        yield text if text is None or text.strip() else None
 
 
 def documents(chunk: Chunk, reading: Reading = UTF8_TEXT) -> Iterator[str]:
@@ -419,7 +479,7 @@ def first_record_keys(chunks: list[Chunk], reading: Reading) -> list[str] | None
         if chunk.kind not in (".jsonl", ".json") or _is_json_array(chunk):
             continue
         with _reading(chunk) as f:
-            for offset, line in _lines(f, *chunk.bounds):
+            for offset, line in _lines(f, *chunk.bounds, chunk.path, reading):
                 if not line.strip():
                     continue
                 try:

@@ -7,7 +7,7 @@ import resource
 
 from boost_titan.data.mix import MixedWindows, open_sources, training_sources
 from boost_titan.data.prepared import OPEN_SHARDS, PreparedDataset, tokenizer_fingerprint
-from boost_titan.data.tokenizer import assets_vocab_size, tokenizer_files
+from boost_titan.data.tokenizer import assets_name, assets_vocab_size, tokenizer_files
 
 ID_SCAN_BYTES = 1 << 30
 """Shard bytes whose token ids `check_prepared` reads (shards in order, all sources): about
@@ -55,7 +55,7 @@ def check_prepared(job_config, vocab: int | None, scan_ids: bool = False) -> Non
     fingerprint = tokenizer_fingerprint(tokenizer_files(assets))
     datasets = open_sources(sources)
     for dataset in datasets:
-        dataset.check_tokenizer(fingerprint, assets, assets_vocab_size(assets), vocab)
+        dataset.check_tokenizer(fingerprint, assets_name(assets), assets_vocab_size(assets), vocab)
     MixedWindows(sources, datasets, job_config.training.seq_len)
     budget = ID_SCAN_BYTES if scan_ids else 0
     for dataset in datasets:

@@ -234,6 +234,12 @@ class DefaultAssetsWarningFilter(logging.Filter):
 
 
 # ---- selection ----------------------------------------------------------------------
+def assets_name(assets: str) -> str:
+    """How a message names a `model.hf_assets_path` value: 'default' for each of
+    DEFAULT_ASSETS (as the docs call it), else the value."""
+    return DEFAULT_TOKENIZER if assets.strip() in DEFAULT_ASSETS else assets
+
+
 def locate_tokenizer(assets: str) -> tuple[str, Path | None]:
     """("default" | "hf" | "tiktoken", where) for a `model.hf_assets_path` value."""
     if assets.strip() in DEFAULT_ASSETS:

@@ -295,7 +295,7 @@ FILE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "unreadable tokenizer": (_unreadable_tokenizer, ["is not", "tiktoken BPE file"]),
     "prepared by another tokenizer": (
         _prepared_by_another_tokenizer,
-        ["was prepared with the tokenizer", "other_tokenizer', not model.hf_assets_path"],
+        ["was prepared with the tokenizer", "other_tokenizer', not model.hf_assets_path 'default'"],
     ),
     "prepared vocabulary past the model's": (
         _prepared_vocab_past_the_model,
