@@ -14,7 +14,9 @@ run summary and a NaN stop.
   PP gradients come out batch*seq times too large (clipping and AdamW hide most of it).
   Here the PP schedule's loss function divides by that count during training steps.
 - Every step, after clipping and before the optimizer, one all-reduce over the world group
-  carries the step's loss and each rank's stop flags (`runtime.stopping`). A NaN/inf global
+  carries the step's loss and each rank's stop flags (`runtime.stopping`), and the host
+  reads the step's figures in one sync: that sum, the gradient norm and (on a logging step
+  without data parallelism) the logged loss, as one tensor (`agree_on_step`). A NaN/inf global
   loss or gradient norm never reaches the optimizer (`runtime.nonfinite`): the run stops
   with `TrainingDiverged` naming the rank, or skips the step (`[boost] skip_nonfinite_steps`).
   A SIGTERM/SIGUSR1 on any rank, or the end of `[boost] time_budget_minutes`, ends training
@@ -42,7 +44,8 @@ run summary and a NaN stop.
   which the `train` command passes: `boost_titan.perf.fits.rank0_prediction`).
 - Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun
   restart and any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*`
-  injects a SIGKILL for testing.
+  injects a SIGKILL (or a NaN, an inf, a SIGTERM) for testing, by wrapping the trainer's
+  step methods at construction (`Fault.install`): the step itself has no fault check.
 - Every rank loads the checkpoint rank 0 picks, and only after reading its pickles
   through the checkpoint allowlist (`boost_titan.runtime.resume.prepare_to_load`): DCP's
   loads are guarded for the whole process (`boost_titan.parallelize.safe_load`), and a
