@@ -1,8 +1,10 @@
 """Autograd-aware tensor-parallel collectives on local tensors.
 
-Each function states what it does forward and backward. They run on the TP group's
-process group through functional collectives, so `CommDebugMode` sees them and
-`torch.compile` can trace them.
+Each function states what it does forward and backward. Every backward is our own (a
+custom `autograd.Function`), so the collectives inside call torch's functional collective
+ops directly (`torch.ops._c10d_functional`: launch, then `wait_tensor`), without the
+autograd wrapper and the `AsyncCollectiveTensor` that `_functional_collectives` adds to
+each call; `CommDebugMode` still sees them and `torch.compile` traces them.
 """
 
 from __future__ import annotations
@@ -11,25 +13,37 @@ import functools
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from torch.distributed import ProcessGroup
 
 from boost_titan.kernels import float8
 from boost_titan.kernels.float8 import Float8
 
+_OPS = torch.ops._c10d_functional
+
+
+def _start_all_reduce(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """Launch the sum all-reduce of x; its result once `_wait` returns."""
+    return _OPS.all_reduce(x.contiguous(), "sum", group.group_name)
+
+
+def _wait(x: torch.Tensor) -> torch.Tensor:
+    return _OPS.wait_tensor(x)
+
 
 def _all_reduce(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-    return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", group))
+    return _wait(_start_all_reduce(x, group))
 
 
 def _all_gather_last(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-    out = funcol.all_gather_single(x.contiguous(), gather_dim=x.dim() - 1, group=group)
-    return funcol.wait_tensor(out)
+    size = group.size()
+    stacked = _wait(_OPS.all_gather_into_tensor(x.contiguous(), size, group.group_name))
+    return torch.cat(stacked.chunk(size), dim=-1)  # [size * n, ..] -> [n, .., size * d]
 
 
 def _reduce_scatter_last(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-    out = funcol.reduce_scatter_single(x.contiguous(), "sum", scatter_dim=x.dim() - 1, group=group)
-    return funcol.wait_tensor(out)
+    size = group.size()
+    stacked = torch.cat(x.chunk(size, dim=-1))  # each rank's slice of the last dim, in turn
+    return _wait(_OPS.reduce_scatter_tensor(stacked, "sum", size, group.group_name))
 
 
 def _own_slice(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
@@ -59,10 +73,10 @@ def all_reduce_in_row_blocks(
     block k+1's partials are computed, so they run behind that work; all are waited for at
     the end (`overlap_chunks`: Domino-style overlap inside one collective site)."""
     pending = [
-        [funcol.all_reduce(p.contiguous(), "sum", group) for p in partials_of(start, end)]
+        [_start_all_reduce(p, group) for p in partials_of(start, end)]
         for start, end in row_blocks(rows, chunks)
     ]
-    waited = [[funcol.wait_tensor(t) for t in block] for block in pending]
+    waited = [[_wait(t) for t in block] for block in pending]
     return [torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*waited, strict=True)]
 
 
@@ -130,7 +144,7 @@ class _ColumnLinears(torch.autograd.Function):
             # each row block's all-reduce is launched at once and waited for after the
             # weight grads: it runs behind the next block's input grad and the weight grads
             reduced = [
-                funcol.all_reduce(grad_x_of(a, b).contiguous(), "sum", ctx.group)
+                _start_all_reduce(grad_x_of(a, b), ctx.group)
                 for a, b in row_blocks(rows[0].shape[0], ctx.chunks)
             ]
         grads_w = [
@@ -145,7 +159,7 @@ class _ColumnLinears(torch.autograd.Function):
         ]
         grad_x = None
         if reduced is not None:
-            blocks = [funcol.wait_tensor(block) for block in reduced]
+            blocks = [_wait(block) for block in reduced]
             grad_x = (torch.cat(blocks) if len(blocks) > 1 else blocks[0]).view_as(x)
         return grad_x, None, None, None, None, *grads_w
 
@@ -184,12 +198,12 @@ class _ReduceGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # launched now, waited for after the stashed weight-grad GEMMs: it runs behind them
-        reduced = funcol.all_reduce(grad.contiguous(), "sum", ctx.group)
+        reduced = _start_all_reduce(grad, ctx.group)
         grads_w = []
         for key, needed in zip(ctx.keys, ctx.needs_input_grad[4:], strict=True):
             entry = ctx.stash.entries.pop(key, None)
             grads_w.append(float8.weight_grad(*entry) if needed and entry is not None else None)
-        return funcol.wait_tensor(reduced), None, None, None, *grads_w
+        return _wait(reduced), None, None, None, *grads_w
 
 
 class _StashedWeightLinear(torch.autograd.Function):

@@ -5,7 +5,9 @@ backward, `torch.distributed.tensor.experimental._context_parallel`).
 - `shard_sequence(mesh, tensors, load_balance=True)`: a rank's shard of the tokens,
   labels and positions along dim 1 (positions [s] along dim 0), head-tail load balanced
   (rank r of n holds chunks r and 2n-1-r of 2n) as torch's `_HeadTailLoadBalancer`;
-  `unshard_sequence` undoes it.
+  `unshard_sequence` undoes it. The ring's causal masking must follow the same choice:
+  run the forward and backward of the shards inside `load_balancing(load_balance)`, which
+  sets torch's global CP option and restores it on exit.
 - `apply_context_parallel(model, mesh, layout)`: inside the forward of each named module,
   `F.scaled_dot_product_attention` (causal, no mask) runs on the sequence-sharded q, k, v
   as DTensors `Shard(2)` on `mesh`, so DTensor dispatches its op to a ring handler: on CUDA
@@ -20,11 +22,12 @@ backward, `torch.distributed.tensor.experimental._context_parallel`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,10 +106,9 @@ def shard_sequence(
     seq_dim: int = 1,
 ) -> list[torch.Tensor]:
     """This rank's shard of each tensor along `seq_dim` (a 1-D tensor, e.g. positions [s],
-    along its only dim; module docstring); the ring's causal masking follows
-    `load_balance` (torch's global CP option)."""
+    along its only dim; module docstring). Run the model on the shards inside
+    `load_balancing(load_balance)`."""
     world, rank = mesh.size(), mesh.get_local_rank()
-    set_cp_load_balance(load_balance)
     order = chunk_order(world, load_balance)
     mine = order[2 * rank : 2 * rank + 2]
     shards = []
@@ -119,6 +121,18 @@ def shard_sequence(
         chunks = t.chunk(2 * world, dim=dim)
         shards.append(torch.cat([chunks[c] for c in mine], dim=dim))
     return shards
+
+
+@contextlib.contextmanager
+def load_balancing(load_balance: bool) -> Iterator[None]:
+    """The ring's causal masking for shards cut with `load_balance` (torch's global CP
+    option `enable_load_balance`, set for the block and restored after it)."""
+    keep = ring._cp_options.enable_load_balance
+    set_cp_load_balance(load_balance)
+    try:
+        yield
+    finally:
+        set_cp_load_balance(keep)
 
 
 def unshard_sequence(

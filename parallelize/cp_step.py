@@ -20,7 +20,13 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from .context_parallel import APPLIED, CPState, shard_sequence, unshard_sequence
+from .context_parallel import (
+    APPLIED,
+    CPState,
+    load_balancing,
+    shard_sequence,
+    unshard_sequence,
+)
 from .styles import PlanError
 from .verify import _logits, _relative_error
 
@@ -226,8 +232,6 @@ def context_parallel_step(
     if state.mesh.size() > 1:
         _check_same_batch(state, (tokens, labels, positions))
     mine = shard_sequence(state.mesh, (tokens, labels, positions), load_balance=load_balance)
-    if verify and not state.verified:
-        _verify(model, state, mine, (tokens, positions), load_balance)
     outputs: list[torch.Tensor] = []
 
     def forward_backward() -> None:
@@ -236,7 +240,10 @@ def context_parallel_step(
         loss.backward()
         outputs.append(_full(loss).detach())
 
-    _sum_new_grads(model, state, forward_backward)
+    with load_balancing(load_balance):
+        if verify and not state.verified:
+            _verify(model, state, mine, (tokens, positions), load_balance)
+        _sum_new_grads(model, state, forward_backward)
     loss = outputs[0].clone()
     if state.mesh.size() > 1:
         dist.all_reduce(loss, group=state.mesh.get_group())

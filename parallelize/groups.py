@@ -172,6 +172,9 @@ class GroupInstance:
     """The current forward call's: the linears that leave their input grads partial
     leave their weight-grad GEMMs to the group's backward all-reduce too, which runs
     behind them (eager mode; compiled forwards reduce without it)."""
+    stashed: dict[int, torch.Tensor] = field(default_factory=dict)
+    """The current forward call's local weights of those linears, by consumer index: each
+    converted from its DTensor once, for the all-reduce and the linear both."""
     record: group_check.GroupRecord | None = None
 
     @classmethod
@@ -265,6 +268,7 @@ class GroupInstance:
 
     def new_stash(self) -> comm.WeightGradStash | None:
         self.stash = None if torch.compiler.is_compiling() else comm.WeightGradStash()
+        self.stashed = {}
         return self.stash
 
     def stashed_weights(
@@ -272,7 +276,9 @@ class GroupInstance:
     ) -> dict[int, torch.Tensor]:
         """Consumer index -> local weight of those `linears` whose weight grads wait for
         the group's all-reduce (none without a stash)."""
-        return {} if self.stash is None else {i: local(linears[i].weight) for i in members}
+        weights = {} if self.stash is None else {i: local(linears[i].weight) for i in members}
+        self.stashed.update(weights)
+        return weights
 
     def deferred_linear(
         self, x: torch.Tensor, module: nn.Linear, index: int, f8: Float8 | None
@@ -281,7 +287,9 @@ class GroupInstance:
         for the group's all-reduce (with a stash). `f8`: its GEMMs in float8."""
         if self.stash is None:
             return linear(x, module, f8)
-        y = comm.stashed_linear(x, local(module.weight), self.stash, index, f8)
+        weight = self.stashed.pop(index, None)
+        weight = local(module.weight) if weight is None else weight
+        y = comm.stashed_linear(x, weight, self.stash, index, f8)
         return y + local(module.bias) if module.bias is not None else y
 
     def record_output(self, out: torch.Tensor) -> None:

@@ -406,12 +406,11 @@ class RowParallel(TPStyle):
         return own_gemm(self, module)
 
     def _local_forward(self, module, group, x):
-        x = local(x)
-        features = module.in_features if self.split_input else local(module.weight).shape[1]
-        self.check_input(x, features)
+        x, weight = local(x), local(module.weight)
+        self.check_input(x, module.in_features if self.split_input else weight.shape[1])
         if self.split_input:
             x = comm.split_last(x, group)
-        y = comm.row_linear(x, local(module.weight), group, self.overlap_chunks, self.f8())
+        y = comm.row_linear(x, weight, group, self.overlap_chunks, self.f8())
         return y + local(module.bias) if module.bias is not None else y
 
 

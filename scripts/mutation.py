@@ -56,19 +56,19 @@ MUTANTS = [
     # ---- comm: collectives and their autograd ------------------------------------------
     M(
         "parallelize/comm.py",
-        'return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", group))',
+        "return _wait(_start_all_reduce(x, group))",
         "return x.contiguous()",
         "drop every all-reduce",
     ),
     M(
         "parallelize/comm.py",
-        'return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", group))',
-        'return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "avg", group))',
+        "return _wait(_start_all_reduce(x, group))",
+        'return _wait(_OPS.all_reduce(x.contiguous(), "avg", group.group_name))',
         "wrong reduce op (avg)",
     ),
     M(
         "parallelize/comm.py",
-        "blocks = [funcol.wait_tensor(block) for block in reduced]",
+        "blocks = [_wait(block) for block in reduced]",
         "blocks = [grad_x_of(a, b) for a, b in row_blocks(rows[0].shape[0], ctx.chunks)]",
         "column-parallel input grad not all-reduced",
     ),
@@ -98,7 +98,7 @@ MUTANTS = [
     ),
     M(
         "parallelize/comm.py",
-        "        return funcol.wait_tensor(reduced), None, None, None, *grads_w",
+        "        return _wait(reduced), None, None, None, *grads_w",
         "        return grad, None, None, None, *grads_w",
         "deferred group grad not all-reduced",
     ),
@@ -209,8 +209,8 @@ MUTANTS = [
     # ---- styles and groups -------------------------------------------------------------
     M(
         "parallelize/styles.py",
-        "y = comm.row_linear(x, local(module.weight), group, self.overlap_chunks, self.f8())",
-        "y = F.linear(x, local(module.weight))",
+        "y = comm.row_linear(x, weight, group, self.overlap_chunks, self.f8())",
+        "y = F.linear(x, weight)",
         "row-parallel output not all-reduced",
     ),
     M(
@@ -299,7 +299,7 @@ MUTANTS = [
     # ---- overlapped row blocks, low-rank AC placeholders, compiled AC ----------------------
     M(
         "parallelize/comm.py",
-        '[funcol.all_reduce(p.contiguous(), "sum", group) for p in partials_of(start, end)]',
+        "[_start_all_reduce(p, group) for p in partials_of(start, end)]",
         "[p.contiguous() for p in partials_of(start, end)]",
         "row blocks not all-reduced",
     ),

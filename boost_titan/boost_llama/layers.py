@@ -27,14 +27,11 @@ def rope_table(head_dim: int, max_seq_len: int, theta: float, device=None) -> to
 def apply_rope(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved pairs of x [b, s, heads, head_dim] by the angles of its tokens'
     positions: `rows` are the RoPE table's rows for them, [s, ...] or [b, s, ...] (a longer
-    table [n, ...] stands for positions 0..s-1)."""
-    rows = rows[..., : x.shape[1], :, :]
-    pairs = x.float().unflatten(-1, (-1, 2))
-    cos = rows[..., None, :, 0]
-    sin = rows[..., None, :, 1]
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
-    return rotated.flatten(-2).type_as(x)
+    table [n, ...] stands for positions 0..s-1). One complex multiply of the pairs by
+    cos + i sin, as TorchTitan's `apply_rotary_emb`."""
+    rotation = torch.view_as_complex(rows[..., : x.shape[1], None, :, :].float())
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
 
 
 def takes_grouped_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

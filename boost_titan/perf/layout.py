@@ -64,6 +64,10 @@ class TrainingLayout:
     legacy_launches: bool = False
     """The launch pattern of commit 18fc3d3 (`host.weight_launches`), on which the H100 rows
     of `measured` were taken."""
+    interleaved_rope: bool = False
+    """RoPE priced as the stride-2 decomposition the product ran until issue 47
+    (`streams.INTERLEAVED_ROPE_FORWARD`): the runs the model was calibrated on, the H100
+    rows of `measured` and the BOOST paper's rows of `paper`, are priced with it."""
 
     @property
     def tokens(self) -> int:

@@ -55,6 +55,7 @@ class MeasuredRow:
             microbatches=self.microbatches,
             compiled=self.compiled,
             legacy_launches=True,
+            interleaved_rope=True,
         )
         return TrainingLayout(**(fields | changes))
 
@@ -110,8 +111,10 @@ def host_rows(gpu: str = "h100") -> list[HostRow]:
         HostRow(
             row,
             predicted_step(row, profile),
-            predicted_step(row, profile, legacy_launches=False),
-            predicted_step(row, profile, legacy_launches=False, cuda_graphs=True),
+            predicted_step(row, profile, legacy_launches=False, interleaved_rope=False),
+            predicted_step(
+                row, profile, legacy_launches=False, interleaved_rope=False, cuda_graphs=True
+            ),
             row == HOST_FIT,
         )
         for row in H100_ROWS

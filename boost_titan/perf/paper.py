@@ -79,7 +79,7 @@ COMM_ABLATION = {
     "btp": (224 * 2**20, 1.85e-3),
 }
 """Published (bytes, seconds) of one layer's forward TP communication, 7B, batch 4, TP4."""
-ABLATION_PLAN = {"tp": 4, "seq_len": 4096, "micro_batch": 4}
+ABLATION_PLAN = {"tp": 4, "seq_len": 4096, "micro_batch": 4, "interleaved_rope": True}
 
 
 def paper_plan(row: PaperRow, strategy: str, ac: str = "none") -> TrainingLayout:
@@ -91,6 +91,7 @@ def paper_plan(row: PaperRow, strategy: str, ac: str = "none") -> TrainingLayout
         micro_batch=row.micro_batch,
         microbatches=row.microbatches,
         ac=ac,
+        interleaved_rope=True,  # the RoPE the validation was calibrated with
     )
 
 

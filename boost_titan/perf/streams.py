@@ -42,10 +42,17 @@ class Eager:
         return 0 if b == 4 else b + 4
 
 
-ROPE_FORWARD = Eager(fp32_bytes=36, passes=0, casts=2, kernels=7)
-"""`apply_rope` per rotated element: upcast; four products and a sub / add on the
-interleaved halves (4 + 4 + 6 bytes each group of three); stack (8); downcast."""
-ROPE_BACKWARD = Eager(fp32_bytes=56, passes=0, casts=2, kernels=10)
+ROPE_FORWARD = Eager(fp32_bytes=8, passes=0, casts=2, kernels=1)
+"""`apply_rope` per rotated element: upcast; one complex multiply of the fp32 pairs by
+cos + i sin (reads 4, writes 4 bytes); downcast."""
+ROPE_BACKWARD = Eager(fp32_bytes=8, passes=0, casts=2, kernels=2)
+"""Upcast; the complex multiply by the conjugate (8), whose table rows are conjugated
+into a copy first (one small kernel, [seq, head_dim / 2]); downcast."""
+INTERLEAVED_ROPE_FORWARD = Eager(fp32_bytes=36, passes=0, casts=2, kernels=7)
+"""RoPE as the product ran it until issue 47 (`TrainingLayout.interleaved_rope`), per rotated
+element: upcast; four products and a sub / add on the interleaved halves (4 + 4 + 6 bytes
+each group of three); stack (8); downcast."""
+INTERLEAVED_ROPE_BACKWARD = Eager(fp32_bytes=56, passes=0, casts=2, kernels=10)
 """Casts back; four products (4 each), a negation (4), two adds (6 each), two
 select-backwards (zeros + copy, 6 each) and their sum (12)."""
 SYNC_NORM_FORWARD = Eager(fp32_bytes=20, passes=2, casts=3, kernels=7)
@@ -148,7 +155,12 @@ def block_streams(w: Widths, norm_mode: str, b: int) -> tuple[list[Stream], list
 
     fwd = _norm_forward("attention_norm", w, norm_mode, b)
     fwd += _silu("qkv", lat, 3 * silu, b, False)
-    fwd.append(Stream("rope", rotated * ROPE_FORWARD.bytes(b), 2 * ROPE_FORWARD.launches(b)))
+    rope_fwd, rope_bwd = (
+        (INTERLEAVED_ROPE_FORWARD, INTERLEAVED_ROPE_BACKWARD)
+        if w.interleaved_rope
+        else (ROPE_FORWARD, ROPE_BACKWARD)
+    )
+    fwd.append(Stream("rope", rotated * rope_fwd.bytes(b), 2 * rope_fwd.launches(b)))
     fwd += _silu("o", lat, silu, b, False)
     fwd.append(Stream("residual_add", 3 * r * b))
     fwd += _norm_forward("ffn_norm", w, norm_mode, b)
@@ -167,7 +179,7 @@ def block_streams(w: Widths, norm_mode: str, b: int) -> tuple[list[Stream], list
     bwd += _norm_backward("ffn_norm", w, norm_mode, b)
     bwd.append(Stream("residual_grad_add", 3 * r * b))
     bwd += _silu("o", lat, silu, b, True)
-    bwd.append(Stream("rope.bwd", rotated * ROPE_BACKWARD.bytes(b), 2 * ROPE_BACKWARD.launches(b)))
+    bwd.append(Stream("rope.bwd", rotated * rope_bwd.bytes(b), 2 * rope_bwd.launches(b)))
     bwd += _silu("qkv", lat, 3 * silu, b, True)
     bwd.append(_consumer_grads("attention_norm", w, firsts["attention_norm"], b))
     bwd += _norm_backward("attention_norm", w, norm_mode, b)

@@ -96,3 +96,5 @@ class Widths:
     """CoLA: a SiLU on every latent."""
     silu_gate: bool
     """A SiLU on the MLP gate (full-rank and SVD; CoLA's gate already ends in one)."""
+    interleaved_rope: bool = False
+    """RoPE priced as its former stride-2 decomposition (`TrainingLayout.interleaved_rope`)."""

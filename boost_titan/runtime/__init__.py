@@ -20,6 +20,7 @@ room, never the other way). Every module and its job:
 - `step_clock`: the time left and the time spent waiting for data, per step.
 - `run_log`: losses, held-out results, the summary.
 - `held_out_loss`: the held-out evaluation shared by training's validator and `eval`.
+- `loss_owner`: which ranks of a layout count the loss (the step's and the held-out one).
 - `saved_activations`: the activation bytes a forward keeps for backward (logged per step).
 - `rss`: process memory.
 - `resume`: every rank loads the checkpoint rank 0 picks, through the checkpoint allowlist

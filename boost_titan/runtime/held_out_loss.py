@@ -53,6 +53,7 @@ from boost_titan.data.held_out import (
     build_validation_batches,
     validation_data,
 )
+from boost_titan.runtime.loss_owner import owns_loss
 from boost_titan.runtime.run_log import perplexity
 
 BatchLoss = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -73,14 +74,6 @@ class HeldOutLoss:
     @property
     def perplexity(self) -> float:
         return perplexity(self.loss)
-
-
-def owns_loss(parallel_dims: ParallelDims, pp_has_last_stage: bool | None) -> bool:
-    """Whether this rank's loss is counted: the last PP stage holds it, TP ranks replicate it."""
-    tp_mesh = parallel_dims.get_optional_mesh("tp")
-    return (not parallel_dims.pp_enabled or bool(pp_has_last_stage)) and (
-        tp_mesh is None or tp_mesh.get_local_rank() == 0
-    )
 
 
 def plain(tensor: torch.Tensor) -> torch.Tensor:

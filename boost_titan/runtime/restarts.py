@@ -31,14 +31,27 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from boost_titan.checkpoint.files import is_complete_checkpoint, step_folders
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize.torch_internals import replace_dcp_write
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
+
+
+class FaultTarget(Protocol):
+    """What `Fault.install` wraps: the trainer's step methods (`runtime.trainer`)."""
+
+    step: int
+    train_step: Callable[..., None]
+    clip_gradients: Callable[[], torch.Tensor]
+    local_loss: Callable[[list[torch.Tensor]], torch.Tensor]
+
+    def local_grads(self) -> list[torch.Tensor]: ...
 
 
 def shared_store_warning(env=os.environ) -> str | None:
@@ -102,6 +115,32 @@ class Fault:
         if point == "save":
             fault._hook_checkpoint_write()
         return fault
+
+    def install(self, trainer: FaultTarget) -> None:
+        """Wrap `trainer`'s step methods on the instance, once at construction, so that a
+        run without a fault has no check of its own in the step: the loss poisoned by
+        `poison_loss`, the gradients by `poison_grads` before clipping, and `after_step`
+        once the step is recorded."""
+        train_step, clip_gradients, local_loss = (
+            trainer.train_step,
+            trainer.clip_gradients,
+            trainer.local_loss,
+        )
+
+        def faulty_train_step(data_iterator):
+            train_step(data_iterator)
+            self.after_step(trainer.step)
+
+        def faulty_clip_gradients():
+            self.poison_grads(trainer.step, trainer.local_grads())
+            return clip_gradients()
+
+        def faulty_local_loss(losses):
+            return self.poison_loss(trainer.step, local_loss(losses))
+
+        trainer.train_step = faulty_train_step
+        trainer.clip_gradients = faulty_clip_gradients
+        trainer.local_loss = faulty_local_loss
 
     def after_step(self, step: int) -> None:
         if self.point == "step" and step in self.steps:

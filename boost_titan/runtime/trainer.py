@@ -14,7 +14,9 @@ run summary and a NaN stop.
   PP gradients come out batch*seq times too large (clipping and AdamW hide most of it).
   Here the PP schedule's loss function divides by that count during training steps.
 - Every step, after clipping and before the optimizer, one all-reduce over the world group
-  carries the step's loss and each rank's stop flags (`runtime.stopping`). A NaN/inf global
+  carries the step's loss and each rank's stop flags (`runtime.stopping`), and the host
+  reads the step's figures in one sync: that sum, the gradient norm and (on a logging step
+  without data parallelism) the logged loss, as one tensor (`agree_on_step`). A NaN/inf global
   loss or gradient norm never reaches the optimizer (`runtime.nonfinite`): the run stops
   with `TrainingDiverged` naming the rank, or skips the step (`[boost] skip_nonfinite_steps`).
   A SIGTERM/SIGUSR1 on any rank, or the end of `[boost] time_budget_minutes`, ends training
@@ -42,7 +44,8 @@ run summary and a NaN stop.
   which the `train` command passes: `boost_titan.perf.fits.rank0_prediction`).
 - Crash recovery (`boost_titan.runtime.restarts`): before loading, rank 0 logs a torchrun
   restart and any interrupted (incomplete) checkpoint that is skipped; `BOOST_TITAN_FAULT_*`
-  injects a SIGKILL for testing.
+  injects a SIGKILL (or a NaN, an inf, a SIGTERM) for testing, by wrapping the trainer's
+  step methods at construction (`Fault.install`): the step itself has no fault check.
 - Every rank loads the checkpoint rank 0 picks, and only after reading its pickles
   through the checkpoint allowlist (`boost_titan.runtime.resume`: `prepare_to_load`, then
   `load_checkpoint`, DCP reading through the same allowlist); a checkpoint that asks for
@@ -94,7 +97,7 @@ from boost_titan.processes.teardown import end_process_groups
 from boost_titan.runtime.cuda_graphs import CudaGraphs, GraphedCall
 from boost_titan.runtime.device import on_cpu
 from boost_titan.runtime.grad_norm import clip_grad_norm_exact_
-from boost_titan.runtime.held_out_loss import owns_loss
+from boost_titan.runtime.loss_owner import owns_loss
 from boost_titan.runtime.microbatches import casts_itself, protocol_for
 from boost_titan.runtime.nonfinite import (
     NonFiniteGuard,
@@ -194,7 +197,11 @@ class BoostTrainer(Trainer):
         self.memory_compared = False
         self.clock = StepClock(job_config.training.steps)
         self.grad_norm: float | None = None
-        self.fault = Fault.from_env(dist.get_rank(), dist.get_world_size())
+        self.logged: float | None = None
+        """The step line's loss, fetched with the step's figures (`agree_on_step`)."""
+        fault = Fault.from_env(dist.get_rank(), dist.get_world_size())
+        if fault is not None:  # wraps this trainer's step methods: no check per step
+            fault.install(self)
         if job_config.validation.enable:  # held-out results go to losses.jsonl and the summary
             self.validator.on_result = lambda step, result, seconds: self.run_log.record_validation(
                 step, result.loss, result.tokens, seconds
@@ -257,8 +264,9 @@ class BoostTrainer(Trainer):
         counter = self.activation_counter() if self.run_log.saved_activations is None else None
         with counter.watching() if counter is not None else contextlib.nullcontext():
             losses = self.run_microbatches(microbatches, global_tokens)
-        self.grad_norm = self.clip_gradients()
-        self.agree_on_step(losses)
+        norm = self.clip_gradients()
+        logged = self.logged_loss(losses)
+        self.agree_on_step(losses, norm, logged)
         what = nonfinite(self.step_loss, self.grad_norm)
         if what is not None:  # the optimizer never sees it
             self.skip_or_stop(what, losses)
@@ -274,8 +282,6 @@ class BoostTrainer(Trainer):
                 logger.info(self.run_log.activations_line())
         tokens = (self.ntokens_seen - tokens_before) * self.dp_degree
         self.run_log.record(self.step, self.step_loss, tokens, self.grad_norm)
-        if self.fault is not None:
-            self.fault.after_step(self.step)
 
     def next_microbatches(
         self, data_iterator: Iterator[Batch]
@@ -374,14 +380,16 @@ class BoostTrainer(Trainer):
         # PP+FSDP puts the loss back on the CPU (TorchTitan's note)
         return torch.sum(torch.stack(losses)).to(self.device)
 
-    def clip_gradients(self) -> float:
-        """Clip the gradients to `training.max_norm` by their global norm, returned: the
-        exact fp64 norm (`runtime.grad_norm`), TorchTitan's with `[boost] exact_grad_norm =
-        false`."""
+    def local_grads(self) -> list[torch.Tensor]:
+        """This rank's shards of the gradients (sharing their storage)."""
         parameters = [p for m in self.model_parts for p in m.parameters()]
-        if self.fault is not None:
-            grads = [_local(p.grad) for p in parameters if p.grad is not None]
-            self.fault.poison_grads(self.step, grads)
+        return [_local(p.grad) for p in parameters if p.grad is not None]
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Clip the gradients to `training.max_norm` by their global norm, returned as a
+        tensor (read with the step's loss, `agree_on_step`): the exact fp64 norm
+        (`runtime.grad_norm`), TorchTitan's with `[boost] exact_grad_norm = false`."""
+        parameters = [p for m in self.model_parts for p in m.parameters()]
         exact = self.job_config.boost.exact_grad_norm
         clip = clip_grad_norm_exact_ if exact else titan_clip_grad_norm_
         norm = clip(
@@ -391,25 +399,40 @@ class BoostTrainer(Trainer):
             pp_mesh=self.parallel_dims.get_optional_mesh("pp"),
             ep_enabled=self.parallel_dims.ep_enabled,
         )
-        return norm.item()
+        return norm
 
     def local_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
-        """This rank's part of the step's loss (NaN at an injected `nan` fault's step)."""
+        """This rank's part of the step's loss."""
         # Under loss parallel the loss is a replicated DTensor.
         full = [loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]
-        summed = torch.stack(full).sum()
-        return summed if self.fault is None else self.fault.poison_loss(self.step, summed)
+        return torch.stack(full).sum()
 
-    def agree_on_step(self, losses: list[torch.Tensor]) -> None:
-        """One all-reduce: the step's global loss and every rank's stop flags."""
+    def logged_loss(self, losses: list[torch.Tensor]) -> torch.Tensor | None:
+        """The loss of the step's log line where it is this rank's own sum (no data
+        parallelism) and the step logs, else None (`log_metrics` reduces it)."""
+        if self.parallel_dims.dp_cp_enabled or not self.metrics_processor.should_log(self.step):
+            return None
+        return torch.sum(torch.stack(losses))
+
+    def agree_on_step(
+        self, losses: list[torch.Tensor], norm: torch.Tensor, logged: torch.Tensor | None
+    ) -> None:
+        """One all-reduce: the step's global loss and every rank's stop flags; then the
+        step's one host sync: those, the gradient norm and the logged loss in one fetch."""
         local = self.local_loss(losses) if self.owns_loss else torch.zeros(())
+        flags = self.stop.flags()
         values = [local.to(device=self.device, dtype=torch.float64).reshape(1)]
-        values.append(torch.tensor(self.stop.flags(), dtype=torch.float64, device=self.device))
+        values.append(torch.tensor(flags, dtype=torch.float64, device=self.device))
         summed = torch.cat(values)
         dist.all_reduce(summed)
-        loss, *flags = summed.tolist()
+        fetched = [summed, norm.to(device=self.device, dtype=torch.float64).reshape(1)]
+        if logged is not None:
+            fetched.append(_local(logged).to(device=self.device, dtype=torch.float64).reshape(1))
+        loss, *figures = torch.cat(fetched).tolist()
         self.step_loss = loss
-        self.stop_reason = self.stop_reason or self.stop.reason(flags)
+        self.stop_reason = self.stop_reason or self.stop.reason(figures[: len(flags)])
+        self.grad_norm = figures[len(flags)]
+        self.logged = figures[len(flags) + 1] if logged is not None else None
 
     def skip_or_stop(self, what: str, losses: list[torch.Tensor]) -> None:
         """A non-finite step (collective): skip it within the limit, else raise
@@ -439,9 +462,9 @@ class BoostTrainer(Trainer):
     ) -> None:
         """TorchTitan's metrics of the step (the step line, TensorBoard): the average and
         the largest loss over the data-parallel ranks, tokens seen, learning rate."""
-        loss = torch.sum(torch.stack(losses))
         dims = self.parallel_dims
         if dims.dp_cp_enabled:
+            loss = torch.sum(torch.stack(losses))
             loss_mesh = dims.get_optional_mesh("loss")
             # the largest of the ranks' own averages: local sum / local tokens
             local_average = loss * global_tokens / local_tokens
@@ -450,7 +473,7 @@ class BoostTrainer(Trainer):
             largest = dist_max(local_average, loss_mesh)
             tokens_seen = dist_sum(seen, loss_mesh)
         else:
-            average = largest = loss.item()
+            average = largest = self.logged
             tokens_seen = self.ntokens_seen
         extra = {"n_tokens_seen": tokens_seen, "lr": lr}
         self.log_step(self.step, average, largest, self.grad_norm, extra_metrics=extra)
@@ -600,7 +623,7 @@ class BoostTrainer(Trainer):
     def close(self) -> None:
         """The orderly end of every rank; TorchTitan's `main` calls it after training and
         after an error: the checkpointer's pending write, its threads, then the process
-        groups (`parallelize.teardown`: ranks meet only after a finished run)."""
+        groups (`processes.teardown`: ranks meet only after a finished run)."""
         ckpt = getattr(self, "checkpointer", None)
         try:
             if ckpt is not None and ckpt.enable:

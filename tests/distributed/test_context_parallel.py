@@ -152,6 +152,7 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
     from boost_titan.parallelize import apply_plan
     from boost_titan.parallelize.context_parallel import (
         apply_context_parallel,
+        load_balancing,
         shard_sequence,
         unshard_sequence,
     )
@@ -190,7 +191,7 @@ def _cp_worker(rank: int, world_size: int, cases: list[str]) -> dict:
             original, dropped = _drop_second_chunk(ring._AllGatherRotater)
             ring._AllGatherRotater.next_buffer = dropped
         try:
-            with record_collectives() as log:
+            with record_collectives() as log, load_balancing(balance):
                 logits = model(tokens, positions=positions)
                 with loss_parallel():
                     loss = loss_sum(logits, labels) / (BATCH * SEQ)

@@ -328,3 +328,39 @@ def test_column_linears_skip_unneeded_grads(mesh):
         torch.autograd.backward(ys[0], torch.ones_like(ys[0]))
     assert log.calls == []
     assert weights[0].grad.shape == (6, 4) and weights[1].grad is None
+
+
+class _OpCount(TorchDispatchMode):
+    """How often each op ran (by overload packet name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func._overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("arch,strategy", [("cola", "btp"), ("lax", "btp"), ("cola", "vanilla")])
+def test_block_host_work(mesh, arch, strategy, monkeypatch):
+    """Per block forward: one `to_local` per weight; forward and backward: every collective
+    launched and waited for directly, without the autograd wrapper that makes an
+    AsyncCollectiveTensor of each."""
+    torch.manual_seed(0)
+    args = small_args(arch)
+    model = parallel_model(args, strategy, mesh, "online", True)
+    layer = model.layers["1"]
+    h = torch.randn(BATCH, SEQ, layer_input_dim(args, strategy, mesh.size()), requires_grad=True)
+    prevs = [torch.randn(BATCH, SEQ, R, requires_grad=True) for _ in range(7)] * (arch == "lax")
+    conversions = []
+    to_local = dist.tensor.DTensor.to_local
+    monkeypatch.setattr(
+        dist.tensor.DTensor, "to_local", lambda t, *a, **k: conversions.append(t) or to_local(t)
+    )
+    with _OpCount() as ops:
+        out, _ = layer(h, model.rope, prevs)
+        out.backward(torch.randn_like(out))
+    assert len(conversions) == len(list(layer.parameters()))
+    assert ops.counts["all_reduce"] > 0
+    assert ops.counts["_wrap_tensor_autograd"] == 0

@@ -21,6 +21,7 @@ from boost_titan.parallelize import PlanError
 from boost_titan.parallelize.context_parallel import (
     apply_context_parallel,
     chunk_order,
+    load_balancing,
     shard_sequence,
     unshard_sequence,
 )
@@ -41,6 +42,18 @@ class Rank:
 
     def get_local_rank(self) -> int:
         return self.rank
+
+
+def test_load_balance_option_is_scoped():
+    """Sharding leaves torch's global CP option alone; `load_balancing` sets it for its
+    block only, and restores it after an error too."""
+    before = ring._cp_options.enable_load_balance
+    shard_sequence(Rank(2, 0), [torch.zeros(1, 8)], load_balance=not before)
+    assert ring._cp_options.enable_load_balance == before
+    with pytest.raises(KeyError), load_balancing(not before):
+        assert ring._cp_options.enable_load_balance == (not before)
+        raise KeyError
+    assert ring._cp_options.enable_load_balance == before
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
