@@ -482,23 +482,3 @@ def test_global_order_resumes_exactly(tmp_path):
         resumed = build_dataloader(2, rank, tok, config)
         resumed.load_state_dict(state)
         assert all(torch.equal(a, b) for a, b in zip(expected, _labels(resumed, 6), strict=True))
-
-
-def test_unknown_data_order_is_one_line():
-    from boost_titan.boost_llama.spec import validate_job
-
-    with pytest.raises(ConfigError) as excinfo:
-        validate_job(
-            job_config(
-                "--model.name",
-                "boost_llama",
-                "--model.flavor",
-                "debug",
-                "--boost.data_order",
-                "shuffled",
-            ),
-            1,
-        )
-    assert one_line_error(excinfo) == (
-        "unknown [boost] data_order 'shuffled'; choose one of sharded, global"
-    )
