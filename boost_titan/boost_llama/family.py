@@ -2,27 +2,9 @@
 
 from __future__ import annotations
 
-from boost_titan.runtime.family import ModelFamily
+from boost_titan.runtime.family import ModelFamily, spec_hooks
 
 NAME = "boost_llama"
-
-
-def _register() -> None:
-    from .spec import register_spec
-
-    register_spec()
-
-
-def _validate(job, world: int) -> None:
-    from .spec import validate_job
-
-    validate_job(job, world)
-
-
-def _vocab(job) -> int:
-    from .spec import job_args
-
-    return job_args(job).vocab_size
 
 
 def _describe(job) -> str:
@@ -57,9 +39,7 @@ def _initial_export(job) -> None:
 
 FAMILY = ModelFamily(
     name=NAME,
-    register=_register,
-    validate_job=_validate,
-    vocab_size=_vocab,
+    **spec_hooks(f"{__package__}.spec"),
     describe=_describe,
     layout=_layout,
     saved_with="the model.flavor, [boost] arch and rank, and tokenizer it was saved with",

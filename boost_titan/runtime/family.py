@@ -7,6 +7,7 @@ not check). A TrainSpec without a family (TorchTitan's own models, a user's
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,4 +44,19 @@ class ModelFamily:
     """That export holds exactly the job's model."""
 
 
-__all__ = ["ModelFamily"]
+def spec_hooks(spec_module: str) -> dict[str, Callable]:
+    """The hooks a family's spec module gives alike (`register_spec()`, `validate_job(job,
+    world)`, `job_args(job).vocab_size`), that module imported at the first call (it loads
+    torch): `ModelFamily(name=..., **spec_hooks("pkg.spec"), ...)`."""
+
+    def spec() -> Any:
+        return importlib.import_module(spec_module)
+
+    return {
+        "register": lambda: spec().register_spec(),
+        "validate_job": lambda job, world: spec().validate_job(job, world),
+        "vocab_size": lambda job: spec().job_args(job).vocab_size,
+    }
+
+
+__all__ = ["ModelFamily", "spec_hooks"]
