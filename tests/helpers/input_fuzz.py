@@ -647,7 +647,7 @@ def _guards() -> dict[str, Callable[[], None]]:
         "Megatron index arrays": off(
             megatron_indexed, "_check_arrays", lambda *a: a[-1] // a[2].itemsize
         ),
-        "Megatron token ids": off(MegatronDataset, "check_ids", nothing),
+        "Megatron token ids": off(MegatronDataset, "check_block", nothing),
     }
 
 
@@ -810,7 +810,7 @@ def _restore(saved: dict[str, dict[str, Any]]) -> None:
         vars(sys.modules[f"boost_titan.{name}"]).update(saved[name])
     for key in ("check_block", "check_shards"):
         setattr(PreparedDataset, key, saved["PreparedDataset"][key])
-    MegatronDataset.check_ids = saved["MegatronDataset"]["check_ids"]
+    MegatronDataset.check_block = saved["MegatronDataset"]["check_block"]
 
 
 def _write(path: str, results: dict) -> None:
