@@ -11,25 +11,31 @@ from typing import Any
 from boost_titan.runtime.titan_internals import checkpoint_path
 
 
+def _future(checkpointer: Any) -> Any:
+    """The checkpointer's async save in flight (None without one, or with checkpointing off:
+    TorchTitan's disabled CheckpointManager has no `save_future`)."""
+    return getattr(checkpointer, "save_future", None)
+
+
 class SaveWatch:
     """The folder of the asynchronous save in flight, read from the checkpointer's
     `save_future` after each save."""
 
     def __init__(self, checkpointer: Any) -> None:
         self.checkpointer = checkpointer
-        self.future = checkpointer.save_future
+        self.future = _future(checkpointer)
         self.folder: str | None = None
 
     def saved(self, step: int) -> None:
         """After `checkpointer.save(step)`: a new future is step's save, still writing."""
-        future = self.checkpointer.save_future
+        future = _future(self.checkpointer)
         if future is not None and future is not self.future:
             self.future, self.folder = future, checkpoint_path(self.checkpointer, step)
 
     def failed(self, error: BaseException, current: str) -> str:
         """The folder whose save raised `error`: the async save in flight when `error` is
         its future's, else `current` (the synchronous save that raised it)."""
-        future = self.checkpointer.save_future
+        future = _future(self.checkpointer)
         if future is None or not future.done() or future.cancelled():
             return current
         if future.exception() is not error:
