@@ -147,6 +147,7 @@ RULES = {
     "boost_titan.checkpoint.safe_load": ("boost_titan", "torchtitan"),
     "boost_titan.checkpoint.dcp_layout": ("boost_titan", "torchtitan"),
     "boost_titan.checkpoint.reads": ("boost_titan", "torchtitan"),
+    "boost_titan.checkpoint.sharded": ("boost_titan", "torchtitan"),
     "boost_titan.config": ("boost_titan",),
     "boost_titan.data": ("boost_titan",),
     "boost_titan.boost_llama": ("boost_titan",),
@@ -161,18 +162,17 @@ RULES = {
 ALLOWED = {
     # room: the exceptions to its RULES entry
     "boost_titan.kernels": ("boost_titan.kernels",),
-    "boost_titan.parallelize": (
-        "boost_titan.parallelize",
-        "boost_titan.kernels",
-        "boost_titan.checkpoint.safe_load",
-        "boost_titan.checkpoint.dcp_layout",
-        "boost_titan.checkpoint.reads",
-    ),
+    "boost_titan.parallelize": ("boost_titan.parallelize", "boost_titan.kernels"),
     "boost_titan.processes": ("boost_titan.processes",),
     "boost_titan.checkpoint": ("boost_titan.checkpoint", "boost_titan.config"),
     "boost_titan.checkpoint.safe_load": ("boost_titan.checkpoint.safe_load",),
     "boost_titan.checkpoint.dcp_layout": ("boost_titan.checkpoint.safe_load",),
     "boost_titan.checkpoint.reads": ("boost_titan.checkpoint.safe_load",),
+    "boost_titan.checkpoint.sharded": (
+        "boost_titan.checkpoint.safe_load",
+        "boost_titan.checkpoint.dcp_layout",
+        "boost_titan.checkpoint.reads",
+    ),
     "boost_titan.config": ("boost_titan.config",),
     "boost_titan.data": (
         "boost_titan.data",
@@ -401,6 +401,28 @@ def test_the_job_room_reaching_a_family_past_its_hook_is_found(tmp_path):
     assert rule_breaks(graph) == ["boost_titan.job.preflight -> boost_titan.boost_llama.spec"]
 
 
+def test_the_library_reaching_another_room_even_late_is_found(tmp_path):
+    """`parallelize/` imports nothing of the product but `kernels`, not even inside a
+    function (the checkpoint allowlist it once read through lazily included)."""
+    graph, _ = _plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "kernels/__init__.py": "",
+            "checkpoint/__init__.py": "",
+            "checkpoint/reads.py": "",
+            "parallelize/__init__.py": "",
+            "parallelize/norms.py": "from boost_titan.kernels import rmsnorm\n",
+            "parallelize/hf_checkpoint.py": (
+                "def load(folder):\n    from boost_titan.checkpoint.reads import GuardedReader\n"
+            ),
+        },
+    )
+    assert rule_breaks(graph) == [
+        "boost_titan.parallelize.hf_checkpoint -> boost_titan.checkpoint.reads"
+    ]
+
+
 # ---- a plain checkout ------------------------------------------------------------------------
 PLAIN_CHECKOUT = """
 import sys, importlib.util
@@ -433,6 +455,60 @@ def test_a_plain_checkout_imports_the_top_level_packages():
     paths = result.stdout.split()
     expected = [ROOT / "parallelize" / "__init__.py", ROOT / "kernels" / "__init__.py"]
     assert paths == [str(p) for p in [*expected, ROOT / "parallelize" / "styles.py"]]
+
+
+LIBRARY = ("parallelize", "kernels")
+"""The folders of the model-free library (`boost_titan.parallelize` and what it may import)."""
+STANDALONE = """
+import importlib, pkgutil, sys
+import boost_titan.kernels, boost_titan.parallelize
+names = []
+for package in (boost_titan.kernels, boost_titan.parallelize):
+    for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        names.append(importlib.import_module(info.name).__name__)
+ours = sorted(m for m in sys.modules if m.split(".")[0] == "boost_titan")
+print(" ".join(names))
+print(" ".join(ours))
+print(" ".join(sys.modules[m].__file__ for m in ours))
+"""
+
+
+def test_the_library_stands_alone(tmp_path):
+    """`parallelize/` and `kernels/` copied alone into an otherwise empty `boost_titan`
+    package (no site: only torch's site-packages besides): every module of both imports,
+    and nothing of ours but those two is loaded, from the copies."""
+    import shutil
+
+    import torch
+
+    package = tmp_path / "boost_titan"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in LIBRARY:
+        shutil.copytree(ROOT / name, package / name, ignore=shutil.ignore_patterns("__pycache__"))
+    site_packages = Path(torch.__file__).parents[1]
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", STANDALONE],
+        cwd=tmp_path,
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": f"{tmp_path}{os.pathsep}{site_packages}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    imported, loaded, files = (line.split() for line in result.stdout.splitlines())
+    shipped = {
+        f"boost_titan.{name}.{path.stem}"
+        for name in LIBRARY
+        for path in (ROOT / name).glob("*.py")
+        if path.stem != "__init__"
+    }
+    assert set(imported) == shipped
+    assert set(loaded) == {"boost_titan", *(f"boost_titan.{n}" for n in LIBRARY)} | shipped
+    assert all(Path(f).is_relative_to(tmp_path) for f in files), files
 
 
 def test_the_checkout_finder_maps_what_pyproject_maps():
