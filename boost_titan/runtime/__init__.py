@@ -10,6 +10,7 @@ room, never the other way). Every module and its job:
   functions.
 - `device`: CPU/gloo bring-up when there is no accelerator.
 - `family`: `ModelFamily`, the hooks a model family gives the checks before launch.
+- `train_spec`: `recipe_spec`, a family's TrainSpec with the parts every family shares.
 - `data_parallel`: FSDP2 / HSDP, compute copies or DDP, the last step of a parallelize
   function (the one table of which layout gets which).
 - `context_parallel`: the job's CP checks and ring attention on a layout's attentions.
