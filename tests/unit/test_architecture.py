@@ -424,44 +424,12 @@ def test_the_library_reaching_another_room_even_late_is_found(tmp_path):
 
 
 # ---- a plain checkout ------------------------------------------------------------------------
-PLAIN_CHECKOUT = """
-import sys, importlib.util
-import boost_titan.kernels, boost_titan.parallelize
-from boost_titan.parallelize import styles
-assert importlib.util.find_spec("boost_titan.scripts") is None  # no other top-level folder
-print(boost_titan.parallelize.__file__, boost_titan.kernels.__file__, styles.__file__)
-"""
-
-
-def test_a_plain_checkout_imports_the_top_level_packages():
-    """With the checkout on PYTHONPATH and nothing of ours installed (`-S`: no site, so no
-    editable install's finder; torch's site-packages given by hand), `boost_titan.parallelize`
-    and `boost_titan.kernels` are the checkout's top-level folders."""
-    import torch
-
-    site_packages = Path(torch.__file__).parents[1]
-    result = subprocess.run(
-        [sys.executable, "-S", "-c", PLAIN_CHECKOUT],
-        cwd=site_packages.anchor,
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{site_packages}",
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    paths = result.stdout.split()
-    expected = [ROOT / "parallelize" / "__init__.py", ROOT / "kernels" / "__init__.py"]
-    assert paths == [str(p) for p in [*expected, ROOT / "parallelize" / "styles.py"]]
-
-
 LIBRARY = ("parallelize", "kernels")
 """The folders of the model-free library (`boost_titan.parallelize` and what it may import)."""
-STANDALONE = """
-import importlib, pkgutil, sys
+LIBRARY_ALONE = """
+import importlib, importlib.util, pkgutil, sys
 import boost_titan.kernels, boost_titan.parallelize
+assert importlib.util.find_spec("boost_titan.scripts") is None  # no other top-level folder
 names = []
 for package in (boost_titan.kernels, boost_titan.parallelize):
     for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
@@ -473,26 +441,26 @@ print(" ".join(sys.modules[m].__file__ for m in ours))
 """
 
 
-def test_the_library_stands_alone(tmp_path):
-    """`parallelize/` and `kernels/` copied alone into an otherwise empty `boost_titan`
-    package (no site: only torch's site-packages besides): every module of both imports,
-    and nothing of ours but those two is loaded, from the copies."""
+def test_a_checkout_of_the_library_alone_imports_every_module(tmp_path):
+    """A checkout holding only `parallelize/`, `kernels/` and `boost_titan/__init__.py`
+    (plus a stray top-level `scripts/`), on `PYTHONPATH` with nothing of ours installed (`-S`:
+    no site, so no editable install's finder; torch's site-packages given by hand): the
+    package's finder maps the two folders (and nothing else), every module of both imports,
+    and nothing of ours but them is loaded (the library stands alone)."""
     import shutil
 
-    import torch
-
-    package = tmp_path / "boost_titan"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
+    (tmp_path / "boost_titan").mkdir()
+    shutil.copy(ROOT / "boost_titan" / "__init__.py", tmp_path / "boost_titan")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "__init__.py").write_text("")
     for name in LIBRARY:
-        shutil.copytree(ROOT / name, package / name, ignore=shutil.ignore_patterns("__pycache__"))
-    site_packages = Path(torch.__file__).parents[1]
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     result = subprocess.run(
-        [sys.executable, "-S", "-c", STANDALONE],
-        cwd=tmp_path,
+        [sys.executable, "-S", "-c", LIBRARY_ALONE],
+        cwd=tmp_path.anchor,
         env={
             "PATH": os.environ.get("PATH", ""),
-            "PYTHONPATH": f"{tmp_path}{os.pathsep}{site_packages}",
+            "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path(torch_file()).parents[1]}",
         },
         capture_output=True,
         text=True,
@@ -508,7 +476,16 @@ def test_the_library_stands_alone(tmp_path):
     }
     assert set(imported) == shipped
     assert set(loaded) == {"boost_titan", *(f"boost_titan.{n}" for n in LIBRARY)} | shipped
-    assert all(Path(f).is_relative_to(tmp_path) for f in files), files
+    assert files[0] == str(tmp_path / "boost_titan" / "__init__.py")  # `ours` is sorted
+    assert all(Path(f).parent in {tmp_path / name for name in LIBRARY} for f in files[1:])
+
+
+def torch_file() -> str:
+    """torch's `__init__.py` (its site-packages is the one folder the child may import from
+    besides ours)."""
+    import torch
+
+    return torch.__file__
 
 
 def test_the_checkout_finder_maps_what_pyproject_maps():
