@@ -34,8 +34,8 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 
-from boost_titan.parallelize.torch_internals import replace_torchrun_agent
 from boost_titan.runtime.stopping import STOPPED
+from boost_titan.runtime.torch_internals import replace_torchrun_agent
 
 _first_signal_handler = elastic_api._terminate_process_handler
 _monitor_workers = LocalElasticAgent._monitor_workers

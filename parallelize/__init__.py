@@ -1,8 +1,8 @@
 """Bottleneck-aware tensor parallelism (BTP) and its baselines as DTensor plans, for any
 torch-native decoder.
 
-A model-free library: it imports torch, `boost_titan.kernels`, its own modules and (to load
-a sharded checkpoint safely) `boost_titan.checkpoint`'s allowlist only.
+A model-free library that stands alone: it imports torch, `boost_titan.kernels` and its own
+modules only (a checkout of `parallelize/` and `kernels/` alone imports every module).
 Describe where a model keeps its modules with a `ModelLayout`, build a plan
 (`btp_plan`, `vanilla_plan`, `megatron_plan`: FQN -> ParallelStyle) and apply it with
 `apply_plan`, which checks the plan against the model first (`verify=True` also compares
@@ -23,9 +23,9 @@ the attention modules a layout names, sequence sharding with head-tail load bala
 `CommDebugMode`). Hugging Face models (transformers imported lazily): `hf` (`hf_layout`),
 `hf_guards` (one-line errors for what a sharded HF model cannot do),
 `low_rank` (`to_low_rank`: down/up pairs with SVD init), `hf_checkpoint` (`save_hf` /
-`load_hf` as a HF folder, `save_sharded` / `load_sharded` with DCP, read through
-`boost_titan.checkpoint`'s allowlist). `torch_internals`: every write to torch's own
-modules, classes and settings, for this library and the rooms above it.
+`load_hf` as a HF folder). `torch_internals`: every write to torch's own modules, classes
+and settings that this library makes. A sharded model's DCP checkpoint (`save_sharded` /
+`load_sharded`) is `boost_titan.checkpoint.sharded`'s.
 """
 
 import importlib
@@ -53,12 +53,10 @@ _EXPORTS = {
     "hf_layout": "hf",
     "key_compile_caches_by_rank": "compile_cache",
     "load_hf": "hf_checkpoint",
-    "load_sharded": "hf_checkpoint",
     "megatron_plan": "plans",
     "plan_table": "describe",
     "resolve_plan": "plans",
     "save_hf": "hf_checkpoint",
-    "save_sharded": "hf_checkpoint",
     "to_low_rank": "low_rank",
     "vanilla_plan": "plans",
     "verify_plan": "verify",

@@ -49,7 +49,7 @@ from .cp_checks import (
 )
 from .plans import ModelLayout
 from .styles import PlanError
-from .torch_internals import add_dtensor_op_handlers, set_cp_load_balance
+from .torch_internals import add_dtensor_op_handlers, ring_merges_in_f32, set_cp_load_balance
 
 aten = torch.ops.aten
 SEQ_DIM = 2
@@ -202,14 +202,9 @@ def cpu_ring_handler(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> ob
     ):
         raise NotImplementedError("context parallel attention takes no mask, q/k/v Shard(2)")
     local = [a.to_local() if isinstance(a, DTensor) else a for a in args]
-    options = ring._cp_options
-    keep = options.convert_to_f32
-    options.convert_to_f32 = dtensors[0].dtype != torch.float64
-    try:
+    with ring_merges_in_f32(dtensors[0].dtype != torch.float64):
         run = _ring_forward if op == CPU_OPS[0] else _ring_backward
         results = run(mesh.get_group(), *local, **kwargs)
-    finally:
-        options.convert_to_f32 = keep
     return tuple(DTensor(r, _spec(mesh, r), requires_grad=False) for r in results)
 
 

@@ -1,13 +1,13 @@
-"""Save and reload a sharded model: as a Hugging Face folder, or as a resumable DCP checkpoint.
+"""Save a sharded Hugging Face model as a Hugging Face folder, and reload it.
 
 * `save_hf(model, folder)`: every rank calls it; the full tensors are gathered to rank 0,
   which writes ``config.json`` and ``model.safetensors`` once. `load_hf(folder)` reads it
   back on one process: plain ``from_pretrained`` for a full-rank model, the same plus
   `to_low_rank`'s pairs when the config records ``low_rank``.
-* `save_sharded` / `load_sharded`: torch.distributed.checkpoint of the sharded model, each
-  rank writing its own shards; it loads at another TP degree (DCP reshards), reading the
-  checkpoint's pickles through `boost_titan.checkpoint`'s allowlist (a folder from
-  elsewhere runs no code).
+
+A resumable DCP checkpoint of a sharded model (any TP degree) is
+`boost_titan.checkpoint.sharded`'s `save_sharded` / `load_sharded`, beside the allowlist
+it reads through.
 
 transformers and safetensors are imported inside the functions that need them.
 """
@@ -113,76 +113,3 @@ def load_hf(folder: str | os.PathLike, **kwargs) -> nn.Module:
     )
     model.load_state_dict(load_file(os.path.join(folder, WEIGHTS)))
     return model
-
-
-def save_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
-    """Save a sharded model with torch.distributed.checkpoint (each rank its own shards);
-    every rank calls it.
-
-    Args:
-        model (nn.Module): the model after `apply_plan`.
-        folder (str | os.PathLike): the checkpoint folder.
-
-    Example::
-
-        >>> import tempfile, torch
-        >>> import torch.distributed as dist
-        >>> from torch.distributed.device_mesh import init_device_mesh
-        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
-        >>> from boost_titan.parallelize import apply_plan, btp_plan, load_sharded, save_sharded
-        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        >>> mesh = init_device_mesh("cpu", (1,))  # under torchrun: any TP degree
-        >>> plan = btp_plan(LAYOUT, loss_parallel=False)
-        >>> saved, fresh = (apply_plan(Decoder(), mesh, plan) for _ in range(2))
-        >>> with tempfile.TemporaryDirectory() as folder:
-        ...     save_sharded(saved, folder)
-        ...     load_sharded(fresh, folder)
-        >>> ids = torch.randint(0, 256, (1, 8))
-        >>> torch.equal(saved(ids), fresh(ids))
-        True
-        >>> dist.destroy_process_group()
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    dcp.save(get_model_state_dict(model), checkpoint_id=str(folder))
-
-
-def load_sharded(model: nn.Module, folder: str | os.PathLike) -> None:
-    """Load a `save_sharded` checkpoint into a model sharded by the same plan, at any TP
-    degree (DCP reshards); every rank calls it. The folder is read up front
-    (`dcp_layout.read_checked`): a pickle asking for anything outside `safe_load`'s
-    allowlist raises `UnsafeCheckpoint`, a damaged or altered folder (wrong types, files
-    outside it or not regular, tensors whose bytes are not their shapes') `BadCheckpoint`,
-    each one line naming the file, before anything is loaded; DCP's own reads then go
-    through the same allowlist (`GuardedReader` with that `.metadata`, `GuardedPlanner`).
-
-    Args:
-        model (nn.Module): the model after `apply_plan`; its weights are replaced.
-        folder (str | os.PathLike): the checkpoint folder.
-
-    Example::
-
-        >>> import tempfile, torch
-        >>> import torch.distributed as dist
-        >>> from torch.distributed.device_mesh import init_device_mesh
-        >>> from boost_titan.examples.own_model import LAYOUT, Decoder
-        >>> from boost_titan.parallelize import apply_plan, btp_plan, load_sharded, save_sharded
-        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        >>> mesh = init_device_mesh("cpu", (1,))  # save at TP 2, load at TP 4: the same calls
-        >>> model = apply_plan(Decoder(), mesh, btp_plan(LAYOUT, loss_parallel=False))
-        >>> with tempfile.TemporaryDirectory() as folder:
-        ...     save_sharded(model, folder)
-        ...     load_sharded(model, folder)  # resume: the weights (and shapes) as saved
-        >>> dist.destroy_process_group()
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
-    from boost_titan.checkpoint.dcp_layout import read_checked
-    from boost_titan.checkpoint.reads import GuardedPlanner, GuardedReader
-
-    metadata = read_checked(str(folder))
-    state = get_model_state_dict(model)
-    dcp.load(state, storage_reader=GuardedReader(str(folder), metadata), planner=GuardedPlanner())
-    set_model_state_dict(model, state)

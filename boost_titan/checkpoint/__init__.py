@@ -1,7 +1,7 @@
 """Checkpoints on disk and how they are read: the one owner of reading a DCP checkpoint,
 below `data` and `runtime` (it imports `config` alone of the product; `safe_load`,
-`dcp_layout` and `reads` import nothing of it, so the parallelism library's
-`load_sharded` reads through them too). Every module and its job:
+`dcp_layout`, `reads` and `sharded` import nothing of it but each other). Every module and
+its job:
 
 - `safe_load`: the allowlist every pickle of a checkpoint goes through (`.metadata`, byte
   items, the dataloader state in one), with its size, depth and hash-flood limits.
@@ -12,6 +12,9 @@ below `data` and `runtime` (it imports `config` alone of the product; `safe_load
 - `files`: the `step-N` folders of a run, the one definition of the newest complete step
   (`newest_step`), and the checks a load needs first, as one-line ConfigErrors.
 - `agree`: every rank resumes from rank 0's pick, and reads it through the allowlist first.
+- `sharded`: `save_sharded` / `load_sharded`, a sharded model (any DTensor plan, e.g.
+  `boost_titan.parallelize`'s) as a DCP checkpoint that loads at another TP degree, read
+  through `dcp_layout` and `reads`.
 
 The trainer loads through `boost_titan.runtime.resume` (TorchTitan's CheckpointManager is
 reached through `runtime.titan_internals`).

@@ -14,19 +14,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Mapping
 
-from torchtitan.components.loss import build_cross_entropy_loss
-from torchtitan.components.lr_scheduler import build_lr_schedulers
-from torchtitan.components.optimizer import build_optimizers
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision
-from boost_titan.data import build_dataloader, build_tokenizer, tokenizer_vocab_size
+from boost_titan.data import build_dataloader, tokenizer_vocab_size
 from boost_titan.parallelize import apply_plan, btp_plan, hf_layout, megatron_plan, vanilla_plan
 from boost_titan.parallelize.styles import PlanError
 from boost_titan.runtime.data_parallel import apply_data_parallel
-from boost_titan.runtime.held_out_loss import BoostValidator
+from boost_titan.runtime.train_spec import recipe_spec
 
 from .args import HfModelArgs
 from .model import build_hf_model
@@ -127,17 +124,11 @@ def parallelize_hf(model, parallel_dims, job_config):
 
 
 def build_spec() -> TrainSpec:
-    return TrainSpec(
+    return recipe_spec(
         model_cls=build_hf_model,
         model_args=_AnyFlavor(),
         parallelize_fn=parallelize_hf,
-        pipelining_fn=None,
-        build_optimizers_fn=build_optimizers,
-        build_lr_schedulers_fn=build_lr_schedulers,
         build_dataloader_fn=build_dataloader,
-        build_tokenizer_fn=build_tokenizer,
-        build_loss_fn=build_cross_entropy_loss,
-        build_validator_fn=BoostValidator,
     )
 
 

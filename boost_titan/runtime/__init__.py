@@ -5,8 +5,12 @@ room, never the other way). Every module and its job:
 - `trainer`: `BoostTrainer`, TorchTitan's Trainer with our step, logging and fixes.
 - `microbatches`: the run's micro-batch protocol (what happens around each micro-batch).
 - `titan_internals`: every use of TorchTitan's private API, behind named functions.
+- `torch_internals`: every write to torch's own state made above the parallelism library
+  (fault injection, torchrun's agent, the bench's kernels, compute copies), behind named
+  functions.
 - `device`: CPU/gloo bring-up when there is no accelerator.
 - `family`: `ModelFamily`, the hooks a model family gives the checks before launch.
+- `train_spec`: `recipe_spec`, a family's TrainSpec with the parts every family shares.
 - `data_parallel`: FSDP2 / HSDP, compute copies or DDP, the last step of a parallelize
   function (the one table of which layout gets which).
 - `context_parallel`: the job's CP checks and ring attention on a layout's attentions.

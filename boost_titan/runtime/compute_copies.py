@@ -41,6 +41,8 @@ from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_map
 
+from boost_titan.runtime.torch_internals import set_parameter
+
 CAST_RANGE = "boost::cast_weights"
 """The profiler range around a step's weight casts (counted by `bench step`)."""
 
@@ -120,7 +122,7 @@ class ComputeCopies:
     def _give_back(self, slots: list[Slot], _grads) -> None:
         for module, name in slots:
             master = self.master_at[(module, name)]
-            module._parameters[name] = master
+            set_parameter(module, name, master)
             self.copy_of.pop(id(master), None)  # the last reference: the copy is freed
 
     def _swap_in(self, slots: list[Slot]) -> None:
@@ -131,11 +133,11 @@ class ComputeCopies:
                 copy = self.copy_of.get(id(master))
                 if copy is None:
                     copy = self.copy_of[id(master)] = master.to(self.dtype)
-                module._parameters[name] = copy  # a non-leaf: its grad reaches the master
+                set_parameter(module, name, copy)  # a non-leaf: its grad reaches the master
 
     def _swap_out(self) -> None:
         for (module, name), master in self.master_at.items():
-            module._parameters[name] = master
+            set_parameter(module, name, master)
         self.master_at, self.copy_of, self.cast_units = {}, {}, set()
         self.active = self.releasing = False
 

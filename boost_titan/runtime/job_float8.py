@@ -27,8 +27,8 @@ from torchtitan.tools.logging import logger
 from boost_titan.config.errors import ConfigError
 from boost_titan.kernels.float8 import RECIPES, float8_recipe
 from boost_titan.parallelize.float8 import AUTO_FILTER_FLAG, apply_float8, gemm_skip_reason
-from boost_titan.parallelize.torch_internals import emulate_precision_casts
 from boost_titan.runtime.titan_internals import register_converter, validate_quantization
+from boost_titan.runtime.torch_internals import emulate_precision_casts
 
 CONVERTER = "quantize.linear.float8"
 

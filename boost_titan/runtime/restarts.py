@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from boost_titan.checkpoint.files import is_complete_checkpoint, step_folders
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize.torch_internals import replace_dcp_write
+from boost_titan.runtime.torch_internals import replace_dcp_write
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from boost_titan.checkpoint.sharded import load_sharded, save_sharded
 from boost_titan.examples import hf_llama, own_model
 from boost_titan.parallelize import (
     ModelLayout,
@@ -24,9 +25,7 @@ from boost_titan.parallelize import (
     btp_plan,
     hf_layout,
     load_hf,
-    load_sharded,
     save_hf,
-    save_sharded,
 )
 from tests.helpers import foreign_models as fm
 from tests.helpers import hf_models as hm

@@ -1,4 +1,6 @@
-"""The public API of `boost_titan.parallelize` documents itself, as torch's parallel styles do.
+"""The public API of `boost_titan.parallelize` (and `boost_titan.checkpoint.sharded`'s
+`save_sharded` / `load_sharded`, its checkpoint) documents itself, as torch's parallel
+styles do.
 
 Every name of `__all__` that is a class or function has an ``Args:`` section naming each
 of its parameters and an ``Example::`` whose doctest runs here, in this one process: the
@@ -17,11 +19,18 @@ import torch
 import torch.distributed as dist
 
 import boost_titan.parallelize as api
+from boost_titan.checkpoint import sharded
 
 ALIASES = {"Plan"}
 """Public names that are type aliases (no docstring of their own to check)."""
 
 NAMES = sorted(set(api.__all__) - ALIASES)
+PUBLIC = {
+    **{name: getattr(api, name) for name in NAMES},
+    "save_sharded": sharded.save_sharded,
+    "load_sharded": sharded.load_sharded,
+}
+"""Each checked name -> its class or function."""
 
 
 def parameters(obj) -> list[str]:
@@ -63,9 +72,9 @@ def test_every_public_name_is_checked():
     )
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_documented(name):
-    obj = getattr(api, name)
+    obj = PUBLIC[name]
     doc = inspect.getdoc(obj) or ""
     missing = [p for p in parameters(obj) if p not in documented_args(doc)]
     assert not missing, f"{name}: Args: does not list {', '.join(missing)}"
@@ -88,9 +97,9 @@ def one_thread():
         pytest.fail("an example left its process group initialized")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_examples_run(name, one_thread):
-    obj = getattr(api, name)
+    obj = PUBLIC[name]
     tests = doctest.DocTestFinder().find(obj, name, globs={"__name__": "__doctest__"})
     own = [t for t in tests if t.name == name]
     assert own and own[0].examples, f"{name}: its docstring has no doctest example"

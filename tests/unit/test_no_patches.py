@@ -1,9 +1,10 @@
 """No monkeypatching outside the adapters: nothing assigns (or deletes, or `setattr`s) an
 attribute of a torch or TorchTitan module, class or function (a name a module imports from
-either), nor a private attribute (`x._name`) of any object but its own (`self`, `cls`),
-except `runtime/titan_internals.py` and `parallelize/torch_internals.py`, where each such
-write is a named function. Read from the source with `ast`; a planted tree breaks each
-kind, so the test can fail.
+either, or a local name bound to an attribute of one: `options = ring._cp_options`), nor a
+private attribute (`x._name`, or an item of one, `x._name[k]`) of any object but its own
+(`self`, `cls`), except in the adapters (`ADAPTERS`), where each such write is a named
+function. Read from the source with `ast`; a planted tree breaks each kind, so the test can
+fail.
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ from pathlib import Path
 from tests.unit.test_architecture import SOURCE_ROOTS, module_files
 
 FOREIGN = ("torch", "torchtitan")
-ADAPTERS = {"boost_titan.runtime.titan_internals", "boost_titan.parallelize.torch_internals"}
-"""The modules that may write torch's and TorchTitan's attributes."""
+ADAPTERS = {
+    "boost_titan.runtime.titan_internals",
+    "boost_titan.runtime.torch_internals",
+    "boost_titan.parallelize.torch_internals",
+}
+"""The modules that may write torch's and TorchTitan's attributes (the library's own writes,
+and those of the rooms above it)."""
 OWN_MARKER = "_boost_titan_"
 """Our own markers on a user's model (`parallelize.hf_guards`): not someone else's state."""
 
@@ -33,7 +39,28 @@ def foreign_names(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and not node.level:
             if (node.module or "").split(".")[0] in FOREIGN:
                 bound.update(alias.asname or alias.name for alias in node.names)
-    return bound
+    return bound | aliases(tree, bound)
+
+
+def aliases(tree: ast.AST, foreign: set[str]) -> set[str]:
+    """Local names bound to an attribute (or item) of a foreign name, or of another such
+    alias (`options = ring._cp_options`): writing through them writes torch's state."""
+    found: set[str] = set()
+    assigns = [n for n in ast.walk(tree) if isinstance(n, ast.Assign | ast.AnnAssign)]
+    while True:
+        known = foreign | found
+        new = {
+            target.id
+            for node in assigns
+            if node.value is not None
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Name)
+            and _root(node.value)[1]
+            and _root(node.value)[0] in known
+        } - known
+        if not new:
+            return found
+        found |= new
 
 
 def _root(node: ast.expr) -> tuple[str | None, bool]:
@@ -58,7 +85,10 @@ def _targets(node: ast.AST) -> list[ast.expr]:
 
 
 def _is_private_write(target: ast.expr) -> bool:
-    """`x._name = ...` where `x` is not `self` / `cls` (nor our own marker)."""
+    """`x._name = ...` or `x._name[k] = ...` where `x` is not `self` / `cls` (nor our own
+    marker)."""
+    while isinstance(target, ast.Subscript):
+        target = target.value
     if not isinstance(target, ast.Attribute):
         return False
     name = target.attr
@@ -125,6 +155,11 @@ def patch(checkpointer, schedule, loss, model):
     checkpointer._find_load_step = loss
     schedule._loss_fn = loss
     torch.compiler.config.cache_key_tag += "x"
+    options = torch.distributed.tensor._cp_options
+    options.convert_to_f32 = False
+    model._parameters["weight"] = loss
+    table = {}
+    table["x"] = options
 
 
 class Own:
@@ -161,5 +196,7 @@ def test_a_planted_patch_of_each_kind_is_found(tmp_path):
             (18, "checkpointer._find_load_step"),
             (19, "schedule._loss_fn"),
             (20, "torch.compiler.config.cache_key_tag"),
+            (22, "options.convert_to_f32"),
+            (23, "model._parameters['weight']"),
         ]
     )

@@ -283,8 +283,9 @@ def test_load_sharded_refuses_a_planted_checkpoint(tmp_path, unguarded):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from boost_titan.checkpoint.sharded import load_sharded, save_sharded
     from boost_titan.examples.own_model import LAYOUT, Decoder
-    from boost_titan.parallelize import apply_plan, btp_plan, load_sharded, save_sharded
+    from boost_titan.parallelize import apply_plan, btp_plan
     from boost_titan.processes.teardown import end_process_groups
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -24,9 +24,9 @@ from boost_titan.boost_llama import BoostModelArgs, BoostTransformer
 from boost_titan.boost_llama.strategies import build_plan
 from boost_titan.config.errors import ConfigError
 from boost_titan.parallelize import apply_plan
-from boost_titan.parallelize.torch_internals import replace_rms_norm
 from boost_titan.perf.layout import DTYPE_ALIASES
 from boost_titan.processes.teardown import end_process_groups
+from boost_titan.runtime.torch_internals import replace_rms_norm
 
 TORCH_DTYPES = {short: getattr(torch, name) for name, short in DTYPE_ALIASES.items()}
 """The compute dtypes a measurement builds its model in, by the name the commands take."""
