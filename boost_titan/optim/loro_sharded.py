@@ -42,17 +42,17 @@ def _full(t: Tensor) -> Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _owner_coordinate(mesh: DeviceMesh, index: int) -> list[int]:
+def _owner_coordinate(mesh: DeviceMesh, index: int) -> tuple[int, ...]:
     """The mesh coordinate of the rank numbered `index mod mesh size` (row-major)."""
     flat = index % mesh.size()
     coordinate = []
     for extent in reversed(mesh.shape):
         coordinate.append(flat % extent)
         flat //= extent
-    return coordinate[::-1]
+    return tuple(reversed(coordinate))
 
 
-def broadcast_over_mesh(t: Tensor, mesh: DeviceMesh, owner: list[int]) -> None:
+def broadcast_over_mesh(t: Tensor, mesh: DeviceMesh, owner: Sequence[int]) -> None:
     """Overwrite `t` on every rank of `mesh` with the owner's: a broadcast along each mesh
     dimension in turn (after dimension i, every rank holds the value of the rank whose
     coordinates up to i are the owner's and the rest its own)."""
@@ -80,7 +80,7 @@ def exact_steps(steps: Sequence[PairStep]) -> None:
         owned = {}
         for i, ((b, a, d_b, d_a, lr), mesh) in chunk:  # every rank gathers every pair
             full = [_full(t) for t in (b, a, d_b, d_a)]
-            if mesh is None or mesh.get_coordinate() == _owner_coordinate(mesh, start + i):
+            if mesh is None or tuple(mesh.get_coordinate()) == _owner_coordinate(mesh, start + i):
                 owned[i] = (*full, lr)
         new = {i: exact_step(*args) for i, args in owned.items()}  # the owners side by side
         for i, ((b, a, *_), mesh) in chunk:
