@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from boost_titan.bench.measure.loro_step import exact_step_seconds
 from boost_titan.optim.loro_exact import exact_step
 
 D_OUT, D_IN, RANK = 24, 20, 5
@@ -114,8 +115,8 @@ def test_a_zero_direction_keeps_the_product():
 
 
 def test_a_rank_deficient_direction_still_matches_the_reference():
-    """A zero column of D_B (its complement Q R has a zero leading column): the complement's
-    basis must stay orthogonal to B's, or the small SVD is not W's."""
+    """A zero column of D_B and a rank-one D_A: the complements' Householder bases leave the
+    factors' spaces where their R is zero, which must not reach the result."""
     b, a, d_b, d_a = _pair(8)
     d_b[:, 0] = 0
     d_a[1:] = d_a[:1]  # rank one
@@ -148,3 +149,7 @@ def test_wide_ranks_where_the_complements_are_narrower_than_r():
     new_b, new_a = exact_step(b, a, d_b, d_a, 0.4)
     expected = _truncated(w - 0.4 * _projector(w, 6)(_direction(b, a, d_b, d_a)), 6)
     assert (new_b @ new_a - expected).abs().max() < 1e-10
+
+
+def test_the_cost_measurement_times_a_step():
+    assert 0 < exact_step_seconds(8, 6, 2, repeats=1) < 10
