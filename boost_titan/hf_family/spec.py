@@ -1,5 +1,6 @@
 """The `hf` TrainSpec: a Hugging Face causal LM (`model`) on our data, validator and
-TorchTitan's optimizers, sharded by the library's plans on `hf_layout`.
+optimizers (TorchTitan's, or LORO: `runtime.optimizers`), sharded by the library's plans
+on `hf_layout`.
 
 The layouts it trains: tensor parallelism (`btp` for a low-rank arch, `megatron` for
 fullrank, or `[boost] tp_strategy` btp / megatron / vanilla), data parallelism by
@@ -18,6 +19,7 @@ from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.optimizer import check_loro_pairs
 from boost_titan.config.precision import Precision
 from boost_titan.data import build_dataloader, tokenizer_vocab_size
 from boost_titan.parallelize import apply_plan, btp_plan, hf_layout, megatron_plan, vanilla_plan
@@ -98,6 +100,7 @@ def validate_job(job_config, world_size: int) -> None:
         )
     args = job_args(job_config)
     strategy_of(job_config, args)
+    check_loro_pairs(job_config.optimizer, args.arch, args.low_rank, args.activation is not None)
     tokens = tokenizer_vocab_size(job_config)
     if tokens > args.vocab_size:
         raise ConfigError(
@@ -128,6 +131,7 @@ def build_spec() -> TrainSpec:
         model_cls=build_hf_model,
         model_args=_AnyFlavor(),
         parallelize_fn=parallelize_hf,
+        loro_of=lambda part: (part.boost_args.hidden_size, part.boost_args.loro),
         build_dataloader_fn=build_dataloader,
     )
 
