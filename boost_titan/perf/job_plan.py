@@ -51,11 +51,17 @@ TITAN_DEFAULTS: dict[str, dict[str, Any]] = {
     "activation_checkpoint": {"mode": "selective", "selective_ac_option": "2"},
     "compile": {"enable": False, "components": ["model", "loss"]},
     "quantize.linear.float8": {"recipe_name": None, "filter_fqns": [], "emulate": False},
+    "optimizer": {"name": "AdamW"},
 }
 """The TorchTitan keys the model reads, with TorchTitan 0.2.2's defaults."""
 BOOST_MODEL = "boost_llama"
 SCHEDULE = "1F1B"
 """The pipeline schedule the model prices."""
+LORO = "LORO"
+"""`[optimizer] name` of LORO, whose exact step the model prices (`perf.loro`); any other
+optimizer is priced as AdamW."""
+LORO_DEFAULTS = {"loro_exact_every": 500}
+"""`[boost]` LORO keys the model reads and their defaults, for a `Boost` without them."""
 AC = {"none": "none", "full": "full", "selective": "selective"}
 """TorchTitan's activation_checkpoint.mode -> the model's `ac` (selective: every 2nd block)."""
 
@@ -85,7 +91,8 @@ def _read(path: str) -> SimpleNamespace:
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} not found; pass an existing --config TOML")
     data = load_toml(path)
-    sections = TITAN_DEFAULTS | {"boost": {f.name: getattr(Boost(), f.name) for f in fields(Boost)}}
+    boost = LORO_DEFAULTS | {f.name: getattr(Boost(), f.name) for f in fields(Boost)}
+    sections = TITAN_DEFAULTS | {"boost": boost}
     job = SimpleNamespace()
     for section, defaults in sections.items():
         table: Any = data
@@ -163,6 +170,13 @@ def _ac(job: SimpleNamespace, path: str) -> str:
     if mode == "none" and job.boost.lowrank_ac:
         return "lowrank"
     return AC[mode]
+
+
+def loro_exact_every(job: SimpleNamespace) -> int:
+    """K of a LORO job (`[boost] loro_exact_every`), 0 for any other optimizer."""
+    if job.optimizer.name != LORO:
+        return 0
+    return getattr(job.boost, "loro_exact_every", LORO_DEFAULTS["loro_exact_every"])
 
 
 def job_plan(path: str, nproc: int | None = None) -> JobPlan:
@@ -245,6 +259,7 @@ def plan_of(
         float8_casts="fused" if compiled else "eager",
         compiled=compiled,
         cuda_graphs=job.boost.cuda_graphs,
+        loro_exact_every=loro_exact_every(job),
     )
     flavor = job.model.flavor
     args = trained_shape(flavor, job.boost.arch, strategy)
@@ -264,6 +279,8 @@ def plan_of(
         f"{path}: {flavor} {args.arch}, {strategy}, {world} process{'es' * (world > 1)} "
         f"({layout}), micro-batch {micro} x {microbatches}, seq {seq}, {plan.precision}"
     )
+    if plan.loro_exact_every:
+        summary += f", LORO exact step every {plan.loro_exact_every}"
     notices = ()
     if dp > 1:
         notices = (

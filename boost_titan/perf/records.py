@@ -101,6 +101,9 @@ class PerfRecord(LayerRecord):
     ring_bytes_per_layer_bwd: int = 0
     """Bytes a rank receives through CP's K/V ring per block and micro-batch
     (`block.ring_bytes`)."""
+    loro_exact_every: int = 0
+    """LORO's exact step every K steps (0: AdamW), priced in `time_breakdown_s` and
+    `memory_bytes_per_rank` as `exact_step` (`perf.loro`)."""
     saved_activations_per_microbatch: int = 0
     """Bytes one micro-batch's forward keeps for backward on a rank of the first stage,
     blocks and the model's ends (`memory.forward_saved_bytes`)."""

@@ -1,0 +1,166 @@
+"""What LORO's exact step costs (issue 48): its seconds, amortised over the K optimizer
+steps it runs once in, and the transient memory it needs at the optimizer step.
+
+LORO keeps AdamW's two moments on every parameter (`memory.MOMENT_BYTES` as they are) and
+its approximate step moves as many bytes as AdamW's update; the exact step, every
+`TrainingLayout.loro_exact_every` = K steps, is the extra. Per pair (B = up.weight
+[d_out x r], A = down.weight [r x d_in]) on the pair's mesh of n ranks (TP x FSDP, CP
+included), as the product runs it (docs/training.md#loro):
+
+- communication: an all-gather of B, A and their directions D_B, D_A
+  ((d_out + d_in) x r x 2 elements in the weights' dtype), first over the FSDP ranks
+  (network when they span nodes), then over TP; one broadcast of the new B and A
+  ((d_out + d_in) x r) from the pair's owner back over the same ranks.
+- dense work on the owner (pairs are spread round-robin, so each rank owns ceil(P / n) of
+  the P pairs of its stage and the owners work at once), in fp32: four Householder QRs
+  with explicit Q (of B, of A^T and of the two projected complements: 4 m r^2 - 4 r^3 / 3
+  each for an m x r matrix), the 2r x 2r SVD (21 (2r)^3, Golub-Van Loan's count for
+  Sigma, U and V), and the GEMMs and triangular solves between them (`pair_flops`).
+- resetting every Adam moment afterwards: one write of both moments.
+
+Rates. GEMMs in plain FP32 (TF32 off, torch's default) at `FP32_GEMM_EFFICIENCY` of the
+profile's FP32 peak. A blocked Householder QR does most of its flops in GEMM-like
+trailing updates but factors each panel with memory-bound BLAS-2 work, which takes about
+as long again for a tall-skinny matrix: `QR_EFFICIENCY`. The dense SVD is far from peak on
+a GPU: its bidiagonalisation is half BLAS-2, and cuSOLVER's gesvd / MAGMA's gesdd run the
+bidiagonal stage on the host; `SVD_EFFICIENCY` is an assumption from the one published
+timing we have (below), not a measurement of ours. Each pair also costs `PAIR_HOST_S`
+whatever its size (LORO's own log).
+"""
+
+from __future__ import annotations
+
+import math
+
+from boost_titan.boost_llama.shapes import ModelShape
+from boost_titan.perf import costs
+from boost_titan.perf.block import stage_sizes
+from boost_titan.perf.gpus import GpuProfile
+from boost_titan.perf.layout import BF16_WEIGHTS, TrainingLayout
+
+FP32 = 4
+EXACT_STEP = "exact_step"
+"""The part of a step's time (`timing.time_parts`) and of a peak's memory
+(`memory.stage_memory`) that is LORO's exact step; present only under LORO."""
+FP32_GEMM_EFFICIENCY = 0.8
+"""Plain FP32 GEMMs (CUDA cores) of these sizes run near peak; 0.8 as cuBLAS's SGEMM on
+large shapes."""
+QR_EFFICIENCY = 0.3
+"""Householder QR with explicit Q of a tall d x r matrix (cuSOLVER geqrf + orgqr): the
+trailing updates near the GEMM rate, each panel's BLAS-2 factorisation at the HBM rate
+(about as long again at r = 1024), so about a third of FP32 peak."""
+SVD_EFFICIENCY = 0.02
+"""Fraction of FP32 peak the 2r x 2r SVD reaches. From MAGMA's gesdd at n = 2112 in 0.93 s
+on a Titan X (pytorch/pytorch#1373): 21 n^3 = 2.0e11 flops at 0.21 TFLOP/s, 2-3 % of that
+GPU's FP32 peak. Assumed to scale with the FP32 peak; unmeasured on A100 / H100."""
+PAIR_HOST_S = 0.02
+"""Seconds per pair beyond its flops: the solvers' host synchronisations and launches. LORO's
+130M log (LORO_NOTES.md: exact steps of 3.1-5.9 s against 0.51 s for a normal one, 84 pairs
+at r = 256, every GPU computing every pair) gives 0.031-0.064 s per pair, of which the
+rates above explain 0.008 on an A100 (their GPU is not named)."""
+GATHERED = 2
+"""Units of (d_out + d_in) x r elements an exact step gathers on every rank: the factors and
+their directions."""
+OWNER_WORKSPACE = 7
+"""Units of (d_out + d_in) x r fp32 elements the owner's dense step holds besides the
+gathered ones: Q of the factors, Z = D R^-1, the projected complements, their Qs, the two
+stacked bases [Q, Q'] (two units) and the new factors."""
+
+
+def pairs(args: ModelShape) -> list[tuple[int, int, int]]:
+    """(d_out, d_in, r) of the seven pairs of one block."""
+    r = args.effective_rank
+    return [(d_out, d_in, r) for d_in, d_out in args.projection_shapes().values()]
+
+
+def weight_bytes(plan: TrainingLayout) -> int:
+    """Bytes per element of the factors the optimizer updates: fp32 master weights, or bf16
+    without them."""
+    return 2 if plan.state == BF16_WEIGHTS else FP32
+
+
+def _qr_flops(m: int, r: int) -> float:
+    return 4 * m * r * r - 4 * r**3 / 3
+
+
+def pair_flops(d_out: int, d_in: int, r: int) -> dict[str, float]:
+    """Flops of one pair's dense exact step: `qr` (four), `svd` (2r x 2r) and `gemm`
+    (triangular solves Z = D R^-1, K0 = Q_B^T Z_B, the two projections, the r x r core,
+    the new factors [Q, Q'] U S^1/2)."""
+    qr = 2 * _qr_flops(d_out, r) + 2 * _qr_flops(d_in, r)
+    solves = (d_out + d_in) * r * r
+    projections = 2 * d_out * r * r + 2 * (d_out + d_in) * r * r
+    new_factors = 2 * (d_out + d_in) * r * (2 * r)
+    return {"qr": qr, "svd": 21 * (2 * r) ** 3, "gemm": solves + projections + new_factors}
+
+
+def dense_seconds(flops: dict[str, float], fp32_flops: float) -> float:
+    """Seconds of one pair's dense step (`pair_flops`) on a GPU whose FP32 peak is
+    `fp32_flops`."""
+    return (
+        PAIR_HOST_S
+        + flops["gemm"] / (fp32_flops * FP32_GEMM_EFFICIENCY)
+        + flops["qr"] / (fp32_flops * QR_EFFICIENCY)
+        + flops["svd"] / (fp32_flops * SVD_EFFICIENCY)
+    )
+
+
+def _gather(nbytes: float, plan: TrainingLayout, gpu: GpuProfile, dp_shard: int) -> float:
+    """All-gather of a tensor of `nbytes` sharded over FSDP x TP: over FSDP first."""
+    tp, fsdp = plan.tp, dp_shard * plan.cp
+    in_node = tp * fsdp <= gpu.gpus_per_node
+    outer = costs.gather_time(int(nbytes / (tp * fsdp)), fsdp, gpu, in_node)
+    return outer + costs.collective_time("all_gather", int(nbytes / tp), tp, gpu)
+
+
+def _broadcast(nbytes: float, plan: TrainingLayout, gpu: GpuProfile, dp_shard: int) -> float:
+    """A broadcast of `nbytes` from the owner over FSDP x TP (`costs.collective_time`);
+    across nodes, each node receives it once at the NIC rate."""
+    ranks = plan.tp * dp_shard * plan.cp
+    if ranks <= gpu.gpus_per_node:
+        return costs.collective_time("broadcast", int(nbytes), ranks, gpu)
+    return costs.send_time(int(nbytes), gpu) + costs.collective_time(
+        "broadcast", int(nbytes), gpu.gpus_per_node, gpu
+    )
+
+
+def exact_step(
+    args: ModelShape, plan: TrainingLayout, gpu: GpuProfile, params: int, dp_shard: int = 1
+) -> dict[str, float]:
+    """Seconds of one exact step on a rank of the busiest stage, by part: `comm` (the
+    gathers and broadcasts of every pair of the stage), `dense` (the pairs it owns),
+    `reset` (zeroing both moments of its `params` parameters)."""
+    layers = max(stage_sizes(args, plan))
+    mesh = plan.tp * dp_shard * plan.cp
+    b = weight_bytes(plan)
+    comm = dense = 0.0
+    for d_out, d_in, r in pairs(args):
+        unit = (d_out + d_in) * r * b
+        comm += _gather(GATHERED * unit, plan, gpu, dp_shard) + _broadcast(
+            unit, plan, gpu, dp_shard
+        )
+        dense += dense_seconds(pair_flops(d_out, d_in, r), gpu.peak_flops["fp32"])
+    owned = math.ceil(7 * layers / mesh) / (7 * layers)  # the share of the pairs one rank owns
+    reset = costs.hbm_time(2 * b * params, gpu)
+    return {"comm": layers * comm, "dense": layers * dense * owned, "reset": reset}
+
+
+def amortised_seconds(
+    args: ModelShape, plan: TrainingLayout, gpu: GpuProfile, params: int, dp_shard: int = 1
+) -> float:
+    """`exact_step`'s seconds per optimizer step: divided by K (0 without LORO)."""
+    if not plan.loro_exact_every:
+        return 0.0
+    return sum(exact_step(args, plan, gpu, params, dp_shard).values()) / plan.loro_exact_every
+
+
+def transient_bytes(args: ModelShape, plan: TrainingLayout) -> int:
+    """Bytes the exact step adds on a rank at the optimizer step (0 without LORO): the
+    largest pair's gathered factors and directions (and their fp32 copies when the
+    weights are not fp32) and the owner's fp32 workspace."""
+    if not plan.loro_exact_every:
+        return 0
+    b = weight_bytes(plan)
+    upcast = FP32 if b != FP32 else 0
+    unit = max((d_out + d_in) * r for d_out, d_in, r in pairs(args))
+    return unit * (GATHERED * (b + upcast) + OWNER_WORKSPACE * FP32)
