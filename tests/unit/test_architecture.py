@@ -192,6 +192,7 @@ ALLOWED = {
     ),
     "boost_titan.runtime": (
         "boost_titan.runtime",
+        "boost_titan.optim",
         "boost_titan.checkpoint",
         "boost_titan.processes",
         "boost_titan.config",
