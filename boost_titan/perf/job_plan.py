@@ -24,6 +24,7 @@ from boost_titan.boost_llama.shapes import ModelShape
 from boost_titan.config import Boost
 from boost_titan.config.cli import load_toml
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.optimizer import LORO
 from boost_titan.perf import float8_costs, memory
 from boost_titan.perf.layout import DTYPE_ALIASES, TrainingLayout, check, trained_shape
 
@@ -57,11 +58,6 @@ TITAN_DEFAULTS: dict[str, dict[str, Any]] = {
 BOOST_MODEL = "boost_llama"
 SCHEDULE = "1F1B"
 """The pipeline schedule the model prices."""
-LORO = "LORO"
-"""`[optimizer] name` of LORO, whose exact step the model prices (`perf.loro`); any other
-optimizer is priced as AdamW."""
-LORO_DEFAULTS = {"loro_exact_every": 500}
-"""`[boost]` LORO keys the model reads and their defaults, for a `Boost` without them."""
 AC = {"none": "none", "full": "full", "selective": "selective"}
 """TorchTitan's activation_checkpoint.mode -> the model's `ac` (selective: every 2nd block)."""
 
@@ -91,8 +87,7 @@ def _read(path: str) -> SimpleNamespace:
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} not found; pass an existing --config TOML")
     data = load_toml(path)
-    boost = LORO_DEFAULTS | {f.name: getattr(Boost(), f.name) for f in fields(Boost)}
-    sections = TITAN_DEFAULTS | {"boost": boost}
+    sections = TITAN_DEFAULTS | {"boost": {f.name: getattr(Boost(), f.name) for f in fields(Boost)}}
     job = SimpleNamespace()
     for section, defaults in sections.items():
         table: Any = data
@@ -173,10 +168,9 @@ def _ac(job: SimpleNamespace, path: str) -> str:
 
 
 def loro_exact_every(job: SimpleNamespace) -> int:
-    """K of a LORO job (`[boost] loro_exact_every`), 0 for any other optimizer."""
-    if job.optimizer.name != LORO:
-        return 0
-    return getattr(job.boost, "loro_exact_every", LORO_DEFAULTS["loro_exact_every"])
+    """K of a LORO job (`[boost] loro_exact_every`, `perf.loro` prices its exact step), 0
+    for any other optimizer (Adam's step costs AdamW's)."""
+    return job.boost.loro_exact_every if job.optimizer.name == LORO else 0
 
 
 def job_plan(path: str, nproc: int | None = None) -> JobPlan:
