@@ -154,3 +154,13 @@ def test_round_robin_share():
     whole = sum(loro.dense_seconds(loro.pair_flops(*p), 19.5e12) for p in loro.pairs(args))
     got = loro.exact_step(args, plan, gpu, 0)["dense"]
     assert got == pytest.approx(2 * whole * math.ceil(14 / 4) / 14, rel=1e-12)
+
+
+def test_a_broadcast_moves_its_bytes_once_over_the_ring():
+    """NCCL's broadcast: the root's buffer pipelined down the ring, bus bytes = bytes (as
+    nccl-tests counts it), after the ring's base and per-hop latency."""
+    from boost_titan.perf.gpus import NCCL
+
+    gpu, nbytes = gpu_profile("a100"), 2**30
+    expected = NCCL.base_s + 3 * NCCL.hop_s + nbytes / gpu.bus_bw(4)
+    assert costs.collective_time("broadcast", nbytes, 4, gpu) == pytest.approx(expected)
