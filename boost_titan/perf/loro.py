@@ -11,11 +11,10 @@ included), as the product runs it (docs/training.md#loro):
   ((d_out + d_in) x r x 2 elements in the weights' dtype), first over the FSDP ranks
   (network when they span nodes), then over TP; one broadcast of the new B and A
   ((d_out + d_in) x r) from the pair's owner back over the same ranks.
-- dense work on the owner (pairs are spread round-robin, so each rank owns ceil(P / n) of
-  the P pairs of its stage and the owners work at once), in fp32: four Householder QRs
-  with explicit Q (of B, of A^T and of the two projected complements: 4 m r^2 - 4 r^3 / 3
-  each for an m x r matrix), the 2r x 2r SVD (21 (2r)^3, Golub-Van Loan's count for
-  Sigma, U and V), and the GEMMs and triangular solves between them (`pair_flops`).
+- dense work on the owner (pairs go in rounds of one per rank of the mesh, so each rank
+  owns ceil(P / n) of the P pairs of its stage and the owners work side by side), in fp32:
+  four Householder QRs with Q, the 2r x 2r SVD and two r x r ones (the pseudo-inverses of
+  the R factors), and the GEMMs between them (`pair_flops`).
 - resetting every Adam moment afterwards: one write of both moments.
 
 Rates. GEMMs in plain FP32 (TF32 off, torch's default) at `FP32_GEMM_EFFICIENCY` of the
@@ -61,10 +60,11 @@ rates above explain 0.008 on an A100 (their GPU is not named)."""
 GATHERED = 2
 """Units of (d_out + d_in) x r elements an exact step gathers on every rank: the factors and
 their directions."""
-OWNER_WORKSPACE = 7
-"""Units of (d_out + d_in) x r fp32 elements the owner's dense step holds besides the
-gathered ones: Q of the factors, Z = D R^-1, the projected complements, their Qs, the two
-stacked bases [Q, Q'] (two units) and the new factors."""
+OWNER_WORKSPACE = 10
+"""Units of (d_out + d_in) x r fp32 elements the owner's dense step allocates at its peak
+besides the gathered factors and directions: Q of the factors, Z, the stacked [Q, Z] and
+their QR's Q and workspace (d x 2r each), the stacked bases and the new factors. Measured:
+9.5-9.8 units (torch's MemTracker on CPU, tests/unit/test_loro_cost.py)."""
 
 
 def pairs(args: ModelShape) -> list[tuple[int, int, int]]:
@@ -79,19 +79,21 @@ def weight_bytes(plan: TrainingLayout) -> int:
     return 2 if plan.state == BF16_WEIGHTS else FP32
 
 
-def _qr_flops(m: int, r: int) -> float:
-    return 4 * m * r * r - 4 * r**3 / 3
+def _qr_flops(m: int, n: int) -> float:
+    """Householder QR of an m x n matrix with its Q formed (geqrf + orgqr)."""
+    return 4 * m * n * n - 4 * n**3 / 3
 
 
 def pair_flops(d_out: int, d_in: int, r: int) -> dict[str, float]:
-    """Flops of one pair's dense exact step: `qr` (four), `svd` (2r x 2r) and `gemm`
-    (triangular solves Z = D R^-1, K0 = Q_B^T Z_B, the two projections, the r x r core,
-    the new factors [Q, Q'] U S^1/2)."""
-    qr = 2 * _qr_flops(d_out, r) + 2 * _qr_flops(d_in, r)
-    solves = (d_out + d_in) * r * r
-    projections = 2 * d_out * r * r + 2 * (d_out + d_in) * r * r
-    new_factors = 2 * (d_out + d_in) * r * (2 * r)
-    return {"qr": qr, "svd": 21 * (2 * r) ** 3, "gemm": solves + projections + new_factors}
+    """Flops of one pair's dense exact step as `optim.loro_exact.exact_step` runs it:
+    `qr` (QR of B and of A^T, then of [Q_A, Z_A] and [Q_B, Z_B], d x 2r), `svd` (the
+    2r x 2r core and the pseudo-inverses of R_A and R_B, r x r each; 21 n^3 for an n x n
+    SVD with U and V, Golub and Van Loan) and `gemm` (Z_B, Z_A, K0, R_B R_A^T and the new
+    factors [Q, Q'] U S^1/2: what torch's FlopCounterMode counts of it)."""
+    qr = _qr_flops(d_out, r) + _qr_flops(d_in, r) + _qr_flops(d_out, 2 * r)
+    qr += _qr_flops(d_in, 2 * r)
+    gemm = 6 * d_out * r * r + 8 * d_in * r * r + 2 * r**3
+    return {"qr": qr, "svd": 21 * (2 * r) ** 3 + 2 * 21 * r**3, "gemm": gemm}
 
 
 def dense_seconds(flops: dict[str, float], fp32_flops: float) -> float:
@@ -114,14 +116,15 @@ def _gather(nbytes: float, plan: TrainingLayout, gpu: GpuProfile, dp_shard: int)
 
 
 def _broadcast(nbytes: float, plan: TrainingLayout, gpu: GpuProfile, dp_shard: int) -> float:
-    """A broadcast of `nbytes` from the owner over FSDP x TP (`costs.collective_time`);
-    across nodes, each node receives it once at the NIC rate."""
-    ranks = plan.tp * dp_shard * plan.cp
-    if ranks <= gpu.gpus_per_node:
-        return costs.collective_time("broadcast", int(nbytes), ranks, gpu)
-    return costs.send_time(int(nbytes), gpu) + costs.collective_time(
-        "broadcast", int(nbytes), gpu.gpus_per_node, gpu
-    )
+    """The owner's new factors to every rank: a broadcast along each mesh dimension in turn
+    (`optim.loro_sharded.broadcast_over_mesh`), FSDP's first (across nodes at the NIC
+    rate when they span several), then TP's."""
+    fsdp = dp_shard * plan.cp
+    if plan.tp * fsdp <= gpu.gpus_per_node:
+        outer = costs.collective_time("broadcast", int(nbytes), fsdp, gpu)
+    else:
+        outer = costs.send_time(int(nbytes), gpu)  # pipelined through the nodes
+    return outer + costs.collective_time("broadcast", int(nbytes), plan.tp, gpu)
 
 
 def exact_step(

@@ -60,12 +60,49 @@ def test_exact_step_prices_gathers_broadcasts_and_the_owned_dense_work():
     assert one["comm"] == 0 and one["dense"] == pytest.approx(32 * dense, rel=1e-12)
 
 
-def test_pair_flops_closed_form():
-    """Four Householder QRs with Q (4 m r^2 - 4/3 r^3 each), the 2r x 2r SVD (21 n^3) and
-    the GEMMs/solves (9 d_out r^2 + 7 d_in r^2), at d_out 6, d_in 4, r 2."""
-    flops = loro.pair_flops(6, 4, 2)
-    qr = 2 * (4 * 6 * 4 - 32 / 3) + 2 * (4 * 4 * 4 - 32 / 3)
-    assert flops == {"qr": pytest.approx(qr), "svd": 21 * 64, "gemm": 9 * 6 * 4 + 7 * 4 * 4}
+def test_pair_flops_count_the_dense_steps_gemms_and_solvers():
+    """`pair_flops` is loro-math's exact step: its GEMMs as torch's FlopCounterMode counts
+    them; QRs of B, A^T (d x r) and of the stacked [Q, Z] (d x 2r) with Q; the 2r x 2r SVD
+    and the pseudo-inverses' two r x r ones (21 n^3 each)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from boost_titan.optim.loro_exact import exact_step
+
+    d_out, d_in, r = 96, 40, 8
+    g = torch.Generator().manual_seed(0)
+    b, d_b = torch.randn(d_out, r, generator=g), torch.randn(d_out, r, generator=g)
+    a, d_a = torch.randn(r, d_in, generator=g), torch.randn(r, d_in, generator=g)
+    with FlopCounterMode(display=False) as counter:
+        exact_step(b, a, d_b, d_a, 0.01)
+    flops = loro.pair_flops(d_out, d_in, r)
+    assert flops["gemm"] == counter.get_total_flops()
+
+    def qr(m, n):
+        return 4 * m * n * n - 4 * n**3 / 3
+
+    assert flops["qr"] == pytest.approx(qr(96, 8) + qr(40, 8) + qr(96, 16) + qr(40, 16))
+    assert flops["svd"] == 21 * 16**3 + 2 * 21 * 8**3
+
+
+def test_the_owners_workspace_is_what_the_dense_step_allocates():
+    """`OWNER_WORKSPACE` against torch's MemTracker on the dense step (CPU): its peak of new
+    allocations, in units of (d_out + d_in) x r fp32, lies within 10 % below the model's."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from boost_titan.optim.loro_exact import exact_step
+
+    d_out, d_in, r = 1536, 512, 128
+    g = torch.Generator().manual_seed(0)
+    b, d_b = torch.randn(d_out, r, generator=g), torch.randn(d_out, r, generator=g)
+    a, d_a = torch.randn(r, d_in, generator=g), torch.randn(r, d_in, generator=g)
+    tracker = MemTracker()
+    with tracker:
+        exact_step(b, a, d_b, d_a, 0.01)
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    units = peak / ((d_out + d_in) * r * 4)
+    assert 0.9 * loro.OWNER_WORKSPACE <= units <= loro.OWNER_WORKSPACE, units
 
 
 def test_the_exact_step_can_set_the_peak():

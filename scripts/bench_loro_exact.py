@@ -1,0 +1,79 @@
+"""LORO's dense exact step on this CPU against the perf model's flop count (`perf.loro`).
+
+    python scripts/bench_loro_exact.py [--sizes 1376x512x128,2048x768x256] [--repeats 3]
+
+For each pair size d_out x d_in x r, one thread: the measured seconds of
+`boost_titan.optim.loro_exact.exact_step` (the median of `--repeats`), and two predictions
+from `perf.loro.pair_flops`: every flop at this CPU's fp32 GEMM rate (measured here on the
+pair's own GEMM shape), and each class of flops (GEMM, QR, SVD) at the rate measured for a
+lone kernel of that class at this size (the QRs' d x 2r, the 2r x 2r SVD). The first says how far
+the step is from GEMM speed, the second whether the flop count accounts for the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from boost_titan.optim.loro_exact import exact_step
+from boost_titan.perf.loro import pair_flops
+
+SIZES = "688x256x64,1376x512x128,2048x768x256,5472x2048x512"
+"""debug's MLP pair and 60M, 130M and 1B-sized ones (d_out x d_in x r)."""
+
+
+def _seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(d_out: int, d_in: int, r: int, repeats: int) -> dict[str, float]:
+    """Seconds of the exact step and FLOP/s of each kernel class at this size."""
+    g = torch.Generator().manual_seed(0)
+    b, d_b = torch.randn(d_out, r, generator=g), torch.randn(d_out, r, generator=g)
+    a, d_a = torch.randn(r, d_in, generator=g), torch.randn(r, d_in, generator=g)
+    step = _seconds(lambda: exact_step(b, a, d_b, d_a, 0.01), repeats)
+    tall, core = torch.randn(d_out, 2 * r, generator=g), torch.randn(2 * r, 2 * r, generator=g)
+    small = torch.randn(2 * r, r, generator=g)
+    gemm = 2 * d_out * 2 * r * r / _seconds(lambda: tall @ small, repeats)
+    qr = (4 * d_out * (2 * r) ** 2 - 4 * (2 * r) ** 3 / 3) / _seconds(
+        lambda: torch.linalg.qr(tall), repeats
+    )
+    svd = 21 * (2 * r) ** 3 / _seconds(lambda: torch.linalg.svd(core), repeats)
+    return {"step": step, "gemm": gemm, "qr": qr, "svd": svd}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default=SIZES, help=f"d_out x d_in x r, comma list ({SIZES})")
+    parser.add_argument("--repeats", type=int, default=3)
+    ns = parser.parse_args()
+    torch.set_num_threads(1)
+    print(
+        "d_out x d_in x r   GFLOP  measured s  at GEMM rate s  by class s  GEMM / QR / SVD GFLOP/s"
+    )
+    for size in ns.sizes.split(","):
+        d_out, d_in, r = (int(x) for x in size.split("x"))
+        flops = pair_flops(d_out, d_in, r)
+        m = measure(d_out, d_in, r, ns.repeats)
+        at_gemm = sum(flops.values()) / m["gemm"]
+        by_class = sum(flops[k] / m[k] for k in flops)
+        rates = " / ".join(f"{m[k] / 1e9:.1f}" for k in ("gemm", "qr", "svd"))
+        print(
+            f"{size:>16}  {sum(flops.values()) / 1e9:6.2f}  {m['step']:10.3f}  "
+            f"{at_gemm:14.3f}  {by_class:10.3f}  {rates}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
