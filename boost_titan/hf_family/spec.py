@@ -1,5 +1,6 @@
 """The `hf` TrainSpec: a Hugging Face causal LM (`model`) on our data, validator and
-TorchTitan's optimizers, sharded by the library's plans on `hf_layout`.
+optimizers (TorchTitan's, or LORO: `runtime.optimizers`), sharded by the library's plans
+on `hf_layout`.
 
 The layouts it trains: tensor parallelism (`btp` for a low-rank arch, `megatron` for
 fullrank, or `[boost] tp_strategy` btp / megatron / vanilla), data parallelism by

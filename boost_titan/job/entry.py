@@ -15,8 +15,8 @@ job per folder) and warns when torchrun restarts are enabled over its shared TCP
 process (torchrun starts new ones), and a worker may be launched without it (`torchrun -m
 boost_titan.train`): so the worker checks again what would otherwise fail on some rank only,
 or late (`run`: the parallel degrees against the process count, right after the parse;
-`train`: the run limits, CUDA graphs and TorchTitan's own assertions, before the trainer is
-built; the dump folder's lock; the data, tokenizer and checkpoints where they
+`train`: the run limits, CUDA graphs, the optimizer and TorchTitan's own assertions, before
+the trainer is built; the dump folder's lock; the data, tokenizer and checkpoints where they
 are read).
 """
 
