@@ -131,6 +131,11 @@ def check(args: ModelShape, plan: TrainingLayout) -> None:
             f"LORO needs SVD-style pairs; arch {args.arch} has {has} (the exact step "
             "re-balances B and A), use --arch svd"
         )
+    if plan.loro_exact_every and plan.state == BF16_WEIGHTS:
+        raise ConfigError(
+            "LORO updates fp32 master factors; keep master weights (no --no-master-weights, "
+            'training.dtype "float32")'
+        )
     if plan.strategy != "megatron" and not args.low_rank:
         raise ConfigError(
             f"strategy {plan.strategy} needs a low-rank arch (svd or cola); "

@@ -7,8 +7,8 @@ its approximate step moves as many bytes as AdamW's update; the exact step, ever
 [d_out x r], A = down.weight [r x d_in]) on the pair's mesh of n ranks (TP x FSDP, CP
 included), as the product runs it (docs/training.md#loro):
 
-- communication: an all-gather of B, A and their directions D_B, D_A
-  ((d_out + d_in) x r x 2 elements in the weights' dtype), first over the FSDP ranks
+- communication: an all-gather of B, A and their directions D_B, D_A ((d_out + d_in) x r
+  x 2 fp32 elements: LORO updates fp32 master factors), first over the FSDP ranks
   (network when they span nodes), then over TP; one broadcast of the new B and A
   ((d_out + d_in) x r) from the pair's owner back over the same ranks.
 - dense work on the owner (pairs go in rounds of one per rank of the mesh, so each rank
@@ -35,7 +35,7 @@ from boost_titan.boost_llama.shapes import ModelShape
 from boost_titan.perf import costs
 from boost_titan.perf.block import stage_sizes
 from boost_titan.perf.gpus import GpuProfile
-from boost_titan.perf.layout import BF16_WEIGHTS, TrainingLayout
+from boost_titan.perf.layout import TrainingLayout
 
 FP32 = 4
 EXACT_STEP = "exact_step"
@@ -54,7 +54,7 @@ on a Titan X (pytorch/pytorch#1373): 21 n^3 = 2.0e11 flops at 0.21 TFLOP/s, 2-3 
 GPU's FP32 peak. Assumed to scale with the FP32 peak; unmeasured on A100 / H100."""
 PAIR_HOST_S = 0.02
 """Seconds per pair beyond its flops: the solvers' host synchronisations and launches. LORO's
-130M log (LORO_NOTES.md: exact steps of 3.1-5.9 s against 0.51 s for a normal one, 84 pairs
+130M log (docs/training.md#loro: exact steps of 3.1-5.9 s against 0.51 s for a normal one, 84 pairs
 at r = 256, every GPU computing every pair) gives 0.031-0.064 s per pair, of which the
 rates above explain 0.008 on an A100 (their GPU is not named)."""
 GATHERED = 2
@@ -71,12 +71,6 @@ def pairs(args: ModelShape) -> list[tuple[int, int, int]]:
     """(d_out, d_in, r) of the seven pairs of one block."""
     r = args.effective_rank
     return [(d_out, d_in, r) for d_in, d_out in args.projection_shapes().values()]
-
-
-def weight_bytes(plan: TrainingLayout) -> int:
-    """Bytes per element of the factors the optimizer updates: fp32 master weights, or bf16
-    without them."""
-    return 2 if plan.state == BF16_WEIGHTS else FP32
 
 
 def _qr_flops(m: int, n: int) -> float:
@@ -135,16 +129,16 @@ def exact_step(
     `reset` (zeroing both moments of its `params` parameters)."""
     layers = max(stage_sizes(args, plan))
     mesh = plan.tp * dp_shard * plan.cp
-    b = weight_bytes(plan)
     comm = dense = 0.0
     for d_out, d_in, r in pairs(args):
-        unit = (d_out + d_in) * r * b
+        unit = (d_out + d_in) * r * FP32
         comm += _gather(GATHERED * unit, plan, gpu, dp_shard) + _broadcast(
             unit, plan, gpu, dp_shard
         )
         dense += dense_seconds(pair_flops(d_out, d_in, r), gpu.peak_flops["fp32"])
-    owned = math.ceil(7 * layers / mesh) / (7 * layers)  # the share of the pairs one rank owns
-    reset = costs.hbm_time(2 * b * params, gpu)
+    stage_pairs = len(pairs(args)) * layers
+    owned = math.ceil(stage_pairs / mesh) / stage_pairs  # the share of the pairs a rank owns
+    reset = costs.hbm_time(2 * FP32 * params, gpu)
     return {"comm": layers * comm, "dense": layers * dense * owned, "reset": reset}
 
 
@@ -159,11 +153,8 @@ def amortised_seconds(
 
 def transient_bytes(args: ModelShape, plan: TrainingLayout) -> int:
     """Bytes the exact step adds on a rank at the optimizer step (0 without LORO): the
-    largest pair's gathered factors and directions (and their fp32 copies when the
-    weights are not fp32) and the owner's fp32 workspace."""
+    largest pair's gathered factors and directions and the owner's workspace, all fp32."""
     if not plan.loro_exact_every:
         return 0
-    b = weight_bytes(plan)
-    upcast = FP32 if b != FP32 else 0
     unit = max((d_out + d_in) * r for d_out, d_in, r in pairs(args))
-    return unit * (GATHERED * (b + upcast) + OWNER_WORKSPACE * FP32)
+    return unit * (GATHERED + OWNER_WORKSPACE) * FP32

@@ -93,7 +93,7 @@ def test_the_owners_workspace_is_what_the_dense_step_allocates():
 
     from boost_titan.optim.loro_exact import exact_step
 
-    d_out, d_in, r = 1536, 512, 128
+    d_out, d_in, r = 384, 128, 32
     g = torch.Generator().manual_seed(0)
     b, d_b = torch.randn(d_out, r, generator=g), torch.randn(d_out, r, generator=g)
     a, d_a = torch.randn(r, d_in, generator=g), torch.randn(r, d_in, generator=g)
@@ -166,10 +166,13 @@ def test_the_planner_writes_and_prices_a_loro_config(tmp_path):
         ["bench", "model", "--flavor", "7B", "--arch", "cola", "--loro-exact-every", "500"],
         ["bench", "model", "--flavor", "7B", "--arch", "fullrank", "--strategy", "megatron",
          "--loro-exact-every", "500"],
+        ["bench", "model", "--flavor", "7B", "--arch", "svd", "--no-master-weights",
+         "--loro-exact-every", "500"],
     ],
 )  # fmt: skip
 def test_loro_on_an_arch_it_changes_is_one_line(argv, capsys):
-    """cola (SiLU between the factors) and fullrank (no pairs): one `error:` line, exit 2."""
+    """cola (SiLU between the factors), fullrank (no pairs) and bf16 weights without fp32
+    masters: one `error:` line, exit 2."""
     from boost_titan.bench.__main__ import main as bench
     from boost_titan.plan import main as plan
 
@@ -179,7 +182,7 @@ def test_loro_on_an_arch_it_changes_is_one_line(argv, capsys):
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: ")
-    assert "LORO needs SVD-style pairs" in err
+    assert "LORO needs SVD-style pairs" in err or "LORO updates fp32 master factors" in err
 
 
 def test_round_robin_share():
