@@ -1,13 +1,16 @@
-"""LORO's dense exact step on this CPU against the perf model's flop count (`perf.loro`).
+"""LORO's dense exact step on this CPU (or a GPU) against the perf model (`perf.loro`).
 
     python scripts/bench_loro_exact.py [--sizes 1376x512x128,2048x768x256] [--repeats 3]
+    python scripts/bench_loro_exact.py --device cuda --sizes 11008x4096x1024   (gpu_check.sh)
 
 For each pair size d_out x d_in x r, one thread: the measured seconds of
 `boost_titan.optim.loro_exact.exact_step` (the median of `--repeats`), and two predictions
 from `perf.loro.pair_flops`: every flop at this CPU's fp32 GEMM rate (measured here on the
 pair's own GEMM shape), and each class of flops (GEMM, QR, SVD) at the rate measured for a
 lone kernel of that class at this size (the QRs' d x 2r, the 2r x 2r SVD). The first says how far
-the step is from GEMM speed, the second whether the flop count accounts for the step.
+the step is from GEMM speed, the second whether the flop count accounts for the step. On a
+GPU also the perf model's seconds for the pair on the H100 profile (`perf.loro.dense_seconds`,
+FP32 peak 67 TFLOP/s, as an H200's), the figure the 7B prediction rests on.
 """
 
 from __future__ import annotations
@@ -20,35 +23,43 @@ from collections.abc import Callable
 import torch
 
 from boost_titan.optim.loro_exact import exact_step
-from boost_titan.perf.loro import pair_flops
+from boost_titan.perf.gpus import gpu_profile
+from boost_titan.perf.loro import dense_seconds, pair_flops
 
 SIZES = "688x256x64,1376x512x128,2048x768x256,5472x2048x512"
 """debug's MLP pair and 60M, 130M and 1B-sized ones (d_out x d_in x r)."""
 
 
-def _seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
+def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    def run() -> None:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    run()  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        fn()
+        run()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def measure(d_out: int, d_in: int, r: int, repeats: int) -> dict[str, float]:
+def measure(d_out: int, d_in: int, r: int, repeats: int, device: torch.device) -> dict[str, float]:
     """Seconds of the exact step and FLOP/s of each kernel class at this size."""
     g = torch.Generator().manual_seed(0)
-    b, d_b = torch.randn(d_out, r, generator=g), torch.randn(d_out, r, generator=g)
-    a, d_a = torch.randn(r, d_in, generator=g), torch.randn(r, d_in, generator=g)
-    step = _seconds(lambda: exact_step(b, a, d_b, d_a, 0.01), repeats)
-    tall, core = torch.randn(d_out, 2 * r, generator=g), torch.randn(2 * r, 2 * r, generator=g)
-    small = torch.randn(2 * r, r, generator=g)
-    gemm = 2 * d_out * 2 * r * r / _seconds(lambda: tall @ small, repeats)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(device)
+
+    b, d_b, a, d_a = randn(d_out, r), randn(d_out, r), randn(r, d_in), randn(r, d_in)
+    step = _seconds(lambda: exact_step(b, a, d_b, d_a, 0.01), repeats, device)
+    tall, core, small = randn(d_out, 2 * r), randn(2 * r, 2 * r), randn(2 * r, r)
+    gemm = 2 * d_out * 2 * r * r / _seconds(lambda: tall @ small, repeats, device)
     qr = (4 * d_out * (2 * r) ** 2 - 4 * (2 * r) ** 3 / 3) / _seconds(
-        lambda: torch.linalg.qr(tall), repeats
+        lambda: torch.linalg.qr(tall), repeats, device
     )
-    svd = 21 * (2 * r) ** 3 / _seconds(lambda: torch.linalg.svd(core), repeats)
+    svd = 21 * (2 * r) ** 3 / _seconds(lambda: torch.linalg.svd(core), repeats, device)
     return {"step": step, "gemm": gemm, "qr": qr, "svd": svd}
 
 
@@ -56,18 +67,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default=SIZES, help=f"d_out x d_in x r, comma list ({SIZES})")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu (one thread) or cuda")
     ns = parser.parse_args()
-    torch.set_num_threads(1)
+    device = torch.device(ns.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    model = " model h100 s" if device.type == "cuda" else ""
     print(
-        "d_out x d_in x r   GFLOP  measured s  at GEMM rate s  by class s  GEMM / QR / SVD GFLOP/s"
+        "d_out x d_in x r   GFLOP  measured s  at GEMM rate s  by class s  GEMM / QR / SVD "
+        f"GFLOP/s{model}"
     )
     for size in ns.sizes.split(","):
         d_out, d_in, r = (int(x) for x in size.split("x"))
         flops = pair_flops(d_out, d_in, r)
-        m = measure(d_out, d_in, r, ns.repeats)
+        m = measure(d_out, d_in, r, ns.repeats, device)
         at_gemm = sum(flops.values()) / m["gemm"]
         by_class = sum(flops[k] / m[k] for k in flops)
         rates = " / ".join(f"{m[k] / 1e9:.1f}" for k in ("gemm", "qr", "svd"))
+        if model:
+            rates += f"  {dense_seconds(flops, gpu_profile('h100').peak_flops['fp32']):.3f}"
         print(
             f"{size:>16}  {sum(flops.values()) / 1e9:6.2f}  {m['step']:10.3f}  "
             f"{at_gemm:14.3f}  {by_class:10.3f}  {rates}",
