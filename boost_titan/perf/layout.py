@@ -125,6 +125,11 @@ def check(args: ModelShape, plan: TrainingLayout) -> None:
         )
     if plan.loro_exact_every < 0:
         raise ConfigError(f"loro_exact_every {plan.loro_exact_every} must be >= 0 (0: AdamW)")
+    if plan.loro_exact_every and plan.strategy == "megatron":
+        raise ConfigError(
+            "LORO needs low-rank pairs; strategy megatron trains the full-rank twin, use "
+            "--strategy btp or vanilla"
+        )
     if plan.loro_exact_every and (not args.low_rank or args.activation != "none"):
         has = f"{args.activation} between the factors" if args.low_rank else "no factor pairs"
         raise ConfigError(

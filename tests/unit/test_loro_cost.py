@@ -167,15 +167,17 @@ def test_the_planner_writes_and_prices_a_loro_config(tmp_path):
         (["bench", "model", "--flavor", "7B", "--arch", "cola", "--strategy", "btp",
           "--loro-exact-every", "500"],
          "arch cola has silu between the factors"),
-        (["bench", "model", "--flavor", "7B", "--arch", "fullrank", "--strategy", "megatron",
-          "--loro-exact-every", "500"], "arch fullrank has no factor pairs"),
+        (["bench", "model", "--flavor", "7B", "--arch", "svd", "--strategy", "megatron",
+          "--loro-exact-every", "500"], "strategy megatron trains the full-rank twin"),
+        (["plan", "--auto", "--gpus", "4", "--flavor", "7B", "--arch", "fullrank",
+          "--loro-exact-every", "200"], "arch fullrank has no factor pairs"),
         (["bench", "model", "--flavor", "7B", "--arch", "svd", "--strategy", "btp",
           "--no-master-weights", "--loro-exact-every", "500"], "LORO updates fp32 master"),
     ],
 )  # fmt: skip
 def test_loro_it_cannot_price_is_one_line(argv, message, capsys):
-    """cola (SiLU between the factors), fullrank (no pairs) and bf16 weights without fp32
-    masters: one `error:` line, exit 2."""
+    """cola (SiLU between the factors), fullrank and megatron's twin (no pairs) and bf16
+    weights without fp32 masters: one `error:` line, exit 2."""
     from boost_titan.bench.__main__ import main as bench
     from boost_titan.plan import main as plan
 
