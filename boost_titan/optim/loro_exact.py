@@ -20,14 +20,19 @@ rank-deficient direction, where a Gram matrix is singular):
 
     B = Q_B R_B, A^T = Q_A R_A;   Z_B = D_B R_A^+ (= D Q_A),   Z_A = D_A^T R_B^+ (= D^T Q_B)
     K0 = Z_A^T Q_A                 (= Q_B^T D Q_A, r x r)
-    QR([Q_A, Z_A]) -> Q_1 K_1      (the part of Z_A off Q_A; Q_1 orthogonal to Q_A at any rank)
-    QR([Q_B, Z_B]) -> Q_2 K_2      (the part of Z_B off Q_B)
+    QR(Z_A - Q_A K0^T) = Q_1 K_1   (the part of Z_A off Q_A)
+    QR(Z_B - Q_B Q_B^T Z_B) = Q_2 K_2
     W - lr D = [Q_B, Q_2] [[R_B R_A^T - lr K0, -lr K_1^T], [-lr K_2, 0]] [Q_A, Q_1]^T
     core = U S V^T (its rank-r part); B <- [Q_B, Q_2] U S^1/2, A <- S^1/2 V^T [Q_A, Q_1]^T
 
-so that B^T B = A A^T = S afterwards. The pseudo-inverses of the r x r triangles drop the
-directions of a rank-deficient factor below its dtype's rounding (`torch.linalg.pinv`'s
-default cutoff), where the tangent space of W is not defined.
+so that B^T B = A A^T = S afterwards. A rank-deficient complement gets Householder columns
+that leave the other side's space (Q_B^T Q_2 = E != 0), but only where E K_2 = 0; the core's
+singular vectors of nonzero singular values have their lower half in K_2's column space, so
+[Q_B, Q_2] is an isometry where it matters and the result is still the truncated SVD
+(tests/unit/test_loro_exact.py checks zero columns and rank-one directions). The
+pseudo-inverses of the r x r triangles drop the directions of a rank-deficient factor below
+its dtype's rounding (`torch.linalg.pinv`'s default cutoff), where the tangent space of W is
+not defined.
 """
 
 from __future__ import annotations
@@ -41,14 +46,6 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _complement(basis: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
-    """An orthonormal Q orthogonal to `basis` (orthonormal columns) and K with
-    (I - basis basis^T) z = Q K, from one Householder QR of [basis, z]."""
-    q, r = torch.linalg.qr(torch.cat([basis, z], dim=1))
-    k = basis.shape[1]
-    return q[:, k:], r[k:, k:]
-
-
 def exact_step(b: Tensor, a: Tensor, d_b: Tensor, d_a: Tensor, lr: float) -> tuple[Tensor, Tensor]:
     """The new (B, A) of one pair after LORO's exact step of size `lr` along the directions
     (the module docstring), in fp32 (fp64 for fp64 factors); the inputs are not changed."""
@@ -60,8 +57,8 @@ def exact_step(b: Tensor, a: Tensor, d_b: Tensor, d_a: Tensor, lr: float) -> tup
     z_b = d_b @ torch.linalg.pinv(r_a)
     z_a = d_a.T @ torch.linalg.pinv(r_b)
     k0 = z_a.T @ q_a
-    q_1, k_1 = _complement(q_a, z_a)
-    q_2, k_2 = _complement(q_b, z_b)
+    q_1, k_1 = torch.linalg.qr(z_a - q_a @ k0.T)
+    q_2, k_2 = torch.linalg.qr(z_b - q_b @ (q_b.T @ z_b))
     top = torch.cat([r_b @ r_a.T - lr * k0, -lr * k_1.T], dim=1)
     bottom = torch.cat([-lr * k_2, k_2.new_zeros(k_2.shape[0], k_1.shape[0])], dim=1)
     u, s, vh = torch.linalg.svd(torch.cat([top, bottom], dim=0), full_matrices=False)

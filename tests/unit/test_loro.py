@@ -31,10 +31,10 @@ class Toy(nn.Module):
         self.up = nn.Linear(RANK, 5, bias=False)
 
 
-def _loro(model: Toy, **kwargs) -> LORO:
+def _loro(model: Toy, pair_decay: float = 0.0, **kwargs) -> LORO:
     groups = [
         {"params": [model.full.weight, model.full.bias], "weight_decay": 0.1},
-        {"params": [model.down.weight, model.up.weight], "weight_decay": 0.0},
+        {"params": [model.down.weight, model.up.weight], "weight_decay": pair_decay},
     ]
     options = {"hidden_size": HIDDEN, "lr": LR, "exact_every": 4, **kwargs}
     return LORO(groups, pairs=[(model.up.weight, model.down.weight)], **options)
@@ -97,10 +97,11 @@ def _moments_direction(grads_seq, beta1=0.9, beta2=0.999, eps=1e-8) -> torch.Ten
 
 def test_the_exact_step_then_zeroed_state_and_the_rewarm():
     """Step 4 of exact_every = 4: the pair moves by the exact step (Adam's directions,
-    lr unscaled), every moment is zeroed; step 5 is a fresh AdamW step at lr / 6 on the full
-    linear (re-warm 1 of 5) and the scaled step at lr / 6 on the factors."""
+    lr unscaled, no weight decay), every moment is zeroed; step 5 is a fresh AdamW step at
+    lr / 6 on the full linear (re-warm 1 of 5) and the scaled step at lr / 6 on the factors
+    (weight decay 0.1 on the pair: AdamW's at the scaled lr needs 0.1 / scale)."""
     model = Toy()
-    loro = _loro(model)
+    loro = _loro(model, pair_decay=0.1)
     history = []
     for step in range(3):
         history.append(_grads(model, step))
@@ -121,15 +122,17 @@ def test_the_exact_step_then_zeroed_state_and_the_rewarm():
 
     full, pair = _clones(model.full.parameters()), _clones([model.down.weight, model.up.weight])
     adamw = torch.optim.AdamW(full, lr=LR / 6, weight_decay=0.1, foreach=False)
-    scaled = torch.optim.AdamW(pair, lr=LR / 6 * RANK / HIDDEN, foreach=False, weight_decay=0.0)
+    decay = 0.1 * HIDDEN / RANK
+    scaled = torch.optim.AdamW(pair, lr=LR / 6 * RANK / HIDDEN, foreach=False, weight_decay=decay)
     grads = _grads(model, 4)
     _set(model.parameters(), grads)
     _set([*full, *pair], grads)
     loro.step()
     adamw.step()
     scaled.step()
-    for mine, theirs in zip(model.parameters(), [*full, *pair], strict=True):
-        assert torch.equal(mine, theirs)
+    assert torch.equal(model.full.weight, full[0]) and torch.equal(model.full.bias, full[1])
+    assert (model.down.weight - pair[0]).abs().max() < 1e-8
+    assert (model.up.weight - pair[1]).abs().max() < 1e-8
 
 
 def test_the_rewarm_factors():

@@ -114,8 +114,8 @@ def test_a_zero_direction_keeps_the_product():
 
 
 def test_a_rank_deficient_direction_still_matches_the_reference():
-    """A zero column of D_B (its complement Q R has a zero leading column): the complement's
-    basis must stay orthogonal to B's, or the small SVD is not W's."""
+    """A zero column of D_B and a rank-one D_A: the complements' Householder bases leave the
+    factors' spaces where their R is zero, which must not reach the result."""
     b, a, d_b, d_a = _pair(8)
     d_b[:, 0] = 0
     d_a[1:] = d_a[:1]  # rank one
