@@ -13,8 +13,8 @@ included), as the product runs it (docs/training.md#loro):
   ((d_out + d_in) x r) from the pair's owner back over the same ranks.
 - dense work on the owner (pairs go in rounds of one per rank of the mesh, so each rank
   owns ceil(P / n) of the P pairs of its stage and the owners work side by side), in fp32:
-  four Householder QRs with Q, the 2r x 2r SVD and two r x r ones (the pseudo-inverses of
-  the R factors), and the GEMMs between them (`pair_flops`).
+  four Householder QRs with Q (d x r), the 2r x 2r SVD and two r x r ones (the
+  pseudo-inverses of the R factors), and the GEMMs between them (`pair_flops`).
 - resetting every Adam moment afterwards: one write of both moments.
 
 Rates. GEMMs in plain FP32 (TF32 off, torch's default) at `FP32_GEMM_EFFICIENCY` of the
@@ -60,11 +60,11 @@ rates above explain 0.008 on an A100 (their GPU is not named)."""
 GATHERED = 2
 """Units of (d_out + d_in) x r elements an exact step gathers on every rank: the factors and
 their directions."""
-OWNER_WORKSPACE = 10
+OWNER_WORKSPACE = 9
 """Units of (d_out + d_in) x r fp32 elements the owner's dense step allocates at its peak
-besides the gathered factors and directions: Q of the factors, Z, the stacked [Q, Z] and
-their QR's Q and workspace (d x 2r each), the stacked bases and the new factors. Measured:
-9.5-9.8 units (torch's MemTracker on CPU, tests/unit/test_loro_cost.py)."""
+besides the gathered factors and directions: Q of the factors, Z, the projected
+complements, their QRs' Q and workspace, the stacked bases [Q, Q'] (two units) and the new
+factors. Measured: 8.3-8.4 units (torch's MemTracker on CPU, tests/unit/test_loro_cost.py)."""
 
 
 def pairs(args: ModelShape) -> list[tuple[int, int, int]]:
@@ -80,13 +80,13 @@ def _qr_flops(m: int, n: int) -> float:
 
 def pair_flops(d_out: int, d_in: int, r: int) -> dict[str, float]:
     """Flops of one pair's dense exact step as `optim.loro_exact.exact_step` runs it:
-    `qr` (QR of B and of A^T, then of [Q_A, Z_A] and [Q_B, Z_B], d x 2r), `svd` (the
+    `qr` (QR of B and of A^T, then of the two projected complements, all d x r), `svd` (the
     2r x 2r core and the pseudo-inverses of R_A and R_B, r x r each; 21 n^3 for an n x n
-    SVD with U and V, Golub and Van Loan) and `gemm` (Z_B, Z_A, K0, R_B R_A^T and the new
-    factors [Q, Q'] U S^1/2: what torch's FlopCounterMode counts of it)."""
-    qr = _qr_flops(d_out, r) + _qr_flops(d_in, r) + _qr_flops(d_out, 2 * r)
-    qr += _qr_flops(d_in, 2 * r)
-    gemm = 6 * d_out * r * r + 8 * d_in * r * r + 2 * r**3
+    SVD with U and V, Golub and Van Loan) and `gemm` (Z_B, Z_A, K0, the projections off Q_B
+    and Q_A, R_B R_A^T and the new factors [Q, Q'] U S^1/2: what torch's FlopCounterMode
+    counts of it)."""
+    qr = 2 * _qr_flops(d_out, r) + 2 * _qr_flops(d_in, r)
+    gemm = 10 * (d_out + d_in) * r * r + 2 * r**3
     return {"qr": qr, "svd": 21 * (2 * r) ** 3 + 2 * 21 * r**3, "gemm": gemm}
 
 
