@@ -7,7 +7,7 @@ For each pair size d_out x d_in x r, one thread: the measured seconds of
 `boost_titan.optim.loro_exact.exact_step` (the median of `--repeats`), and two predictions
 from `perf.loro.pair_flops`: every flop at this CPU's fp32 GEMM rate (measured here on the
 pair's own GEMM shape), and each class of flops (GEMM, QR, SVD) at the rate measured for a
-lone kernel of that class at this size (the QRs' d x 2r, the 2r x 2r SVD). The first says how far
+lone kernel of that class at this size (a d_out x r QR, the 2r x 2r SVD). The first says how far
 the step is from GEMM speed, the second whether the flop count accounts for the step. On a
 GPU also the perf model's seconds for the pair on the H100 profile (`perf.loro.dense_seconds`,
 FP32 peak 67 TFLOP/s, as an H200's), the figure the 7B prediction rests on.
@@ -56,9 +56,7 @@ def measure(d_out: int, d_in: int, r: int, repeats: int, device: torch.device) -
     step = _seconds(lambda: exact_step(b, a, d_b, d_a, 0.01), repeats, device)
     tall, core, small = randn(d_out, 2 * r), randn(2 * r, 2 * r), randn(2 * r, r)
     gemm = 2 * d_out * 2 * r * r / _seconds(lambda: tall @ small, repeats, device)
-    qr = (4 * d_out * (2 * r) ** 2 - 4 * (2 * r) ** 3 / 3) / _seconds(
-        lambda: torch.linalg.qr(tall), repeats, device
-    )
+    qr = (4 * d_out * r**2 - 4 * r**3 / 3) / _seconds(lambda: torch.linalg.qr(b), repeats, device)
     svd = 21 * (2 * r) ** 3 / _seconds(lambda: torch.linalg.svd(core), repeats, device)
     return {"step": step, "gemm": gemm, "qr": qr, "svd": svd}
 

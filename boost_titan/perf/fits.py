@@ -66,8 +66,11 @@ def _loro_clause(job: JobPlan) -> str:
     (`loro.transient_bytes`) at the optimizer step, and whether it sets the peak."""
     if not job.plan.loro_exact_every:
         return ""
-    transient = loro.transient_bytes(job.args, job.plan) / 2**20
-    sets = "sets the peak" if job.peak_memory().parts.get(loro.EXACT_STEP) else "below the peak"
+    peak = job.peak_memory()
+    layers = memory.stage_layers(job.args.n_layers, job.plan.pp)[peak.stage]
+    shards = job.dp_shard * job.plan.cp
+    transient = loro.transient_bytes(job.args, job.plan, layers, shards) / 2**20
+    sets = "sets the peak" if peak.parts.get(loro.EXACT_STEP) else "below the peak"
     return (
         f", LORO: AdamW's two moments, its exact step {transient:,.0f} MiB more at the "
         f"optimizer step ({sets})"

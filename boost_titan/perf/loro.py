@@ -17,6 +17,9 @@ included), as the product runs it (docs/training.md#loro):
   pseudo-inverses of the R factors), and the GEMMs between them (`pair_flops`).
 - resetting every Adam moment afterwards: one write of both moments.
 
+Memory (`transient_bytes`): the directions of every factor on the rank, then one pair's
+gathered tensors and the owner's workspace.
+
 Rates. GEMMs in plain FP32 (TF32 off, torch's default) at `FP32_GEMM_EFFICIENCY` of the
 profile's FP32 peak. A blocked Householder QR does most of its flops in GEMM-like
 trailing updates but factors each panel with memory-bound BLAS-2 work, which takes about
@@ -151,10 +154,13 @@ def amortised_seconds(
     return sum(exact_step(args, plan, gpu, params, dp_shard).values()) / plan.loro_exact_every
 
 
-def transient_bytes(args: ModelShape, plan: TrainingLayout) -> int:
-    """Bytes the exact step adds on a rank at the optimizer step (0 without LORO): the
-    largest pair's gathered factors and directions and the owner's workspace, all fp32."""
+def transient_bytes(args: ModelShape, plan: TrainingLayout, layers: int, shards: int = 1) -> int:
+    """Bytes the exact step adds on a rank of a stage of `layers` blocks at the optimizer
+    step (0 without LORO): the directions of every factor on the rank (fp32, its share of the
+    stage's pairs over TP x `shards` FSDP ranks, all computed before the first pair's step),
+    then the largest pair's gathered factors and directions and the owner's workspace."""
     if not plan.loro_exact_every:
         return 0
-    unit = max((d_out + d_in) * r for d_out, d_in, r in pairs(args))
-    return unit * (GATHERED + OWNER_WORKSPACE) * FP32
+    sizes = [(d_out + d_in) * r for d_out, d_in, r in pairs(args)]
+    directions = layers * sum(sizes) // (plan.tp * shards) * FP32
+    return directions + max(sizes) * (GATHERED + OWNER_WORKSPACE) * FP32

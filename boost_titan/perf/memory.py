@@ -29,8 +29,9 @@ FSDP shard degree:
 - gradients: fp32 and sharded (4 N / d), all present when backward ends.
 - CP's ring (`ring_buffers`), in a block's backward: the gathered K/V and the dK/dV passes.
 - LORO (`plan.loro_exact_every`): the same two moments as AdamW; its exact step, at the
-  optimizer step, adds `loro.transient_bytes` (one pair gathered, the owner's workspace)
-  to the state and every gradient: a fourth candidate peak, part `exact_step`.
+  optimizer step, adds `loro.transient_bytes` (every factor's direction, one pair
+  gathered, the owner's workspace) to the state and every gradient: a fourth candidate
+  peak, part `exact_step`.
 
 The peak is the state plus the largest of three moments: the loss (compute copy +
 activations + loss), the first block's backward (compute copy + activations + one block's
@@ -199,7 +200,8 @@ def stage_memory(
     names = ("compute_copy", "grads", "activations", "loss", "backward")
     if plan.loro_exact_every:  # the optimizer step: every gradient, no copy or activation
         names += (loro.EXACT_STEP,)
-        phases = [(*p, 0) for p in phases] + [(0, grads, 0, 0, 0, loro.transient_bytes(args, plan))]
+        exact = loro.transient_bytes(args, plan, layers, dp_shard)
+        phases = [(*p, 0) for p in phases] + [(0, grads, 0, 0, 0, exact)]
     peak = max(phases, key=sum)
     fixed = {
         "weights": MASTER_BYTES[state] * n // dp_shard,

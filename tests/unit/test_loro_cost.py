@@ -107,19 +107,24 @@ def test_the_owners_workspace_is_what_the_dense_step_allocates():
 
 def test_the_exact_step_can_set_the_peak():
     """With almost no activations (seq 8) the optimizer step is the peak: the state, every
-    gradient and the exact step's transient, no compute copy or activation."""
+    gradient and the exact step's transient (every factor's fp32 direction on the rank, then
+    the largest pair gathered and its owner's workspace), no compute copy or activation."""
+    from boost_titan.boost_llama.shapes import PROJECTIONS, projection_params
+
     args = _svd()
     plan = TrainingLayout(strategy="btp", tp=4, seq_len=8, microbatches=1, loro_exact_every=200)
     peak = memory.stage_memory(args, plan)
     adamw = memory.stage_memory(args, TrainingLayout(**{**plan.__dict__, "loro_exact_every": 0}))
-    transient = loro.transient_bytes(args, plan)
+    directions = 32 * sum(projection_params(args, p, 0) for p in PROJECTIONS) // 4 * 4
     largest = (11008 + 4096) * 1024  # gate / up: d_out 11008, d_in 4096, r 1024
-    assert transient == largest * (2 * 4 + loro.OWNER_WORKSPACE * 4)
+    transient = directions + largest * (2 + loro.OWNER_WORKSPACE) * 4
     assert peak.parts[loro.EXACT_STEP] == transient and loro.EXACT_STEP not in adamw.parts
     assert peak.parts["compute_copy"] == peak.parts["activations"] == 0
     state = adamw.parts["weights"] + adamw.parts["optimizer"]
     assert peak.total == state + peak.parts["grads"] + transient > adamw.total
     assert peak.parts["grads"] == memory.MASTER_BYTES["bf16"] * memory.stage_params(args, plan, 0)
+    fsdp = memory.stage_memory(args, plan, dp_shard=2).parts[loro.EXACT_STEP]
+    assert fsdp == transient - directions // 2  # FSDP 2 halves the rank's factors
 
 
 def _toml(tmp_path, optimizer: str, arch: str = "svd") -> str:
@@ -140,7 +145,7 @@ def test_a_jobs_optimizer_is_read_from_its_toml(tmp_path):
     assert lora.plan.loro_exact_every == 200 and "LORO exact step every 200" in lora.summary
     assert job_plan(_toml(tmp_path, "AdamW"), 4).plan.loro_exact_every == 0
     line = fit_line(lora, "a100", 80, assumed=True)
-    mib = loro.transient_bytes(lora.args, lora.plan) / 2**20
+    mib = loro.transient_bytes(lora.args, lora.plan, 32) / 2**20
     assert f"its exact step {mib:,.0f} MiB more at the optimizer step (below the peak)" in line
 
 
