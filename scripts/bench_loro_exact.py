@@ -1,14 +1,15 @@
 """LORO's dense exact step on this CPU (or a GPU) against the perf model (`perf.loro`).
 
-    python scripts/bench_loro_exact.py [--sizes 1376x512x128,2048x768x256] [--repeats 3]
+    python scripts/bench_loro_exact.py [--sizes 1376x512x128,2048x768x256] [--repeats 5]
     python scripts/bench_loro_exact.py --device cuda --sizes 11008x4096x1024   (gpu_check.sh)
 
-For each pair size d_out x d_in x r, one thread: the measured seconds of
-`boost_titan.optim.loro_exact.exact_step` (the median of `--repeats`), and two predictions
-from `perf.loro.pair_flops`: every flop at this CPU's fp32 GEMM rate (measured here on the
-pair's own GEMM shape), and each class of flops (GEMM, QR, SVD) at the rate measured for a
-lone kernel of that class at this size (a d_out x r QR, the 2r x 2r SVD). The first says how far
-the step is from GEMM speed, the second whether the flop count accounts for the step. On a
+For each pair size d_out x d_in x r, on one CPU thread: the measured seconds of
+`boost_titan.optim.loro_exact.exact_step` (the fastest of `--repeats`, the least disturbed
+by other work on the machine), and two predictions from `perf.loro.pair_flops`: every flop
+at this CPU's fp32 GEMM rate (measured on the pair's own GEMM shape), and each class of
+flops (GEMM, QR, SVD) at the rate measured for a lone kernel of that class at this size (a
+d_out x r QR, the 2r x 2r SVD). The first says how far the step is from GEMM speed, the
+second whether the flop count accounts for the step. On a
 GPU also the perf model's seconds for the pair on the H100 profile (`perf.loro.dense_seconds`,
 FP32 peak 67 TFLOP/s, as an H200's), the figure the 7B prediction rests on.
 """
@@ -16,7 +17,6 @@ FP32 peak 67 TFLOP/s, as an H200's), the figure the 7B prediction rests on.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 
@@ -42,7 +42,7 @@ def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> fl
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def measure(d_out: int, d_in: int, r: int, repeats: int, device: torch.device) -> dict[str, float]:
@@ -64,7 +64,7 @@ def measure(d_out: int, d_in: int, r: int, repeats: int, device: torch.device) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default=SIZES, help=f"d_out x d_in x r, comma list ({SIZES})")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu", help="cpu (one thread) or cuda")
     ns = parser.parse_args()
     device = torch.device(ns.device)

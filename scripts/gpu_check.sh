@@ -105,9 +105,11 @@ for stage in $STAGES; do
         ;;
     loro)
         echo "== loro"
+        sizes=2048x768x256,5472x2048x512,11008x4096x1024  # 130M, 1B, 7B pairs
         device=$($PY -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+        [[ $device == cpu ]] && sizes=688x256x64,1376x512x128  # a rehearsal: small pairs
         timeout "$TIMEOUT" $PY scripts/bench_loro_exact.py --device "$device" \
-            --sizes 2048x768x256,5472x2048x512,11008x4096x1024 >"$OUT/loro.txt" 2>&1
+            --sizes "$sizes" >"$OUT/loro.txt" 2>&1
         echo "exit $? (loro.txt below)"
         ;;
     *) echo "unknown stage $stage" ;;
