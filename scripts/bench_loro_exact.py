@@ -30,19 +30,24 @@ SIZES = "688x256x64,1376x512x128,2048x768x256,5472x2048x512"
 """debug's MLP pair and 60M, 130M and 1B-sized ones (d_out x d_in x r)."""
 
 
-def _seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    def run() -> None:
+def _timed(fns: dict[str, Callable[[], object]], repeats: int, device: torch.device) -> dict:
+    """The fastest of `repeats` seconds of each of `fns`, run in turn in each round (so
+    that other work on the machine slows them alike), after one warm-up round."""
+
+    def once(fn: Callable[[], object]) -> float:
+        start = time.perf_counter()
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        return time.perf_counter() - start
 
-    run()  # warm-up
-    times = []
+    for fn in fns.values():
+        once(fn)  # warm-up
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for name, fn in fns.items():
+            best[name] = min(best[name], once(fn))
+    return best
 
 
 def measure(d_out: int, d_in: int, r: int, repeats: int, device: torch.device) -> dict[str, float]:
@@ -53,12 +58,20 @@ def measure(d_out: int, d_in: int, r: int, repeats: int, device: torch.device) -
         return torch.randn(*shape, generator=g).to(device)
 
     b, d_b, a, d_a = randn(d_out, r), randn(d_out, r), randn(r, d_in), randn(r, d_in)
-    step = _seconds(lambda: exact_step(b, a, d_b, d_a, 0.01), repeats, device)
     tall, core, small = randn(d_out, 2 * r), randn(2 * r, 2 * r), randn(2 * r, r)
-    gemm = 2 * d_out * 2 * r * r / _seconds(lambda: tall @ small, repeats, device)
-    qr = (4 * d_out * r**2 - 4 * r**3 / 3) / _seconds(lambda: torch.linalg.qr(b), repeats, device)
-    svd = 21 * (2 * r) ** 3 / _seconds(lambda: torch.linalg.svd(core), repeats, device)
-    return {"step": step, "gemm": gemm, "qr": qr, "svd": svd}
+    seconds = _timed(
+        {
+            "step": lambda: exact_step(b, a, d_b, d_a, 0.01),
+            "gemm": lambda: tall @ small,
+            "qr": lambda: torch.linalg.qr(b),
+            "svd": lambda: torch.linalg.svd(core),
+        },
+        repeats,
+        device,
+    )
+    flops = {"gemm": 4 * d_out * r * r, "qr": 4 * d_out * r**2 - 4 * r**3 / 3}
+    flops["svd"] = 21 * (2 * r) ** 3
+    return {"step": seconds["step"]} | {k: f / seconds[k] for k, f in flops.items()}
 
 
 def main() -> None:
