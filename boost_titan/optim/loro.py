@@ -1,5 +1,5 @@
 """`LORO`: AdamW on every parameter, with LORO's steps on the low-rank pairs (Mo et al.,
-ICLR 2025; docs/models.md).
+"LORO: Low-Rank Riemannian Optimization for LLMs", ICLR 2025).
 
 Step t (counted from 1; the count is every parameter's `state["step"]`, a scalar tensor as
 AdamW's, so DCP's `get_optimizer_state_dict` / `set_optimizer_state_dict` save and reshard it):

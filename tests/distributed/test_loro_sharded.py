@@ -12,8 +12,9 @@ from torch import nn
 from boost_titan.optim import LORO
 from tests.helpers.distributed import randomize, run_on_ranks
 
-SHAPES = [(16, 4, 16), (24, 4, 16), (16, 4, 24)]
-"""Three pairs (d_out, r, d_in): the owners go round the mesh."""
+SHAPES = [(16, 4, 16), (24, 4, 16), (16, 4, 24), (20, 3, 12), (12, 6, 20)]
+"""Five pairs (d_out, r, d_in): the owners go round the mesh (more pairs than ranks); r = 3
+shards unevenly under FSDP2 (2 rows and 1), r = 6 of d_out = 12 fills B's space (2r = d_out)."""
 HIDDEN, STEPS, EXACT_EVERY = 16, 5, 2
 
 
