@@ -17,7 +17,7 @@ from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.config.optimizer import LoroSettings
+from boost_titan.config.optimizer import LoroSettings, check_loro_pairs
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.held_out import validation_data
 from boost_titan.data.prepared_check import check_prepared
@@ -62,6 +62,13 @@ def _require_divisible(what: str, value: int, tp: int, strategy: str) -> None:
             f"{what} {value} is not divisible by tensor_parallel_degree {tp} "
             f"(needed by tp_strategy {strategy}); choose a TP degree that divides it"
         )
+
+
+def check_loro(args: BoostModelArgs, optimizer) -> None:
+    """LORO needs the arch's pairs with nothing between the factors (its hooks)."""
+    arch = args.architecture
+    between = arch.activation(args) != "none" or arch.carries_latents
+    check_loro_pairs(optimizer, args.arch, arch.low_rank, between)
 
 
 def validate_parallelism(args: BoostModelArgs, boost, parallelism) -> str:
@@ -144,6 +151,7 @@ def validate_job(job_config, world_size: int) -> None:
     refuse_toy_corpus(job_config)
     args = job_args(job_config)
     validate_parallelism(args, job_config.boost, job_config.parallelism)
+    check_loro(args, job_config.optimizer)
     validate_context_parallel(job_config)
     validate_validation(job_config, args)
     validate_float8(job_config)
@@ -162,6 +170,7 @@ def _build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config):
 
 def _parallelize(model, parallel_dims, job_config):
     validate_parallelism(model.args, job_config.boost, job_config.parallelism)
+    check_loro(model.args, job_config.optimizer)
     validate_context_parallel(job_config)
     return parallelize_boost(model, parallel_dims, job_config)
 

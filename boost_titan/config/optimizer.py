@@ -1,7 +1,7 @@
 """The job's optimizer: `[optimizer] name` (TorchTitan's Adam and AdamW, or LORO, the
 low-rank Riemannian optimizer of `boost_titan.optim`), LORO's `[boost]` settings, and the
 jobs LORO cannot keep exact, refused in one line (`check` and the worker call
-`check_optimizer`). Torch-free.
+`check_optimizer`; the families `check_loro_pairs` with their architecture). Torch-free.
 """
 
 from __future__ import annotations
@@ -34,15 +34,12 @@ class LoroSettings:
 
 
 def _refusals(job) -> dict[str, bool]:
-    """Why LORO cannot be exact on `job`, by the setting that asks (each a reason)."""
-    arch = job.boost.arch
+    """Why LORO cannot be exact on `job`, by the setting that asks (each a reason); the
+    arch is the family's to judge (`check_loro_pairs`)."""
     return {
         f"model.name {job.model.name!r} (LORO is built by {', '.join(LORO_MODELS)})": (
             job.model.name not in LORO_MODELS
         ),
-        "[boost] arch fullrank (no low-rank pairs to retract)": arch == "fullrank",
-        f"[boost] arch {arch} (the exact step re-balances B M, M^-1 A, which changes a model "
-        "with an activation or crossing between the factors)": arch in ("cola", "lax"),
         "optimizer.early_step_in_backward (the exact step needs every pair's two "
         "directions at once)": job.optimizer.early_step_in_backward,
         f"training.dtype {job.training.dtype} (LORO updates fp32 master factors)": (
@@ -55,6 +52,29 @@ def _refusals(job) -> dict[str, bool]:
     }
 
 
+def _refuse(reason: str) -> None:
+    raise ConfigError(
+        f"optimizer.name LORO cannot run with {reason}; change that setting or use "
+        "--optimizer.name AdamW (LORO trains arch svd in fp32 master weights)"
+    )
+
+
+def check_loro_pairs(optimizer, arch: str, low_rank: bool, between: bool) -> None:
+    """ConfigError (one line) for LORO on an arch without low-rank pairs, or with anything
+    between a pair's factors (`between`: an activation, LaX's crossing): the exact step's
+    re-balancing B M, M^-1 A keeps B A but not such a model's function. The families call
+    this with their architecture's facts."""
+    if optimizer.name != LORO:
+        return
+    if not low_rank:
+        _refuse(f"[boost] arch {arch} (no low-rank pairs to retract)")
+    if between:
+        _refuse(
+            f"[boost] arch {arch} (the exact step re-balances B M, M^-1 A, which changes a "
+            "model with an activation or crossing between the factors)"
+        )
+
+
 def check_optimizer(job) -> None:
     """ConfigError (one line) for an unknown `[optimizer] name`, or LORO on a job it cannot
     keep exact (`_refusals`)."""
@@ -65,10 +85,7 @@ def check_optimizer(job) -> None:
         return
     refused = [why for why, on in _refusals(job).items() if on]
     if refused:
-        raise ConfigError(
-            f"optimizer.name LORO cannot run with {refused[0]}; change that setting or use "
-            "--optimizer.name AdamW (LORO trains arch svd in fp32 master weights)"
-        )
+        _refuse(refused[0])
 
 
-__all__ = ["LORO", "OPTIMIZERS", "LoroSettings", "check_optimizer"]
+__all__ = ["LORO", "OPTIMIZERS", "LoroSettings", "check_loro_pairs", "check_optimizer"]

@@ -21,6 +21,7 @@ from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.optimizer import check_loro_pairs
 from boost_titan.config.precision import Precision
 from boost_titan.data import build_dataloader, build_tokenizer, tokenizer_vocab_size
 from boost_titan.parallelize import apply_plan, btp_plan, hf_layout, megatron_plan, vanilla_plan
@@ -102,6 +103,7 @@ def validate_job(job_config, world_size: int) -> None:
         )
     args = job_args(job_config)
     strategy_of(job_config, args)
+    check_loro_pairs(job_config.optimizer, args.arch, args.low_rank, args.activation is not None)
     tokens = tokenizer_vocab_size(job_config)
     if tokens > args.vocab_size:
         raise ConfigError(

@@ -134,3 +134,26 @@ def test_settings_from_boost():
     assert LoroSettings.of(boost) == LoroSettings(7, 0, None)
     boost.loro_approx_scale = 0.25
     assert LoroSettings.of(boost).approx_scale == 0.25
+
+
+@pytest.mark.parametrize(
+    ("arch", "lax_base", "refused"),
+    [
+        ("svd", "cola", None),
+        ("cola", "cola", "activation or crossing"),
+        ("lax", "svd", "activation or crossing"),  # no activation: the crossing alone
+        ("toy", "cola", "activation or crossing"),  # registered from outside: its hook
+        ("fullrank", "cola", "no low-rank pairs"),
+    ],
+)
+def test_the_arch_hooks_decide_what_loro_trains(arch, lax_base, refused):
+    import tests.helpers.toy_arch  # noqa: F401 (registers "toy")
+    from boost_titan.boost_llama.spec import check_loro
+
+    args = flavor_args("debug", arch=arch, lax_base=lax_base)
+    check_loro(args, OptimizerConfig(name="AdamW"))  # any arch trains with AdamW
+    if refused is None:
+        check_loro(args, OptimizerConfig(name="LORO"))
+        return
+    with pytest.raises(ConfigError, match=f"arch {arch} .*{refused}"):
+        check_loro(args, OptimizerConfig(name="LORO"))
