@@ -1,8 +1,9 @@
 """`LORO`: AdamW on every parameter, with LORO's steps on the low-rank pairs (Mo et al.,
 "LORO: Low-Rank Riemannian Optimization for LLMs", ICLR 2025).
 
-Step t (counted from 1; the count is every parameter's `state["step"]`, a scalar tensor as
-AdamW's, so DCP's `get_optimizer_state_dict` / `set_optimizer_state_dict` save and reshard it):
+Step t (counted from 1; the count is every parameter's `state["step"]`, a float32 scalar
+tensor as AdamW's, exact to 2^24 steps, which DCP's `get_optimizer_state_dict` /
+`set_optimizer_state_dict` save and reshard and `load_state_dict` never casts; never zeroed):
 
 - Every parameter updates its AdamW moments with its gradient (no gradient: no update).
 - A parameter of no pair takes AdamW's step (decoupled weight decay, bias correction): bit
