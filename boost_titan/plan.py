@@ -113,6 +113,14 @@ def _add_auto_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also try BTP's overlap_chunks 2 and 4 (unmeasured on GPUs; off by default)",
     )
+    parser.add_argument(
+        "--loro-exact-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="train with LORO (arch svd), its exact step every K steps, priced amortised "
+        "(default 0: AdamW)",
+    )
     parser.add_argument("--write-toml", metavar="PATH", help="write the winner as a config")
 
 
@@ -130,6 +138,7 @@ def _auto(ns: argparse.Namespace) -> int:
         seq_len=ns.seq_len,
         global_batch=ns.global_batch,
         overlap=ns.overlap,
+        loro_exact_every=ns.loro_exact_every,
     )
     result = layout_search.plan_layouts(request)
     print(layout_search.format_result(result, top=ns.top, markdown=ns.markdown))

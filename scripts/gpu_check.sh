@@ -3,7 +3,7 @@
 #
 #   scripts/gpu_check.sh [OUT]        (OUT: results folder; default $OUT, else /tmp/gpu_check)
 #
-# Stages (STAGES="kernels steps graphs", the default; each time-boxed by TIMEOUT seconds,
+# Stages (STAGES="kernels steps graphs loro", the default; each time-boxed by TIMEOUT seconds,
 # a failed stage does not stop the next):
 #   kernels  the Triton kernel tests (tests/unit/test_kernels.py)
 #   steps    `bench step` on train_configs/$FLAVOR.toml (default 1B), compiled, TP1: CoLA and
@@ -12,13 +12,15 @@
 #            losses and exact grad norms compared row by row (eager vs eager first: a GPU
 #            may not repeat itself; then graphs vs eager); each run's first-step memory
 #            (CUDA max reserved) against the memory model's prediction
+#   loro     LORO's dense exact step (scripts/bench_loro_exact.py) at 130M, 1B and 7B pair
+#            sizes: measured seconds, GEMM / QR / SVD rates, and the perf model's figure
 # $OUT/summary.txt collects the reports. On a machine without CUDA every stage runs on the
 # CPU (use FLAVOR=debug there to rehearse the script: CUDA graphs then do nothing).
 # With a .whl folder (the recipe's wheels) they are installed into /tmp/site first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/gpu_check}}
-STAGES=${STAGES:-kernels steps graphs}
+STAGES=${STAGES:-kernels steps graphs loro}
 FLAVOR=${FLAVOR:-1B}
 TIMEOUT=${TIMEOUT:-240}
 CONFIG=train_configs/$FLAVOR.toml
@@ -101,9 +103,18 @@ for stage in $STAGES; do
         same_rows eager eager_again
         same_rows eager graphs
         ;;
+    loro)
+        echo "== loro"
+        sizes=2048x768x256,5472x2048x512,11008x4096x1024  # 130M, 1B, 7B pairs
+        device=$($PY -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+        [[ $device == cpu ]] && sizes=688x256x64,1376x512x128  # a rehearsal: small pairs
+        timeout "$TIMEOUT" $PY scripts/bench_loro_exact.py --device "$device" \
+            --sizes "$sizes" >"$OUT/loro.txt" 2>&1
+        echo "exit $? (loro.txt below)"
+        ;;
     *) echo "unknown stage $stage" ;;
     esac
 done 2>&1 | tee "$OUT/summary.txt"
-for report in "$OUT"/step_*.txt; do
+for report in "$OUT"/step_*.txt "$OUT"/loro.txt; do
     [[ -f $report ]] && { echo "== $report"; cat "$report"; } >>"$OUT/summary.txt"
 done

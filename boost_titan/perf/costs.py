@@ -132,12 +132,15 @@ def collective_time(kind: str, nbytes: int, ranks: int, gpu: GpuProfile) -> floa
     """NCCL's ring model inside a node: base + steps * hop + bus bytes / bus bandwidth,
     on the faster of the Simple and LL protocols. `nbytes` is each rank's input: an
     all-reduce moves 2(p-1)/p of it over the bus, a reduce-scatter (p-1)/p, an all-gather
-    (p-1)/p of its output (p inputs)."""
+    (p-1)/p of its output (p inputs), a broadcast (the root's input, pipelined down the
+    ring) all of it once."""
     if ranks == 1:
         return 0.0
     steps = 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
     full = nbytes * ranks if kind == "all_gather" else nbytes
     bus_bytes = (ranks - 1) / ranks * full * (2 if kind == "all_reduce" else 1)
+    if kind == "broadcast":
+        bus_bytes = nbytes
     simple = NCCL.base_s + steps * NCCL.hop_s + bus_bytes / gpu.bus_bw(ranks)
     ll = (
         NCCL.ll_base_s

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.perf import memory
+from boost_titan.perf import loro, memory
 from boost_titan.perf.job_plan import JobPlan, config_view, plan_of
 from boost_titan.perf.layout_search import GPU_MEMORY_GIB, USABLE
 
@@ -50,6 +50,7 @@ def fit_line(job: JobPlan, gpu: str, capacity_gib: float, assumed: bool) -> str:
         f"memory: predicted {peak:.1f} GiB per GPU (busiest rank, vocab "
         f"{job.args.vocab_size:,}; boost_titan.perf) of {of}"
     )
+    head += _loro_clause(job)
     if peak <= usable:
         return f"{head}: fits, {usable - peak:.1f} GiB left of the {USABLE:.0%} usable"
     return (
@@ -57,6 +58,22 @@ def fit_line(job: JobPlan, gpu: str, capacity_gib: float, assumed: bool) -> str:
         f"{peak - usable:.1f} GiB; lower training.local_batch_size (raise "
         "[boost] gradient_accumulation_steps), add activation checkpointing, or use more TP, "
         f"PP or FSDP (python -m boost_titan.plan --auto){elsewhere}"
+    )
+
+
+def _loro_clause(job: JobPlan) -> str:
+    """What LORO adds to the memory line: its state is AdamW's; its exact step's transient
+    (`loro.transient_bytes`) at the optimizer step, and whether it sets the peak."""
+    if not job.plan.loro_exact_every:
+        return ""
+    peak = job.peak_memory()
+    layers = memory.stage_layers(job.args.n_layers, job.plan.pp)[peak.stage]
+    shards = job.dp_shard * job.plan.cp
+    transient = loro.transient_bytes(job.args, job.plan, layers, shards) / 2**20
+    sets = "sets the peak" if peak.parts.get(loro.EXACT_STEP) else "below the peak"
+    return (
+        f", LORO: AdamW's two moments, its exact step {transient:,.0f} MiB more at the "
+        f"optimizer step ({sets})"
     )
 
 

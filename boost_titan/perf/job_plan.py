@@ -24,6 +24,7 @@ from boost_titan.boost_llama.shapes import ModelShape
 from boost_titan.config import Boost
 from boost_titan.config.cli import load_toml
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.optimizer import LORO
 from boost_titan.perf import float8_costs, memory
 from boost_titan.perf.layout import DTYPE_ALIASES, TrainingLayout, check, trained_shape
 
@@ -51,6 +52,7 @@ TITAN_DEFAULTS: dict[str, dict[str, Any]] = {
     "activation_checkpoint": {"mode": "selective", "selective_ac_option": "2"},
     "compile": {"enable": False, "components": ["model", "loss"]},
     "quantize.linear.float8": {"recipe_name": None, "filter_fqns": [], "emulate": False},
+    "optimizer": {"name": "AdamW"},
 }
 """The TorchTitan keys the model reads, with TorchTitan 0.2.2's defaults."""
 BOOST_MODEL = "boost_llama"
@@ -165,6 +167,12 @@ def _ac(job: SimpleNamespace, path: str) -> str:
     return AC[mode]
 
 
+def loro_exact_every(job: SimpleNamespace) -> int:
+    """K of a LORO job (`[boost] loro_exact_every`, `perf.loro` prices its exact step), 0
+    for any other optimizer (Adam's step costs AdamW's)."""
+    return job.boost.loro_exact_every if job.optimizer.name == LORO else 0
+
+
 def job_plan(path: str, nproc: int | None = None) -> JobPlan:
     """The model's plan of the job in TOML `path` on `nproc` processes (None: the fewest
     its degrees allow); ConfigError (one line) for what the model cannot price."""
@@ -245,6 +253,7 @@ def plan_of(
         float8_casts="fused" if compiled else "eager",
         compiled=compiled,
         cuda_graphs=job.boost.cuda_graphs,
+        loro_exact_every=loro_exact_every(job),
     )
     flavor = job.model.flavor
     args = trained_shape(flavor, job.boost.arch, strategy)
@@ -264,6 +273,8 @@ def plan_of(
         f"{path}: {flavor} {args.arch}, {strategy}, {world} process{'es' * (world > 1)} "
         f"({layout}), micro-batch {micro} x {microbatches}, seq {seq}, {plan.precision}"
     )
+    if plan.loro_exact_every:
+        summary += f", LORO exact step every {plan.loro_exact_every}"
     notices = ()
     if dp > 1:
         notices = (

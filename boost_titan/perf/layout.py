@@ -64,6 +64,9 @@ class TrainingLayout:
     legacy_launches: bool = False
     """The launch pattern of commit 18fc3d3 (`host.weight_launches`), on which the H100 rows
     of `measured` were taken."""
+    loro_exact_every: int = 0
+    """LORO (`[optimizer] name = "LORO"`): its exact step every K optimizer steps
+    (`[boost] loro_exact_every`, `perf.loro`); 0: AdamW."""
     interleaved_rope: bool = False
     """RoPE priced as the stride-2 decomposition the product ran until issue 47
     (`streams.INTERLEAVED_ROPE_FORWARD`): the runs the model was calibrated on, the H100
@@ -119,6 +122,24 @@ def check(args: ModelShape, plan: TrainingLayout) -> None:
         raise ConfigError(
             f"the perf model covers {priced}; {args.arch} ({args.architecture.summary}) is "
             "not modelled, use --arch cola"
+        )
+    if plan.loro_exact_every < 0:
+        raise ConfigError(f"loro_exact_every {plan.loro_exact_every} must be >= 0 (0: AdamW)")
+    if plan.loro_exact_every and plan.strategy == "megatron":
+        raise ConfigError(
+            "LORO needs low-rank pairs; strategy megatron trains the full-rank twin, use "
+            "--strategy btp or vanilla"
+        )
+    if plan.loro_exact_every and (not args.low_rank or args.activation != "none"):
+        has = f"{args.activation} between the factors" if args.low_rank else "no factor pairs"
+        raise ConfigError(
+            f"LORO needs SVD-style pairs; arch {args.arch} has {has} (the exact step "
+            "re-balances B and A), use --arch svd"
+        )
+    if plan.loro_exact_every and plan.state == BF16_WEIGHTS:
+        raise ConfigError(
+            "LORO updates fp32 master factors; keep master weights (no --no-master-weights, "
+            'training.dtype "float32")'
         )
     if plan.strategy != "megatron" and not args.low_rank:
         raise ConfigError(

@@ -61,6 +61,9 @@ class Request:
     global_batch: int
     overlap: bool = False
     """Also try BTP's overlap_chunks 2 and 4 (unmeasured on GPUs; off unless asked for)."""
+    loro_exact_every: int = 0
+    """Train with LORO, its exact step every K steps (`TrainingLayout.loro_exact_every`);
+    0: AdamW."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,9 @@ def check_request(r: Request) -> None:
         raise ConfigError(f"--global-batch {r.global_batch} must be a positive number of sequences")
     if not r.gpu_memory_gib > 0:
         raise ConfigError(f"--gpu-memory {r.gpu_memory_gib} must be a positive number of GiB")
+    if r.loro_exact_every:
+        args = layout.trained_shape(r.flavor, r.arch, strategies(r.arch)[0])
+        layout.check(args, TrainingLayout(strategy="btp", loro_exact_every=r.loro_exact_every))
 
 
 def strategies(arch: str) -> tuple[str, ...]:
@@ -177,6 +183,7 @@ def _plans(request: Request, args: ModelShape, gpu: GpuProfile):
                     seq_len=request.seq_len,
                     compiled=cp == 1,
                     float8_casts="fused" if cp == 1 else "eager",
+                    loro_exact_every=request.loro_exact_every,
                 )
                 why = _structural(args, base, gpu)
                 if not why and request.global_batch % dp:
@@ -208,7 +215,7 @@ def _variants(plan: TrainingLayout, gpu: GpuProfile, overlap: bool) -> list[Trai
 
 
 def _timed(args: ModelShape, plan: TrainingLayout, dp: int, peak, gpu: GpuProfile) -> Candidate:
-    compute = timing.step_time(args, plan, gpu)["step"]
+    compute = timing.step_time(args, plan, gpu, dp)["step"]
     return Candidate(plan, dp, peak, step_s=compute + dp_exposed(args, plan, dp, compute, gpu))
 
 
@@ -405,9 +412,10 @@ def format_result(result: Result, top: int = 10, markdown: bool = False) -> str:
     r = result.request
     title = (
         f"{r.flavor} {r.arch} on {r.gpus} x {r.gpu} ({r.gpu_memory_gib:g} GiB, "
-        f"{USABLE:.0%} usable), seq {r.seq_len}, global batch {r.global_batch}: "
-        f"{len(result.ranked)} feasible layouts; times and memory predicted (boost_titan.perf), "
-        "not measured"
+        f"{USABLE:.0%} usable), seq {r.seq_len}, global batch {r.global_batch}"
+        + (f", LORO exact step every {r.loro_exact_every}" if r.loro_exact_every else "")
+        + f": {len(result.ranked)} feasible layouts; times and memory predicted "
+        "(boost_titan.perf), not measured"
     )
     note = idle_note(r)
     rows = [_row(i + 1, lay, r) for i, lay in enumerate(result.ranked[:top])]
@@ -469,6 +477,7 @@ def toml_text(result: Result, lay: Candidate) -> str:
     max_seq = f"\nmax_seq_len = {r.seq_len}  # RoPE table length" if longer else ""
     selective = 'selective_ac_option = "2"\n' if ac == "selective" else ""
     chunks = "  # asked for with plan --overlap; unmeasured on GPUs" if p.overlap_chunks > 1 else ""
+    loro = f"\nloro_exact_every = {p.loro_exact_every}" if p.loro_exact_every else ""
     interval = checkpoint_interval(lay.step_s)
     minutes = interval * lay.step_s / 60
     return f"""# {r.flavor} {r.arch} on {r.gpus} x {r.gpu}: the pick of `boost_titan.plan --auto`.
@@ -494,10 +503,10 @@ description = "boost_llama {r.flavor}: {r.arch}, {p.strategy}, planned"
 arch = "{r.arch}"
 tp_strategy = "{p.strategy}"
 overlap_chunks = {p.overlap_chunks}{chunks}
-lowrank_ac = {str(p.ac == "lowrank").lower()}{max_seq}
+lowrank_ac = {str(p.ac == "lowrank").lower()}{max_seq}{loro}
 
 [optimizer]
-name = "AdamW"
+name = "{"LORO" if p.loro_exact_every else "AdamW"}"
 lr = 1e-3
 weight_decay = 0.01
 

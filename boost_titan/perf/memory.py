@@ -28,6 +28,10 @@ FSDP shard degree:
   (what `none` keeps minus what the mode kept).
 - gradients: fp32 and sharded (4 N / d), all present when backward ends.
 - CP's ring (`ring_buffers`), in a block's backward: the gathered K/V and the dK/dV passes.
+- LORO (`plan.loro_exact_every`): the same two moments as AdamW; its exact step, at the
+  optimizer step, adds `loro.transient_bytes` (every factor's direction, one pair
+  gathered, the owner's workspace) to the state and every gradient: a fourth candidate
+  peak, part `exact_step`.
 
 The peak is the state plus the largest of three moments: the loss (compute copy +
 activations + loss), the first block's backward (compute copy + activations + one block's
@@ -45,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from boost_titan.boost_llama.shapes import ModelShape
+from boost_titan.perf import loro
 from boost_titan.perf.activations import activation_bytes, end_activations
 from boost_titan.perf.block import kv_width, layer_params
 from boost_titan.perf.layout import BF16_WEIGHTS, TrainingLayout
@@ -69,7 +74,8 @@ copies alive at once. Calibrated: MemTracker on real CPU tensors, debug flavor T
 15.7 bytes per element; on fake tensors it counts 22 (fp32 temporaries that real tensors
 free earlier), so the fake-tensor checks sit a few % below the tracker under TP."""
 PARTS = ("weights", "optimizer", "grads", "compute_copy", "activations", "loss", "backward")
-"""What `stage_memory` splits a peak into (they add up to its total)."""
+"""What `stage_memory` splits a peak into (they add up to its total; under LORO also
+`loro.EXACT_STEP`)."""
 
 
 def stage_layers(n_layers: int, pp: int) -> list[int]:
@@ -186,17 +192,21 @@ def stage_memory(
     grads = MASTER_BYTES[state] * n // dp_shard
     # a forward that follows a backward (accumulation, 1F1B's steady state) finds every grad
     held = grads if plan.microbatches > in_flight(plan, stage) else 0
-    phases = (  # (compute copy, grads, activations, loss, backward) at each candidate peak
+    phases = [  # (compute copy, grads, activations, loss, backward) at each candidate peak
         (forward_copy, held, activations, loss, 0),  # the loss: end of forward
         (forward_copy, held, activations, 0, backward),  # the first block's backward
         (end_copy, grads, 0, 0, backward),  # the last block's backward: every gradient
-    )
+    ]
+    names = ("compute_copy", "grads", "activations", "loss", "backward")
+    if plan.loro_exact_every:  # the optimizer step: every gradient, no copy or activation
+        names += (loro.EXACT_STEP,)
+        exact = loro.transient_bytes(args, plan, layers, dp_shard)
+        phases = [(*p, 0) for p in phases] + [(0, grads, 0, 0, 0, exact)]
     peak = max(phases, key=sum)
     fixed = {
         "weights": MASTER_BYTES[state] * n // dp_shard,
         "optimizer": MOMENT_BYTES[state] * n // dp_shard,
     }
-    names = ("compute_copy", "grads", "activations", "loss", "backward")
     return StageMemory(stage, fixed | dict(zip(names, peak, strict=True)))
 
 

@@ -57,7 +57,7 @@ def evaluate(
     fwd, bwd = block.layer_collectives(args, plan)
     step_fwd, step_bwd = block.step_collectives(args, plan)
     flops = block.layer_flops(args, plan)
-    times = {g: timing.step_time(args, plan, profile) for g, profile in profiles.items()}
+    times = {g: timing.step_time(args, plan, profile, dp_shard) for g, profile in profiles.items()}
     ring_fwd, ring_bwd = block.ring_bytes(args, plan)
     return PerfRecord(
         flavor=flavor,
@@ -81,7 +81,7 @@ def evaluate(
         memory_bytes_per_rank=memory_per_rank(args, plan, dp_shard),
         predicted_step_s={g: parts["step"] for g, parts in times.items()},
         time_breakdown_s={
-            g: {k: parts[k] for k in timing.TIME_PARTS} for g, parts in times.items()
+            g: {k: parts[k] for k in timing.time_parts(plan)} for g, parts in times.items()
         },
         hidden_comm_s={g: parts["comm_hidden"] for g, parts in times.items()},
         memory_kernels_s={

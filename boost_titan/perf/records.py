@@ -24,7 +24,8 @@ micro-batch (tokens = micro_batch * seq_len); byte counts use the training dtype
 - memory_bytes_per_rank: the peak by `memory.PARTS`, and its total.
 - predicted_step_s: {gpu: seconds per optimizer step}; time_breakdown_s: {gpu: {part: s}}
   with parts gemm, memory (memory-bound kernels), attention, optimizer, comm (exposed
-  communication) and bubble, which add up to the step; hidden_comm_s: {gpu: s} of
+  communication), bubble, host and under LORO exact_step (`perf.loro`), which add up to
+  the step; hidden_comm_s: {gpu: s} of
   collectives run behind weight-grad GEMMs (not in the step); memory_kernels_s: {gpu:
   {kernel: s}}, the blocks' memory-bound kernels per step, largest first.
 - predicted_speedup: {other strategy: other's step / this step} on `speedup_gpu`
@@ -101,6 +102,9 @@ class PerfRecord(LayerRecord):
     ring_bytes_per_layer_bwd: int = 0
     """Bytes a rank receives through CP's K/V ring per block and micro-batch
     (`block.ring_bytes`)."""
+    loro_exact_every: int = 0
+    """LORO's exact step every K steps (0: AdamW), priced in `time_breakdown_s` and
+    `memory_bytes_per_rank` as `exact_step` (`perf.loro`)."""
     saved_activations_per_microbatch: int = 0
     """Bytes one micro-batch's forward keeps for backward on a rank of the first stage,
     blocks and the model's ends (`memory.forward_saved_bytes`)."""

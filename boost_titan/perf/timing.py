@@ -19,7 +19,7 @@ optimizer traffic moves.
 from __future__ import annotations
 
 from boost_titan.boost_llama.shapes import ModelShape
-from boost_titan.perf import costs, float8_costs, host
+from boost_titan.perf import costs, float8_costs, host, loro
 from boost_titan.perf.block import (
     FP32_BYTES,
     attention_flops,
@@ -56,6 +56,12 @@ TIME_PARTS = ("gemm", "memory", "attention", "optimizer", "comm", "bubble", "hos
 """Classes a predicted step splits into; they add up to the step time. comm is the
 communication nothing hides (TP collectives not overlapped, pipeline sends); host the time
 the GPU waits for the host to launch kernels (`host`)."""
+
+
+def time_parts(plan: TrainingLayout) -> tuple[str, ...]:
+    """The parts `step_time` splits `plan`'s step into: `TIME_PARTS`, and under LORO its
+    exact step amortised over K (`loro.EXACT_STEP`)."""
+    return TIME_PARTS + (loro.EXACT_STEP,) * bool(plan.loro_exact_every)
 
 
 def _gemm_time(g: Gemm, plan: TrainingLayout, gpu: GpuProfile) -> float:
@@ -314,13 +320,17 @@ def stage_times(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> list
     return stages
 
 
-def step_time(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> dict[str, float]:
-    """Seconds per optimizer step: `TIME_PARTS` (which add up to `step`), plus
+def step_time(
+    args: ModelShape, plan: TrainingLayout, gpu: GpuProfile, dp_shard: int = 1
+) -> dict[str, float]:
+    """Seconds per optimizer step: `time_parts(plan)` (which add up to `step`), plus
     comm_hidden (collective time the plans hide behind weight-grad GEMMs).
 
     1F1B: the slowest stage runs all micro-batches back to back; the others' time for
     one micro-batch is the fill and drain around it (the bubble). Then, on every rank,
-    the grads of micro-batches after the first are accumulated, clipped, and AdamW steps.
+    the grads of micro-batches after the first are accumulated, clipped, and AdamW steps
+    (LORO's approximate step moves the same bytes; its exact step, over the factors'
+    mesh of TP x `dp_shard` FSDP ranks, is `loro.amortised_seconds`).
     """
     stages = stage_times(args, plan, gpu)
     totals = [sum(v for k, v in s.items() if k != "comm_hidden") for s in stages]
@@ -337,5 +347,7 @@ def step_time(args: ModelShape, plan: TrainingLayout, gpu: GpuProfile) -> dict[s
     parts["host"] += host.host_exposed(
         [host.Phase("optimizer", launches, parts["optimizer"])], gpu.host_launch_s
     )
+    if plan.loro_exact_every:
+        parts[loro.EXACT_STEP] = loro.amortised_seconds(args, plan, gpu, params, dp_shard)
     step = sum(parts.values())
     return parts | {"step": step, "comm_hidden": plan.microbatches * slowest["comm_hidden"]}

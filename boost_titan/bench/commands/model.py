@@ -42,6 +42,7 @@ CONFIG_OPTIONS = (
     "float8_casts",
     "compile",
     "cuda_graphs",
+    "loro_exact_every",
 )
 """`model` options a `--config` job sets itself."""
 
@@ -86,6 +87,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         action="store_true",
         help="[boost] cuda_graphs: one graph launch per micro-batch",
+    )
+    parser.add_argument(
+        "--loro-exact-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="price LORO (arch svd): its exact step every K steps, amortised (default 0: AdamW)",
     )
     parser.add_argument(
         "--config",
@@ -139,6 +147,7 @@ def run(ns: argparse.Namespace) -> int:
             float8_casts=ns.float8_casts,
             compiled=ns.compile,
             cuda_graphs=ns.cuda_graphs,
+            loro_exact_every=ns.loro_exact_every,
         )
     if ns.json != "-":
         print(format_records(records))
