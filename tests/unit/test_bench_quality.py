@@ -129,6 +129,19 @@ def test_a_failed_run_is_one_error_and_leaves_no_record(tmp_path, monkeypatch):
     assert not (runs.out / "svd-seed0" / quality.RECORD).exists()
 
 
+def test_a_run_without_the_final_held_out_loss_is_refused(tmp_path, monkeypatch):
+    calls: list[Path] = []
+    monkeypatch.setattr(quality, "launch_training", _fake_launch(calls))
+    runs = _runs(tmp_path, methods=["cola"], seeds=[1])
+    quality.run(runs, [])
+    log = runs.out / "cola-seed1" / "losses.jsonl"
+    log.write_text(
+        "".join(line for line in log.read_text().splitlines(True) if '"step": 4, "v' not in line)
+    )
+    with pytest.raises(ConfigError, match="cola-seed1 holds no held-out loss after step 4"):
+        quality.run(runs, [])
+
+
 def test_methods_of_one_arch_must_start_alike(tmp_path, monkeypatch):
     calls: list[Path] = []
     monkeypatch.setattr(quality, "launch_training", _fake_launch(calls))
@@ -150,19 +163,32 @@ def test_methods_of_one_arch_must_start_alike(tmp_path, monkeypatch):
         (["--steps", "30", "--validate-every", "20"], "--validate-every 20 must divide --steps 30"),
     ],
 )
-def test_bad_settings_are_one_line_before_any_run(argv, fragment, tmp_path, capsys):
-    code = main(["quality", "--out", str(tmp_path / "runs"), *argv])
+def test_bad_settings_are_one_line_before_any_run(argv, fragment, tmp_path, capsys, monkeypatch):
+    calls: list[Path] = []
+    monkeypatch.setattr(quality, "launch_training", _fake_launch(calls))
+    monkeypatch.setattr(quality, "loro_available", lambda: True)
+    code = main(["quality", *_outputs(tmp_path), *argv])
+    assert calls == []
     out = capsys.readouterr()
     assert_one_error(_completed(code, out), fragment)
     assert not (tmp_path / "runs").exists()
 
 
 def test_loro_without_the_optimizer_is_one_line(tmp_path, capsys, monkeypatch):
+    calls: list[Path] = []
+    monkeypatch.setattr(quality, "launch_training", _fake_launch(calls))
     monkeypatch.setattr(quality, "loro_available", lambda: False)
-    code = main(["quality", "--out", str(tmp_path / "runs")])
+    code = main(["quality", *_outputs(tmp_path)])
+    assert calls == []
     line = assert_one_error(_completed(code, capsys.readouterr()), "svd-loro needs the LORO")
     assert line.endswith("--methods fullrank,svd,cola,lax")
     assert not (tmp_path / "runs").exists()
+
+
+def _outputs(tmp_path: Path) -> list[str]:
+    """The command's output options, all under `tmp_path` (never the docs' files)."""
+    runs, results, png = tmp_path / "runs", tmp_path / "quality.json", tmp_path / "quality.png"
+    return ["--out", str(runs), "--results", str(results), "--plot", str(png)]
 
 
 def _completed(code: int, out) -> CompletedProcess:
