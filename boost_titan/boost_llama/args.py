@@ -9,6 +9,7 @@ from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.optimizer import LoroSettings
 
 from .shapes import FLAVORS, ModelShape, flavor_shape
 
@@ -20,8 +21,8 @@ class BoostModelArgs(ModelShape, BaseModelArgs):
 
     # ---- TorchTitan protocol -------------------------------------------------------
     def update_from_config(self, job_config, **kwargs) -> None:
-        """Take arch/rank/max_seq_len from `[boost]`, size the vocab for the tokenizer
-        (`model_vocab_size`) and check seq_len against the model."""
+        """Take arch/rank/max_seq_len (and LORO's settings) from `[boost]`, size the vocab
+        for the tokenizer (`model_vocab_size`) and check seq_len against the model."""
         from boost_titan.data import model_vocab_size, tokenizer_vocab_size
 
         tokenizer_vocab = tokenizer_vocab_size(job_config)
@@ -42,6 +43,7 @@ class BoostModelArgs(ModelShape, BaseModelArgs):
                 f"[boost] max_seq_len {boost.max_seq_len} is negative; use 0 for the flavor's"
             )
         self.max_seq_len = boost.max_seq_len or self.max_seq_len
+        self.loro = LoroSettings.of(boost)  # for the optimizer (`spec`), not the shape
         seq_len = job_config.training.seq_len
         if seq_len > self.max_seq_len:
             raise ConfigError(

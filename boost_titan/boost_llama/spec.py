@@ -13,17 +13,18 @@ from collections.abc import Iterator, Mapping
 
 from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
-from torchtitan.components.optimizer import build_optimizers
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.optimizer import LoroSettings
 from boost_titan.data import build_dataloader, build_tokenizer
 from boost_titan.data.held_out import validation_data
 from boost_titan.data.prepared_check import check_prepared
 from boost_titan.runtime.context_parallel import validate_context_parallel
 from boost_titan.runtime.held_out_loss import BoostValidator
 from boost_titan.runtime.job_float8 import install_converter, validate_float8
+from boost_titan.runtime.optimizers import optimizers_builder
 
 from .args import FLAVORS, BoostModelArgs, flavor_args
 from .model import BoostTransformer
@@ -165,13 +166,18 @@ def _parallelize(model, parallel_dims, job_config):
     return parallelize_boost(model, parallel_dims, job_config)
 
 
+def _loro_of(part) -> tuple[int, LoroSettings]:
+    """A model part's (PP: stage's) hidden size and the job's LORO settings."""
+    return part.args.dim, part.args.loro
+
+
 def build_spec() -> TrainSpec:
     return TrainSpec(
         model_cls=BoostTransformer,
         model_args=_FreshFlavors(),
         parallelize_fn=_parallelize,
         pipelining_fn=pipeline_llm,
-        build_optimizers_fn=build_optimizers,
+        build_optimizers_fn=optimizers_builder(_loro_of),  # LORO, else TorchTitan's
         build_lr_schedulers_fn=build_lr_schedulers,
         build_dataloader_fn=_build_dataloader,
         build_tokenizer_fn=build_tokenizer,

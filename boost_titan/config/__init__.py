@@ -141,6 +141,17 @@ class Boost:
     so it follows the GPU count (`global_batch`). 0: `training.global_batch_size` decides,
     as in TorchTitan (-1: local_batch_size x DP degree)."""
 
+    loro_exact_every: int = 500
+    """With `[optimizer] name = "LORO"`: every this many optimizer steps (step t with
+    t % K == 0) the exact Riemannian step, then every Adam state zeroed (`config.optimizer`)."""
+
+    loro_rewarm_steps: int = 5
+    """With LORO: the steps after an exact step over which the LR re-warms linearly."""
+
+    loro_approx_scale: float = 0.0
+    """With LORO: the approximate step's LR scale on the factors (0: r / hidden size per
+    pair, as the official code)."""
+
     allow_toy_corpus: bool = False
     """Let a model of 1B parameters or more train on the built-in toy corpus (the stdlib's
     Python sources) or its 4096-token tokenizer; refused otherwise

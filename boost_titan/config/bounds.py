@@ -37,6 +37,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "boost.gradient_accumulation_steps": (0, SEQUENCES),
     "boost.skip_nonfinite_steps": (0, STEPS),
     "boost.data_seed": (0, (1 << 63) - 1),
+    "boost.loro_exact_every": (1, STEPS),
+    "boost.loro_rewarm_steps": (0, STEPS),
+    "boost.loro_approx_scale": (0.0, 1e6),
 }
 """Option -> (lowest, highest) value a job may give it, both included. The checks with
 their own messages run first (`world.check_batch`: batch sizes >= 1; `check_run_limits`;

@@ -11,6 +11,7 @@ from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
 
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.optimizer import LoroSettings
 
 ACTIVATIONS = {"fullrank": None, "svd": None, "cola": "silu"}
 """`[boost] arch` -> the activation of `to_low_rank`'s pairs (fullrank: no conversion); the
@@ -66,7 +67,8 @@ class HfModelArgs(BaseModelArgs):
         return ACTIVATIONS[self.arch]
 
     def update_from_config(self, job_config, **kwargs) -> None:
-        """Read the folder's config; take arch and rank (0: hidden size / 4) from `[boost]`."""
+        """Read the folder's config; take arch, rank (0: hidden size / 4) and LORO's settings
+        from `[boost]`."""
         boost = job_config.boost
         if boost.arch not in ACTIVATIONS:
             raise ConfigError(
@@ -79,6 +81,7 @@ class HfModelArgs(BaseModelArgs):
         self.config = read_config(self.folder)
         self.arch = boost.arch
         self.rank = boost.rank or max(1, self.hidden_size // 4)
+        self.loro = LoroSettings.of(boost)  # for the optimizer (`spec`), not the shape
         limit = self.config.get("max_position_embeddings")
         if limit and job_config.training.seq_len > limit:
             raise ConfigError(

@@ -1,5 +1,6 @@
 """The `hf` TrainSpec: a Hugging Face causal LM (`model`) on our data, validator and
-TorchTitan's optimizers, sharded by the library's plans on `hf_layout`.
+optimizers (TorchTitan's, or LORO: `runtime.optimizers`), sharded by the library's plans
+on `hf_layout`.
 
 The layouts it trains: tensor parallelism (`btp` for a low-rank arch, `megatron` for
 fullrank, or `[boost] tp_strategy` btp / megatron / vanilla), data parallelism by
@@ -16,7 +17,6 @@ from collections.abc import Iterator, Mapping
 
 from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
-from torchtitan.components.optimizer import build_optimizers
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 from torchtitan.tools.logging import logger
 
@@ -27,6 +27,7 @@ from boost_titan.parallelize import apply_plan, btp_plan, hf_layout, megatron_pl
 from boost_titan.parallelize.styles import PlanError
 from boost_titan.runtime.data_parallel import apply_data_parallel
 from boost_titan.runtime.held_out_loss import BoostValidator
+from boost_titan.runtime.optimizers import optimizers_builder
 
 from .args import HfModelArgs
 from .model import build_hf_model
@@ -132,7 +133,9 @@ def build_spec() -> TrainSpec:
         model_args=_AnyFlavor(),
         parallelize_fn=parallelize_hf,
         pipelining_fn=None,
-        build_optimizers_fn=build_optimizers,
+        build_optimizers_fn=optimizers_builder(
+            lambda part: (part.boost_args.hidden_size, part.boost_args.loro)
+        ),
         build_lr_schedulers_fn=build_lr_schedulers,
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,

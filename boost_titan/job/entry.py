@@ -15,8 +15,8 @@ job per folder) and warns when torchrun restarts are enabled over its shared TCP
 process (torchrun starts new ones), and a worker may be launched without it (`torchrun -m
 boost_titan.train`): so the worker checks again what would otherwise fail on some rank only,
 or late (`run`: the parallel degrees against the process count, right after the parse;
-`train`: the run limits, CUDA graphs and TorchTitan's own assertions, before the trainer is
-built; the dump folder's lock; the data, tokenizer and checkpoints where they
+`train`: the run limits, CUDA graphs, the optimizer and TorchTitan's own assertions, before
+the trainer is built; the dump folder's lock; the data, tokenizer and checkpoints where they
 are read).
 """
 
@@ -35,6 +35,7 @@ from boost_titan.config import check_cuda_graphs, check_documents, check_run_lim
 from boost_titan.config.bounds import check_bounds
 from boost_titan.config.cli import fail, parse_job_config
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.optimizer import check_optimizer
 from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.config.world import resolve_world
 from boost_titan.data.held_out import point_titan_validation_at_held_out
@@ -116,6 +117,7 @@ def train(trainer_cls: type[BoostTrainer], job) -> None:
     check_cuda_graphs(job.boost, job.parallelism.pipeline_parallel_degree)
     check_documents(job.boost, job.model.name, job.parallelism)
     check_titan_settings(job)
+    check_optimizer(job)
     check_bounds(job)
     point_titan_validation_at_held_out(job)
     trainer = None

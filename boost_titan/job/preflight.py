@@ -33,6 +33,7 @@ from boost_titan.checkpoint.files import (
 from boost_titan.config import check_cuda_graphs, check_documents, check_run_limits
 from boost_titan.config.bounds import check_bounds
 from boost_titan.config.errors import ConfigError
+from boost_titan.config.optimizer import check_optimizer
 from boost_titan.config.precision import Precision
 from boost_titan.config.titan_settings import check_titan_settings
 from boost_titan.config.world import check_batch, resolve_world
@@ -321,6 +322,7 @@ def check_job(job, nproc: int | None) -> str:
     check_cuda_graphs(job.boost, degrees["pp"])
     check_documents(job.boost, job.model.name, job.parallelism)
     check_titan_settings(job)
+    check_optimizer(job)
     check_bounds(job)
     check_output_folder(job.job.dump_folder)
     data_note = check_data(job)

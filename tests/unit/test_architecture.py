@@ -155,6 +155,7 @@ RULES = {
     "boost_titan.job": ("boost_titan",),
     "boost_titan.perf": ("boost_titan",),
     "boost_titan.examples": ("boost_titan", "torchtitan"),
+    "boost_titan.optim": ("boost_titan", "torchtitan"),
     "boost_titan.boost_llama.model": ("boost_titan", "torchtitan", "torch.distributed"),
     "boost_titan.boost_llama.layers": ("boost_titan", "torchtitan", "torch.distributed"),
 }
@@ -192,6 +193,7 @@ ALLOWED = {
     ),
     "boost_titan.runtime": (
         "boost_titan.runtime",
+        "boost_titan.optim",
         "boost_titan.checkpoint",
         "boost_titan.processes",
         "boost_titan.config",
@@ -231,6 +233,7 @@ ALLOWED = {
         "boost_titan.processes",
         "boost_titan.config.cli",
     ),
+    "boost_titan.optim": ("boost_titan.optim",),
     "boost_titan.boost_llama.model": (
         "boost_titan.boost_llama.args",
         "boost_titan.boost_llama.layers",
@@ -305,7 +308,13 @@ def unlisted_modules(package: str, files: dict[str, Path]) -> list[str]:
 
 @pytest.mark.parametrize(
     "package",
-    ["boost_titan.runtime", "boost_titan.job", "boost_titan.checkpoint", "boost_titan.processes"],
+    [
+        "boost_titan.runtime",
+        "boost_titan.job",
+        "boost_titan.checkpoint",
+        "boost_titan.processes",
+        "boost_titan.optim",
+    ],
 )
 def test_a_room_names_every_module_it_holds(product, package):
     _, files = product

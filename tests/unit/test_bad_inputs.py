@@ -21,6 +21,9 @@ from tests.helpers import DEBUG_TOML
 from tests.helpers.commands import assert_one_error, check_each
 from tests.helpers.corpus import write_tiktoken
 
+LLAMA3_FLAGS = ["--model.name", "llama3", "--model.flavor", "debugmodel"]
+"""TorchTitan's own model (`LLAMA3` below adds TP 1)."""
+
 # name -> (arguments after --job.config_file debug.toml, fragments of the message)
 CASES = {
     # each [boost] choice: its Literal type, one line naming the values
@@ -182,6 +185,49 @@ CASES = {
         ["--experimental.custom_args_module", "some.module"],
         ["experimental.custom_args_module = 'some.module'", "--boost.allow_custom_import"],
     ),
+    # the optimizer: its name, LORO's settings and what LORO cannot keep exact (`config.optimizer`)
+    "unknown optimizer": (
+        ["--optimizer.name", "Lion"],
+        ["unknown optimizer.name 'Lion'; choose one of Adam, AdamW, LORO"],
+    ),
+    **{
+        f"LORO with {what}": (["--optimizer.name", "LORO", *args], ["optimizer.name LORO", *said])
+        for what, args, said in (
+            ("arch cola", ["--boost.arch", "cola"], ["arch cola (the exact step re-balances"]),
+            ("arch lax", ["--boost.arch", "lax"], ["arch lax", "activation or crossing"]),
+            ("arch fullrank", ["--boost.arch", "fullrank"], ["arch fullrank (no low-rank"]),
+            (
+                "an early step in backward",
+                ["--boost.arch", "svd", "--optimizer.early_step_in_backward"],
+                ["optimizer.early_step_in_backward"],
+            ),
+            (
+                "bf16 weights",
+                ["--boost.arch", "svd", "--training.dtype", "bfloat16"],
+                ["training.dtype bfloat16 (LORO updates fp32 master factors)"],
+            ),
+            (
+                "CPU offload",
+                ["--boost.arch", "svd", "--training.enable_cpu_offload"],
+                ["training.enable_cpu_offload"],
+            ),
+            (
+                "float8",
+                ["--boost.arch", "svd", "--model.converters", "quantize.linear.float8"],
+                ["model.converters ['quantize.linear.float8']"],
+            ),
+            ("a TorchTitan model", LLAMA3_FLAGS, ["model.name 'llama3'"]),
+        )
+    },
+    "LORO exact every 0 steps": (
+        ["--boost.loro_exact_every", "0"],
+        ["boost.loro_exact_every 0 is outside the sane range 1..1,000,000,000,000"],
+    ),
+    "LORO negative re-warm": (
+        ["--boost.loro_rewarm_steps", "-1"],
+        ["boost.loro_rewarm_steps -1 is outside the sane range 0..1,000,000,000,000"],
+    ),
+    "LORO NaN scale": (["--boost.loro_approx_scale", "nan"], ["boost.loro_approx_scale nan"]),
 }
 
 
@@ -260,8 +306,7 @@ def _mix_weights_sum_to_zero(d: Path) -> list[str]:
     return ["--boost.data_mix", f"web={folder}:0,code={folder}:0"]
 
 
-LLAMA3 = ["--model.name", "llama3", "--model.flavor", "debugmodel"]
-LLAMA3 += ["--parallelism.tensor_parallel_degree", "1"]
+LLAMA3 = [*LLAMA3_FLAGS, "--parallelism.tensor_parallel_degree", "1"]
 
 
 def _llama3_with_a_tiktoken_file(d: Path) -> list[str]:
