@@ -106,7 +106,7 @@ def plot(summary: dict, path: Path, window: int) -> None:
     held_out.set(xlabel="step", ylabel="loss", title="held-out loss")
     for ax in (train, held_out):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, title=f"mean of {seeds} seeds, min-max shaded", title_fontsize=8)
+        ax.legend(fontsize=8, title=f"mean of {seeds} seed(s), min-max shaded", title_fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
