@@ -78,7 +78,7 @@ def _band(per_seed: list[list[float]]) -> tuple[list[float], list[float], list[f
 
 def plot(summary: dict, path: Path, window: int) -> None:
     """Training loss (a `window`-step moving average) and held-out loss per method: the mean
-    over the seeds as a line, their min-max shaded."""
+    over the seeds as a line, their min-max shaded; LORO's exact steps dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,7 +101,12 @@ def plot(summary: dict, path: Path, window: int) -> None:
                 marker="." if ax is held_out else None,
             )
             ax.fill_between(x, low, high, color=colour, alpha=0.2, lw=0)
-    seeds = len(summary["settings"]["seeds"])
+    settings = summary["settings"]
+    if any(METHODS[name].loro for name in summary["methods"]):
+        every = settings["loro_exact_every"]
+        for step in range(every, settings["steps"] + 1, every):
+            train.axvline(step, color="grey", lw=0.5, ls=":")
+    seeds = len(settings["seeds"])
     train.set(xlabel="step", ylabel="loss", title=f"training loss ({window}-step mean)")
     held_out.set(xlabel="step", ylabel="loss", title="held-out loss")
     for ax in (train, held_out):
