@@ -15,6 +15,7 @@ room, never the other way). Every module and its job:
 - `accumulation`: gradient accumulation that casts each weight once per optimizer step.
 - `cuda_graphs`: a micro-batch captured once as a CUDA graph and replayed.
 - `grad_norm`: the exact global gradient norm on every layout, and clipping by it.
+- `optimizers`: a TrainSpec's optimizers: TorchTitan's, or LORO around each part's pairs.
 - `nonfinite`: NaN/inf steps never reach the optimizer.
 - `stopping`: SIGTERM/SIGUSR1/time budget: stop with a checkpoint.
 - `step_clock`: the time left and the time spent waiting for data, per step.

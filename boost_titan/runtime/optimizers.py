@@ -16,6 +16,7 @@ from torchtitan.components.optimizer import OptimizersContainer, build_optimizer
 
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.optimizer import LORO, LoroSettings
+from boost_titan.optim.loro import LORO as LoroOptimizer
 
 Pair = tuple[Tensor, Tensor]
 """(B, A) = (up.weight [d_out x r], down.weight [r x d_in])."""
@@ -37,8 +38,6 @@ def low_rank_pairs(module: nn.Module) -> list[Pair]:
 def build_loro(model_parts: list[nn.Module], optimizer_config, loro_of: LoroOf):
     """TorchTitan's container of one LORO per model part, with TorchTitan's settings (lr,
     betas, eps, weight decay) and the job's LORO settings."""
-    from boost_titan.optim.loro import LORO as LoroOptimizer
-
     if optimizer_config.early_step_in_backward:
         raise ConfigError("optimizer.name LORO cannot run with optimizer.early_step_in_backward")
     hidden_size, settings = loro_of(model_parts[0])

@@ -5,7 +5,6 @@ given is the subject); `tests/distributed/test_loro_training.py` trains the real
 
 from __future__ import annotations
 
-import sys
 import types
 
 import pytest
@@ -18,7 +17,9 @@ from boost_titan.boost_llama.args import flavor_args
 from boost_titan.boost_llama.model import BoostTransformer
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.optimizer import LoroSettings
+from boost_titan.runtime import optimizers
 from boost_titan.runtime.optimizers import low_rank_pairs, optimizers_builder
+from tests.helpers.hf_models import write_pretrained
 
 ATTENTION, MLP = ("wq", "wk", "wv", "wo"), ("w1", "w2", "w3")
 """The low-rank projections of one block."""
@@ -41,9 +42,7 @@ class Spy(torch.optim.Optimizer):
 
 @pytest.fixture
 def spy(monkeypatch):
-    module = types.ModuleType("boost_titan.optim.loro")
-    module.LORO = Spy
-    monkeypatch.setitem(sys.modules, "boost_titan.optim.loro", module)
+    monkeypatch.setattr(optimizers, "LoroOptimizer", Spy)
 
 
 def _build(parts: list[nn.Module], name: str, **options):
@@ -93,6 +92,23 @@ def test_loro_gets_each_parts_pairs_and_the_jobs_settings(spy):
             "rewarm_steps": 2,
             "approx_scale": None,
         }
+
+
+def test_hf_family_builds_loro_on_its_pairs(spy, tmp_path):
+    """The hf TrainSpec's builder: the converted model's pairs, the folder's hidden size."""
+    from boost_titan.hf_family.args import HfModelArgs, read_config
+    from boost_titan.hf_family.model import build_hf_model
+    from boost_titan.hf_family.spec import build_spec
+
+    folder = str(write_pretrained(tmp_path / "pretrained"))
+    args = HfModelArgs(folder=folder, arch="svd", rank=16, config=read_config(folder))
+    args.loro = LoroSettings(exact_every=4, rewarm_steps=5, approx_scale=0.5)
+    model = build_hf_model(args)
+    config = OptimizerConfig(name="LORO")
+    (optimizer,) = build_spec().build_optimizers_fn([model], config, None).optimizers
+    assert len(optimizer.pairs) == 7 * args.n_layers == len(low_rank_pairs(model))
+    assert optimizer.settings["hidden_size"] == args.hidden_size
+    assert optimizer.settings["approx_scale"] == 0.5
 
 
 def test_other_names_keep_torchtitans_builder(spy):
