@@ -62,7 +62,10 @@ def run(ns: argparse.Namespace) -> int:
     Path(ns.results).parent.mkdir(parents=True, exist_ok=True)
     write_json(summary, ns.results)
     plot(summary, Path(ns.plot), max(1, ns.smooth))
-    print(f"\nwrote {ns.results} and {ns.plot}; the runs are in {ns.out}")
+    print(
+        f"\nwrote {ns.results} and {ns.plot}; the runs are in {ns.out}; the docs' table: "
+        "python scripts/readme_tables.py --only quality"
+    )
     return 0
 
 
