@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import difflib
 import io
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -47,6 +48,8 @@ TRACE_COMMAND = (
     "python -m boost_titan.bench trace --flavor 1B,3B,7B,13B,30B "
     "--strategy megatron,vanilla,btp --tp 2,4,8 --compare"
 )
+QUALITY_RESULTS = "docs/quality.json"
+"""What `bench quality --results` writes by default."""
 AC_FLAVOR, AC_SEQ, AC_TPS = "1B", 2048, (1, 4)
 DEFAULT_CONFIGS = ",".join(
     f"train_configs/{size}.toml" for size in ("1B", "3B", "7B", "13B", "30B", "7B_32k")
@@ -306,6 +309,14 @@ def cp_7b_32k_figure() -> str:
     return f"{seconds:.3f} s per step on H100s, {cp_7b_32k_memory()} per GPU"
 
 
+def quality_table() -> str:
+    """docs/models.md's quality table, from the summary `bench quality` wrote (its runs take
+    minutes; the table is its printed one)."""
+    from boost_titan.bench.measure.quality import table
+
+    return table(json.loads((ROOT / QUALITY_RESULTS).read_text()))
+
+
 TABLES: dict[str, Table] = {
     "params": Table("python -m boost_titan.boost_llama", params_table),
     "lowrank-ac": Table(
@@ -368,6 +379,7 @@ TABLES: dict[str, Table] = {
     "cp-7b-32k": Table(
         f"python -m boost_titan.bench {' '.join(CP_7B_32K)} --json -", cp_7b_32k_figure, inline=True
     ),
+    "quality": Table("python -m boost_titan.bench quality", quality_table),
     "planner": Table(  # render function: boost_titan.perf.layout_search
         "python -m boost_titan.plan --auto --flavor F --gpus N --gpu G --global-batch B",
         lambda: __import__("boost_titan.perf.layout_search", fromlist=["_"]).docs_tables(),

@@ -21,6 +21,7 @@ from boost_titan.bench.commands import (
     model,
     plot,
     precision,
+    quality,
     step,
     trace,
     validate,
@@ -39,6 +40,7 @@ SUBCOMMANDS: dict[str, ModuleType] = {
     "compile": compile,
     "step": step,
     "data": data,
+    "quality": quality,
 }
 
 

@@ -14,9 +14,9 @@ from boost_titan.bench.report import write_json
 from tests.helpers import ROOT
 
 BENCH = ROOT / "boost_titan" / "bench"
-JSON_FILE_WRITERS = {"measure/step_worker.py"}
+JSON_FILE_WRITERS = {"measure/step_worker.py", "measure/quality.py"}
 """Modules that write JSON that is not a `--json` report: the measured worker's report file,
-which `bench.measure.step` reads back."""
+which `bench.measure.step` reads back, and each quality run's record of its arguments."""
 
 
 def _calls(path: Path) -> set[str]:
