@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from torchtitan.components.optimizer import OptimizersContainer, build_optimizers
 
 from boost_titan.config.errors import ConfigError
@@ -35,15 +36,32 @@ def low_rank_pairs(module: nn.Module) -> list[Pair]:
     return pairs
 
 
-def build_loro(model_parts: list[nn.Module], optimizer_config, loro_of: LoroOf):
+def _spans_replicas(factor: Tensor) -> bool:
+    """A factor whose DTensor mesh holds the data-parallel replicas (FSDP2's HSDP)."""
+    mesh = factor.device_mesh if isinstance(factor, DTensor) else None
+    return mesh is not None and "dp_replicate" in (mesh.mesh_dim_names or ())
+
+
+def build_loro(
+    model_parts: list[nn.Module], optimizer_config, loro_of: LoroOf, replicated: bool = False
+):
     """TorchTitan's container of one LORO per model part, with TorchTitan's settings (lr,
-    betas, eps, weight decay) and the job's LORO settings."""
+    betas, eps, weight decay) and the job's LORO settings. `replicated`: data-parallel
+    replicas (dp_replicate > 1) whose factors' meshes must hold them, so that each pair's
+    exact step is computed once for all of them (under DDP every replica would compute
+    its own, and replicas could part ways)."""
     if optimizer_config.early_step_in_backward:
         raise ConfigError("optimizer.name LORO cannot run with optimizer.early_step_in_backward")
     hidden_size, settings = loro_of(model_parts[0])
     pairs = [pair for part in model_parts for pair in low_rank_pairs(part)]
     if not pairs:
         raise ConfigError("optimizer.name LORO found no low-rank pairs (down/up) in the model")
+    if replicated and not all(_spans_replicas(b) for b, _ in pairs):
+        raise ConfigError(
+            "optimizer.name LORO cannot run under DDP (data_parallel_replicate_degree > 1 "
+            "with fp32 compute): each replica would compute its own exact step; shard instead "
+            "(data_parallel_shard_degree) or use bf16 compute (HSDP)"
+        )
 
     def per_part(params: list[Tensor], **kwargs) -> LoroOptimizer:
         """The part's LORO: the pairs whose factors are among its parameters."""
@@ -69,7 +87,8 @@ def optimizers_builder(loro_of: LoroOf):
 
     def build(model_parts: list[nn.Module], optimizer_config, parallel_dims, ft_manager=None):
         if optimizer_config.name == LORO:
-            return build_loro(model_parts, optimizer_config, loro_of)
+            replicated = parallel_dims is not None and parallel_dims.dp_replicate_enabled
+            return build_loro(model_parts, optimizer_config, loro_of, replicated)
         return build_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager)
 
     return build

@@ -129,6 +129,17 @@ def test_builder_refuses_what_check_refuses(spy, arch, options, message):
         _build([_model(arch)], "LORO", **options)
 
 
+def test_builder_refuses_replicas_outside_the_factors_mesh(spy, monkeypatch):
+    """Under DDP (plain or TP-only factors) each replica would run its own exact step."""
+    replicas = types.SimpleNamespace(dp_replicate_enabled=True)
+    config = OptimizerConfig(name="LORO", lr=3e-3)
+    build = optimizers_builder(lambda part: (part.args.dim, part.args.loro))
+    with pytest.raises(ConfigError, match="cannot run under DDP"):
+        build([_model("svd")], config, parallel_dims=replicas)
+    monkeypatch.setattr(optimizers, "_spans_replicas", lambda factor: True)  # HSDP's meshes
+    assert build([_model("svd")], config, parallel_dims=replicas).optimizers[0].pairs
+
+
 def test_settings_from_boost():
     boost = types.SimpleNamespace(loro_exact_every=7, loro_rewarm_steps=0, loro_approx_scale=0.0)
     assert LoroSettings.of(boost) == LoroSettings(7, 0, None)
