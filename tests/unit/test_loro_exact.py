@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boost_titan.bench.measure.loro_step import exact_step_seconds
 from boost_titan.optim.loro_exact import exact_step
 
 D_OUT, D_IN, RANK = 24, 20, 5
@@ -149,7 +148,3 @@ def test_wide_ranks_where_the_complements_are_narrower_than_r():
     new_b, new_a = exact_step(b, a, d_b, d_a, 0.4)
     expected = _truncated(w - 0.4 * _projector(w, 6)(_direction(b, a, d_b, d_a)), 6)
     assert (new_b @ new_a - expected).abs().max() < 1e-10
-
-
-def test_the_cost_measurement_times_a_step():
-    assert 0 < exact_step_seconds(8, 6, 2, repeats=1) < 10

@@ -3,7 +3,7 @@
 `trace` (one block under the real TP plan on a fake process group: collectives, FLOPs,
 saved activations, checked against `perf`), `cpu` (wall-clock training steps per
 strategy on gloo ranks), `compiled` (torch.compile against eager), `flops` (the FLOP
-formulas FlopCounterMode lacks), `loro_step` (the CPU time of LORO's exact step on one
-pair). The gloo ranks come from `boost_titan.processes.local_ranks`, which ends them in
-order.
+formulas FlopCounterMode lacks); LORO's exact step is timed by
+`scripts/bench_loro_exact.py`. The gloo ranks come from `boost_titan.processes.local_ranks`,
+which ends them in order.
 """
