@@ -357,8 +357,8 @@ class GroupInstance:
     def record_activation(self, index: int, z: torch.Tensor) -> None:
         if self.record is None or torch.compiler.is_compiling():
             return
-        latents = self.record.latents
-        if index not in latents or z.grad_fn is not latents[index]:
+        output, (start, width) = self.record.output, self.spans[index]
+        if output is None or not group_check.same_data(z, output.narrow(-1, start, width)):
             raise PlanError(
                 f"{self.consumer_fqns[index]}'s activation was called on another tensor "
                 "than its down's output, but its down_activation says it runs straight on "
