@@ -253,14 +253,18 @@ class GroupInstance:
     def shared_activation(self) -> nn.Module | None:
         """The activation the group can apply once to its output: every consumer applies
         the same `SHARED_ACTIVATIONS` module (same settings) straight to its columns of
-        it. None when the output is the plain norm output (each consumer's own GEMM)."""
+        it, each its own module that nothing else in the block holds (a module reused
+        elsewhere must keep activating there). None when the output is the plain norm
+        output (each consumer's own GEMM)."""
         first = self.acts[0]
         if not self.computes_firsts or type(first) not in SHARED_ACTIVATIONS:
             return None
         same = all(
             type(a) is type(first) and a.extra_repr() == first.extra_repr() for a in self.acts
         )
-        return first if same else None
+        held = [m for m in self.block.modules(remove_duplicate=False) if type(m) is type(first)]
+        own = all(sum(m is a for m in held) == 1 for a in self.acts)
+        return first if same and own else None
 
     def activate(self, out: torch.Tensor) -> torch.Tensor:
         """The group output with the consumers' shared activation applied (if any)."""

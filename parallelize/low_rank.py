@@ -34,8 +34,9 @@ class LowRankLinear(nn.Module):
 
     `down` and `up` are children so plans address them by FQN (``...wq.down``); `act`
     (nn.SiLU, no parameter) exists only with an activation, `cross` and `latent_norm`
-    only with crossing. Whatever runs between down and up is this
-    module's own code, so BTP shards any pair without knowing its activation.
+    only with crossing. Whatever runs between down and up is this module's own code, so
+    BTP shards any pair without knowing its activation; `down_activation` lets a plan's
+    norm group apply `act` once for all the pairs that read one norm.
 
     Args:
         in_features (int): input size.
