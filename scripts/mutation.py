@@ -346,6 +346,12 @@ MUTANTS = [
         "if False:",
         "pair activation on another tensor than its down's output not detected",
     ),
+    M(
+        "parallelize/groups.py",
+        "return first if same and own else None",
+        "return first if same else None",
+        "activation module held twice passed through",
+    ),
 ]
 
 
