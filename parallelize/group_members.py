@@ -1,6 +1,7 @@
 """The styles of a norm group's consumers (`groups`' module docstring tells the mechanism):
-`GroupMember` (a consumer's first linear: its columns of the group output) and `GroupUp` (a
-BTP pair's up-projection, whose input grad the group may reduce for all the ups at once).
+`GroupMember` (a consumer's first linear: its columns of the group output), `GroupUp` (a
+BTP pair's up-projection, whose input grad the group may reduce for all the ups at once)
+and `GroupActivation` (a pair's activation, when the group applies it once for all).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
 from . import comm
-from .groups import GroupBound, NormGroup
+from .groups import GroupBound, GroupInstance, NormGroup
 from .styles import (
     ColumnParallel,
     Gemm,
@@ -173,3 +174,30 @@ class GroupUp(GroupBound, ColumnParallel):
             y = y + local(module.bias) if module.bias is not None else y
         instance.record_up(self.index, h, y)
         return y
+
+
+class GroupActivation(TPStyle):
+    """A consumer pair's activation module when its group applies that activation once to
+    its whole output (`GroupInstance.shared_activation`): it returns its input, which is
+    already this consumer's columns of the activated output. Applied by the group's norm
+    style, not listed in plans: the group applies the activation only where it installed
+    this, so nothing gets it twice.
+
+    Args:
+        instance (GroupInstance): the block's group.
+        index (int): the consumer's position in the group.
+    """
+
+    module_kinds = (nn.Module,)
+
+    def __init__(self, instance: GroupInstance, index: int) -> None:
+        super().__init__()
+        self.instance, self.index = instance, index
+
+    def role(self, module: nn.Module, tp: int) -> Role:
+        norm = self.instance.norm_fqn.rsplit(".", 1)[-1]
+        return Role("GroupActivation", "-", "activated latent", f"as is (applied by {norm})")
+
+    def _local_forward(self, module, group, z):
+        self.instance.record_activation(self.index, z)
+        return z

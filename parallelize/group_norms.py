@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
 
 from . import comm, group_check
+from .group_members import GroupActivation
 from .groups import GroupBound, GroupInstance, NormGroup
 from .norm_modes import RMSNORM_MODES
 from .norms import online_rmsnorm_down, sync_rmsnorm
@@ -70,6 +71,14 @@ class _GroupNorm(GroupBound, TPStyle):
     def validate(self, module: nn.Module, tp: int) -> None:
         super().validate(module, tp)
         self._instance().validate(tp)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        instance = self._instance()
+        instance.activation = instance.shared_activation()
+        if instance.activation is not None:
+            for i, act in enumerate(instance.acts):
+                GroupActivation(instance, i)._apply(act, device_mesh)
+        return super()._apply(module, device_mesh)
 
 
 class BottleneckGroupNorm(_GroupNorm):
@@ -196,7 +205,7 @@ class BottleneckGroupNorm(_GroupNorm):
                 comm.reduce_grad(z, group, stash, instance.stashed_weights(instance.seconds, m))
                 for z, m in zip(zs, members, strict=True)
             ]
-        out = zs[0] if len(zs) == 1 else torch.cat(zs, dim=-1)
+        out = instance.activate(zs[0] if len(zs) == 1 else torch.cat(zs, dim=-1))
         instance.hand_out(out)
         instance.record_output(out)
         return out
@@ -314,7 +323,7 @@ class ReplicatedGroupNorm(_GroupNorm):
                 ys = [y + b for y, b in zip(ys, bias.split(widths), strict=True)]
         if self.gather_latents:
             ys = [comm.gather_last(y, group) for y in ys]
-        out = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        out = instance.activate(ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1))
         instance.hand_out(out)
         instance.record_output(out)
         return out

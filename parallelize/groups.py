@@ -10,7 +10,14 @@ styles turn them into one unit without touching the model's code:
   side in ONE tensor;
 * each first linear's style returns its own columns of that tensor (the weights stay its
   own parameters, so checkpoint keys do not change);
-* whatever the model does next (an activation, nothing, LaX's crossing) runs as written.
+* whatever the model does next (an activation, nothing, LaX's crossing) runs as written,
+  with one exception: when every consumer is a pair that names the activation it applies
+  straight to its down's output (`down_activation`, as `LowRankLinear` without crossing
+  does: CoLA's SiLU) and they all apply the same elementwise one, the group applies it
+  ONCE to its whole contiguous output (forward and backward: one SiLU for q/k/v instead
+  of three strided ones) and each activation module hands back its input, its columns
+  of the activated output (`GroupActivation`). An activation written inline in a
+  model's forward (``F.silu(self.down(x))``) is not seen and runs as written.
 
 BTP (`BottleneckGroupNorm`): the input is hidden-sharded. One GEMM of the local shard
 (scaled by the norm weight) with the concatenated, row-parallel down weights and ONE
@@ -43,6 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from boost_titan.kernels.float8 import Float8
@@ -134,6 +142,17 @@ def _pair(module: nn.Module, fqn: str) -> tuple[nn.Linear, nn.Linear]:
     return down, up
 
 
+SHARED_ACTIVATIONS = {nn.SiLU: F.silu}
+"""Elementwise activation modules a group applies once to its whole output, each with the
+function that does it."""
+
+
+def _down_activation(pair: nn.Module) -> nn.Module | None:
+    """The activation module `pair` applies straight to its down's output, if it says so."""
+    act = getattr(pair, "down_activation", None)
+    return act if isinstance(act, nn.Module) else None
+
+
 def _self_contained(pair: nn.Module, down: nn.Linear, up: nn.Linear) -> bool:
     """No parameter of the pair lives outside its down and up (nothing trainable between)."""
     own = {id(p) for m in (down, up) for p in m.parameters()}
@@ -153,7 +172,12 @@ class GroupInstance:
     firsts: list[nn.Linear]
     seconds: list[nn.Linear | None]
     self_contained: bool
+    acts: list[nn.Module | None]
+    """Each consumer's activation module applied straight to its down's output, or None."""
     norm_style: TPStyle | None = None
+    activation: nn.Module | None = None
+    """The consumers' shared activation, applied by the group to its whole output (set
+    when the norm's style is applied: `shared_activation`)."""
     deferred: bool = False
     computes_firsts: bool = True
     """The group output holds the first linears' outputs (members slice it); else it is
@@ -183,6 +207,7 @@ class GroupInstance:
     ) -> GroupInstance:
         firsts: list[nn.Linear] = []
         seconds: list[nn.Linear | None] = []
+        acts: list[nn.Module | None] = []
         contained = True
         for consumer in spec.consumers:
             module = _submodule(block, consumer, prefix)
@@ -191,6 +216,7 @@ class GroupInstance:
                 contained &= _self_contained(module, down, up)
                 firsts.append(down)
                 seconds.append(up)
+                acts.append(_down_activation(module))
             else:
                 if not isinstance(module, nn.Linear):
                     raise PlanError(
@@ -199,6 +225,7 @@ class GroupInstance:
                     )
                 firsts.append(module)
                 seconds.append(None)
+                acts.append(None)
         return cls(
             spec,
             prefix + spec.norm,
@@ -208,6 +235,7 @@ class GroupInstance:
             firsts,
             seconds,
             contained,
+            acts,
         )
 
     def first_fqn(self, index: int) -> str:
@@ -221,6 +249,28 @@ class GroupInstance:
         return Gemm(
             tuple(self.first_fqn(i) for i in members), sum(s[0] for s in shapes), shapes[0][1]
         )
+
+    def shared_activation(self) -> nn.Module | None:
+        """The activation the group can apply once to its output: every consumer applies
+        the same `SHARED_ACTIVATIONS` module (same settings) straight to its columns of
+        it, each its own module that nothing else in the block holds (a module reused
+        elsewhere must keep activating there). None when the output is the plain norm
+        output (each consumer's own GEMM)."""
+        first = self.acts[0]
+        if not self.computes_firsts or type(first) not in SHARED_ACTIVATIONS:
+            return None
+        same = all(
+            type(a) is type(first) and a.extra_repr() == first.extra_repr() for a in self.acts
+        )
+        held = [m for m in self.block.modules(remove_duplicate=False) if type(m) is type(first)]
+        own = all(sum(m is a for m in held) == 1 for a in self.acts)
+        return first if same and own else None
+
+    def activate(self, out: torch.Tensor) -> torch.Tensor:
+        """The group output with the consumers' shared activation applied (if any)."""
+        if self.activation is None:
+            return out
+        return SHARED_ACTIVATIONS[type(self.activation)](out)
 
     @property
     def width(self) -> int:
@@ -307,6 +357,17 @@ class GroupInstance:
             )
         self.record.firsts[index] = group_check.nodes_between(y, output)
         self.record.latents[index] = y.grad_fn
+
+    def record_activation(self, index: int, z: torch.Tensor) -> None:
+        if self.record is None or torch.compiler.is_compiling():
+            return
+        output, (start, width) = self.record.output, self.spans[index]
+        if output is None or not group_check.same_data(z, output.narrow(-1, start, width)):
+            raise PlanError(
+                f"{self.consumer_fqns[index]}'s activation was called on another tensor "
+                "than its down's output, but its down_activation says it runs straight on "
+                "it (the group applies it once for all consumers); fix down_activation"
+            )
 
     def record_up(self, index: int, h: torch.Tensor, y: torch.Tensor) -> None:
         if self.record is not None and not torch.compiler.is_compiling():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import fnmatch
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .plans import ModelLayout
@@ -33,9 +32,11 @@ class LowRankLinear(nn.Module):
 
         h = act(LayerNorm_r(down(x) + cross(h_prev))),   y = up(h)
 
-    `down` and `up` are children so plans address them by FQN (``...wq.down``); `cross`
-    and `latent_norm` exist only with crossing. Whatever runs between down and up is this
-    module's own code, so BTP shards any pair without knowing its activation.
+    `down` and `up` are children so plans address them by FQN (``...wq.down``); `act`
+    (nn.SiLU, no parameter) exists only with an activation, `cross` and `latent_norm`
+    only with crossing. Whatever runs between down and up is this module's own code, so
+    BTP shards any pair without knowing its activation; `down_activation` lets a plan's
+    norm group apply `act` once for all the pairs that read one norm.
 
     Args:
         in_features (int): input size.
@@ -75,6 +76,7 @@ class LowRankLinear(nn.Module):
         self.down = nn.Linear(in_features, rank, bias=False, **kw)
         self.up = nn.Linear(rank, out_features, bias=bias, **kw)
         self.activation = activation
+        self.act = nn.SiLU() if activation == "silu" else None
         self.cross = nn.Linear(rank, rank, bias=False, **kw) if crossing else None
         self.latent_norm = nn.LayerNorm(rank, **kw) if crossing else None
 
@@ -88,7 +90,14 @@ class LowRankLinear(nn.Module):
             if prev is None:
                 raise ValueError("a crossing projection needs the previous block's latent")
             z = self.latent_norm(z + self.cross(prev))
-        return F.silu(z) if self.activation == "silu" else z
+        return self.act(z) if self.act is not None else z
+
+    @property
+    def down_activation(self) -> nn.Module | None:
+        """The activation module this pair applies straight to its down's output (none with
+        crossing, whose LayerNorm comes first): a norm group may apply it once to the
+        output it shares among its consumers (`groups`)."""
+        return self.act if self.cross is None else None
 
     def project(
         self, x: torch.Tensor, prev: torch.Tensor | None = None

@@ -36,6 +36,7 @@ TESTS = [
     "tests/unit/test_kernels.py",
     "tests/unit/test_lowrank_ac.py::test_last_gemm_into_a_residual_add_is_not_recomputed",
     "tests/unit/test_plan_reuse.py",
+    "tests/unit/test_group_activation.py",
     "tests/distributed/test_plan_reuse.py",
     "tests/distributed/test_tp_equivalence.py",
     "tests/distributed/test_lowrank_ac.py::test_tp_identical_and_no_replayed_collectives",
@@ -326,6 +327,30 @@ MUTANTS = [
         "if save_random and draws_random_numbers(func):",
         "if False:",
         "compiled AC recomputes attention under TP",
+    ),
+    M(
+        "parallelize/groups.py",
+        "return SHARED_ACTIVATIONS[type(self.activation)](out)",
+        "return out",
+        "group's shared SiLU dropped",
+    ),
+    M(
+        "parallelize/group_members.py",
+        "self.instance.record_activation(self.index, z)\n        return z",
+        "self.instance.record_activation(self.index, z)\n        return z * z.sigmoid()",
+        "shared SiLU applied again by each pair",
+    ),
+    M(
+        "parallelize/groups.py",
+        "if output is None or not group_check.same_data(z, output.narrow(-1, start, width)):",
+        "if False:",
+        "pair activation on another tensor than its down's output not detected",
+    ),
+    M(
+        "parallelize/groups.py",
+        "return first if same and own else None",
+        "return first if same else None",
+        "activation module held twice passed through",
     ),
 ]
 

@@ -194,6 +194,7 @@ def layer_widths(args: ModelShape, plan: TrainingLayout) -> Widths:
         grouped=_grouped(plan),
         silu_latents=args.low_rank and args.activation == "silu",
         silu_gate=not (args.low_rank and args.activation == "silu"),
+        shared_silu=plan.tp > 1 and (plan.strategy == "btp" or _grouped(plan)),
         interleaved_rope=plan.interleaved_rope,
     )
 

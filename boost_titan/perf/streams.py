@@ -130,6 +130,14 @@ def _silu(name: str, width: int, count: int, b: int, backward: bool) -> list[Str
     )
 
 
+def _latent_silu(name: str, w: Widths, n: int, silu: int, b: int, backward: bool) -> list[Stream]:
+    """SiLU on a norm group's `n` latents: once on the group output when the group applies
+    it (`Widths.shared_silu`), else once per latent."""
+    if w.shared_silu:
+        return _silu(name, n * w.latent, silu, b, backward)
+    return _silu(name, w.latent, n * silu, b, backward)
+
+
 def _consumer_grads(name: str, w: Widths, widths: tuple[int, ...], b: int) -> Stream:
     """The grads of a norm's consumers meeting at the norm. Grouped, each consumer took its
     part of one split of the group output: the split's backward concatenates the n grads
@@ -154,7 +162,7 @@ def block_streams(w: Widths, norm_mode: str, b: int) -> tuple[list[Stream], list
     rotated = w.q + w.kv  # RoPE'd queries and keys
 
     fwd = _norm_forward("attention_norm", w, norm_mode, b)
-    fwd += _silu("qkv", lat, 3 * silu, b, False)
+    fwd += _latent_silu("qkv", w, 3, silu, b, False)
     rope_fwd, rope_bwd = (
         (INTERLEAVED_ROPE_FORWARD, INTERLEAVED_ROPE_BACKWARD)
         if w.interleaved_rope
@@ -164,7 +172,7 @@ def block_streams(w: Widths, norm_mode: str, b: int) -> tuple[list[Stream], list
     fwd += _silu("o", lat, silu, b, False)
     fwd.append(Stream("residual_add", 3 * r * b))
     fwd += _norm_forward("ffn_norm", w, norm_mode, b)
-    fwd += _silu("gate_up", lat, 2 * silu, b, False)
+    fwd += _latent_silu("gate_up", w, 2, silu, b, False)
     fwd += _silu("gate", f, int(w.silu_gate), b, False)
     fwd.append(Stream("gate_mul", 3 * f * b))
     fwd += _silu("down", lat, silu, b, False)
@@ -174,13 +182,13 @@ def block_streams(w: Widths, norm_mode: str, b: int) -> tuple[list[Stream], list
     bwd += _silu("down", lat, silu, b, True)
     bwd.append(Stream("gate_mul.bwd", 5 * f * b, 2))
     bwd += _silu("gate", f, int(w.silu_gate), b, True)
-    bwd += _silu("gate_up", lat, 2 * silu, b, True)
+    bwd += _latent_silu("gate_up", w, 2, silu, b, True)
     bwd.append(_consumer_grads("ffn_norm", w, firsts["ffn_norm"], b))
     bwd += _norm_backward("ffn_norm", w, norm_mode, b)
     bwd.append(Stream("residual_grad_add", 3 * r * b))
     bwd += _silu("o", lat, silu, b, True)
     bwd.append(Stream("rope.bwd", rotated * rope_bwd.bytes(b), 2 * rope_bwd.launches(b)))
-    bwd += _silu("qkv", lat, 3 * silu, b, True)
+    bwd += _latent_silu("qkv", w, 3, silu, b, True)
     bwd.append(_consumer_grads("attention_norm", w, firsts["attention_norm"], b))
     bwd += _norm_backward("attention_norm", w, norm_mode, b)
     return fwd, bwd

@@ -96,5 +96,8 @@ class Widths:
     """CoLA: a SiLU on every latent."""
     silu_gate: bool
     """A SiLU on the MLP gate (full-rank and SVD; CoLA's gate already ends in one)."""
+    shared_silu: bool
+    """The norm groups apply their consumers' latent SiLU once each, on the group output
+    (a TP plan whose group output holds the latents); else one SiLU per latent."""
     interleaved_rope: bool = False
     """RoPE priced as its former stride-2 decomposition (`TrainingLayout.interleaved_rope`)."""

@@ -510,6 +510,28 @@ def test_btp_online_norm_streams():
     assert (vanilla.residual, vanilla.q, vanilla.ffn, vanilla.latent) == (8, 8, 16, 1)
 
 
+@pytest.mark.parametrize(
+    "strategy,options,shared",
+    [
+        ("btp", {}, True),
+        ("btp", {"group_linears": False}, True),  # BTP's group output is one tensor anyway
+        ("vanilla", {}, True),
+        ("vanilla", {"group_linears": False}, False),  # each down runs its own GEMM
+        ("btp", {"tp": 1}, False),  # no plan: the model runs as written
+    ],
+)
+def test_latent_silu_once_per_group_under_a_plan(strategy, options, shared):
+    """CoLA's latent SiLU: one launch per norm group where the group applies it, else one
+    per latent; the same bytes either way."""
+    w = block.layer_widths(TINY, plan(strategy, **options))
+    fwd, bwd = streams.block_streams(w, "replicated", 2)
+    want = {"qkv": 1, "gate_up": 1} if shared else {"qkv": 3, "gate_up": 2}
+    for phase, suffix, per in ((fwd, ".silu", 2), (bwd, ".silu.bwd", 3)):
+        by = {s.name: s for s in phase}
+        assert {g: by[g + suffix].launches for g in want} == want
+        assert by["qkv" + suffix].bytes == 3 * w.latent * per * 2
+
+
 class _KernelLog(TorchDispatchMode):
     """The non-view kernels dispatched, each with the (numel, bytes) of its inputs and outputs."""
 
