@@ -23,13 +23,13 @@ from torchtitan.tools.logging import logger
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.precision import Precision
 from boost_titan.data import build_dataloader, build_tokenizer, tokenizer_vocab_size
-from boost_titan.parallelize import apply_plan, btp_plan, hf_layout, megatron_plan, vanilla_plan
+from boost_titan.parallelize import apply_plan, btp_plan, megatron_plan, vanilla_plan
 from boost_titan.parallelize.styles import PlanError
 from boost_titan.runtime.data_parallel import apply_data_parallel
 from boost_titan.runtime.held_out_loss import BoostValidator
 
 from .args import HfModelArgs
-from .model import build_hf_model
+from .model import build_hf_model, family_layout
 
 SPEC_NAME = "hf"
 PLANS = {"btp": btp_plan, "megatron": megatron_plan, "vanilla": vanilla_plan}
@@ -117,7 +117,7 @@ def parallelize_hf(model, parallel_dims, job_config):
         strategy = strategy_of(job_config, args)
         loss_parallel = not job_config.parallelism.disable_loss_parallel
         try:
-            plan = PLANS[strategy](hf_layout(model), loss_parallel=loss_parallel)
+            plan = PLANS[strategy](family_layout(model, args), loss_parallel=loss_parallel)
             apply_plan(model, parallel_dims.get_mesh("tp"), plan)
         except PlanError as e:
             raise ConfigError(f"model.name hf at TP {parallel_dims.tp}: {e}") from None

@@ -2,7 +2,9 @@
 the plan, `to_empty`, `init_weights`) starts from the folder's weights converted as
 `to_low_rank` converts them (SVD pairs) with its rotary buffers recomputed, on a 1-rank
 gloo mesh (the weights DTensors); the jobs the family does not train yet, refused in one
-line by `check`. `tests/distributed/test_hf_family.py` trains, resumes and exports one."""
+line by `check`; LaX: each pair's latent relayed to the next block, BTP at TP 2 equal to
+one process (`run_on_ranks`), its export reloaded. `tests/distributed/test_hf_family.py`
+trains, resumes, stops on SIGTERM and exports one."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch.distributed as dist
 
 from tests.helpers import DEBUG_TOML
 from tests.helpers.commands import assert_one_error, check_each
+from tests.helpers.distributed import run_on_ranks
 from tests.helpers.hf_models import write_pretrained
 
 
@@ -76,16 +79,14 @@ def test_built_model_starts_from_the_folder(folders, world_of_one, arch, tied):
 
 
 def test_jobs_the_family_does_not_train_are_one_line(pretrained, tmp_path):
-    """`check` refuses, in one `error:` line naming the option: an arch it has no
-    conversion for, a folder without config.json, FSDP2 (llama3's module names), a tied
-    head, BTP on a full-rank model."""
+    """`check` refuses, in one `error:` line naming the option: a folder without
+    config.json, FSDP2 (llama3's module names), BTP on a full-rank model."""
     empty = tmp_path / "no_config"
     empty.mkdir()
     base = ["--nproc", "2", "--job.config_file", str(DEBUG_TOML), "--model.name", "hf"]
     base += ["--job.dump_folder", str(tmp_path / "out")]
     folder = ["--model.hf_assets_path", str(pretrained)]
     cases = {
-        "[boost] arch 'lax' is not trained by model.name hf": [*folder, "--boost.arch", "lax"],
         "cannot read config.json": ["--model.hf_assets_path", str(empty)],
         "does not support data_parallel_shard_degree > 1 (FSDP2)": [
             *folder,
@@ -100,3 +101,127 @@ def test_jobs_the_family_does_not_train_are_one_line(pretrained, tmp_path):
     results = check_each([[*base, *argv] for argv in cases.values()], tmp_path)
     for fragment, result in zip(cases, results, strict=True):
         assert_one_error(result, fragment)
+
+
+# ---- LaX: latents relayed between blocks, BTP at TP 2 ---------------------------------------
+def lax_model(folder, lax_base: str) -> torch.nn.Module:
+    """The family's LaX model of `folder` at rank 16 (`build_hf_model`), every parameter
+    random in float64: the crossing G too (it starts at zero from a folder), norm weights
+    and biases far from 0 and 1."""
+    from boost_titan.hf_family.args import HfModelArgs, read_config
+    from boost_titan.hf_family.model import build_hf_model
+    from tests.helpers.distributed import randomize
+
+    args = HfModelArgs(
+        folder=str(folder), arch="lax", rank=16, lax_base=lax_base, config=read_config(folder)
+    )
+    torch.manual_seed(0)
+    model = build_hf_model(args).double()
+    for name, param in model.named_parameters():
+        if name.endswith("cross.weight"):
+            torch.nn.init.normal_(param, std=0.3)
+    randomize(model)
+    return model
+
+
+def test_lax_pairs_take_the_previous_blocks_latent(pretrained):
+    """Each LaX pair of block 1 computes ``up(act(LayerNorm(down x + G h)))`` with h the
+    latent of the same projection in block 0 during the same forward (`LatentRelay`), and
+    block 0's pairs have no crossing (what `boost_llama`'s LaX does)."""
+    model = lax_model(pretrained, "cola")
+    blocks = model.model.layers
+    seen = {}
+    hooks = [
+        pair.register_forward_hook(lambda m, args, out, key=key: seen.__setitem__(key, (args, out)))
+        for key, pair in (("first", blocks[0].mlp.up_proj), ("second", blocks[1].mlp.up_proj))
+    ]
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(ids)
+        (x0,), _ = seen["first"]
+        (x1,), y1 = seen["second"]
+        _, h0 = blocks[0].mlp.up_proj.project(x0)
+        expected, _ = blocks[1].mlp.up_proj.project(x1, h0)
+    for hook in hooks:
+        hook.remove()
+    assert blocks[0].mlp.up_proj.cross is None and blocks[1].mlp.up_proj.cross is not None
+    assert torch.equal(y1, expected)
+    assert not torch.allclose(y1, blocks[1].mlp.up_proj.project(x1, torch.zeros_like(h0))[0])
+
+
+def _lax_worker(rank: int, world_size: int, folder: str) -> dict:
+    """Loss and every gradient of the LaX model in one process and under
+    the family's BTP plan on `world_size` ranks."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from boost_titan.hf_family.args import HfModelArgs, read_config
+    from boost_titan.hf_family.model import family_layout
+    from boost_titan.parallelize import apply_plan, btp_plan
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (world_size,))
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(2))
+    labels = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(3))
+    out = {}
+    for lax_base in ("cola",):  # svd's pairs differ by the activation only
+        model = lax_model(folder, lax_base)
+        reference = copy.deepcopy(model)
+        args = HfModelArgs(folder=folder, arch="lax", config=read_config(folder))
+        apply_plan(model, mesh, btp_plan(family_layout(model, args), loss_parallel=False))
+        runs = {}
+        for key, net in (("btp", model), ("one", reference)):
+            loss = torch.nn.functional.cross_entropy(net(ids).flatten(0, 1), labels.flatten())
+            loss.backward()
+            grads = {
+                n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                for n, p in net.named_parameters()
+            }
+            runs[key] = (loss.detach(), grads)
+        out[lax_base] = runs
+    return out
+
+
+def test_lax_under_btp_tp2_equals_one_process(pretrained):
+    """The family's LaX model (cola base) sharded by BTP with its crossing
+    modules replicated (`family_layout`) at TP 2: loss and every gradient equal one
+    process's, the crossing's G and LayerNorm_r included. In float64 the worst gradient
+    differs by 5e-8 (4e-7 of its tensor's largest; the CoLA model's logits differ by 7e-8
+    alike: an fp32 stage on the path), so rtol 1e-5, atol 1e-7; with BTP's deferred
+    latent grads (which LaX must not have) they differ by 0.1."""
+    for result in run_on_ranks(_lax_worker, 2, folder=str(pretrained)):
+        for lax_base, runs in result.items():
+            (loss, grads), (loss_one, grads_one) = runs["btp"], runs["one"]
+            torch.testing.assert_close(loss, loss_one, rtol=1e-8, atol=0)
+            assert sorted(grads) == sorted(grads_one)
+            assert any(".cross." in name for name in grads) and any(
+                ".latent_norm." in name for name in grads
+            )
+            for name, grad in grads.items():
+                torch.testing.assert_close(
+                    grad, grads_one[name], rtol=1e-5, atol=1e-7, msg=f"{lax_base} {name}"
+                )
+
+
+def test_lax_export_reloads_with_its_crossing(pretrained, tmp_path):
+    """A LaX model's weights exported as a Hugging Face folder (`export_hf`: config.json
+    records the crossing) reload through `load_hf` with the same logits, bit for bit; a
+    LaX checkpoint without `--lax-base` (svd and cola pairs have the same shapes) is one
+    ConfigError line."""
+    from boost_titan.config.errors import ConfigError
+    from boost_titan.hf_family.export import export_hf
+    from boost_titan.parallelize import load_hf
+
+    model = lax_model(pretrained, "svd").float().eval()
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    with pytest.raises(ConfigError, match="pass the \\[boost\\] lax_base"):
+        export_hf(state, str(tmp_path / "refused"), str(pretrained), None)
+    export_hf(state, str(tmp_path / "out"), str(pretrained), None, "svd")
+    loaded = load_hf(tmp_path / "out").eval()
+    assert loaded.config.low_rank == {"rank": 16, "activation": None, "crossing": True}
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids))
+    assert not (tmp_path / "refused").exists()
