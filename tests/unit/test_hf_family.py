@@ -230,8 +230,9 @@ def test_fsdp2_and_lax_under_btp_equal_one_process(pretrained):
     each block, norm with head) over the TP-sharded weights. Every gradient, G and
     LayerNorm_r included, equals one process's on the whole batch (fp32, rtol 1e-5, atol
     1e-6). With BTP's deferred latent grads (which LaX must not have), or FSDP2 dividing
-    the gradients by the shard count, the embedding's is the first to differ. (Measured too, left out for the suite's time: CoLA at
-    dp_shard 2 alone and at dp_shard 2 x TP 2; LaX at TP 2 alone, float64, worst 5e-8.)"""
+    the gradients by the shard count, the embedding's is the first to differ. (Measured
+    too, left out for the suite's time: CoLA at dp_shard 2 alone and at dp_shard 2 x TP 2;
+    LaX at TP 2 alone, float64, worst 5e-8.)"""
     for result in run_on_ranks(_fsdp_worker, 4, folder=str(pretrained), tp=2, arch="lax"):
         assert len(result) == 2 + 2 * 7 * 2 + 7 * 3 + 2 * 2 + 1  # embedding, pairs, G, norms
         assert sum(".cross." in name or ".latent_norm." in name for name in result) == 21
