@@ -132,10 +132,12 @@ def export_hf_folder(ns: argparse.Namespace) -> None:
     from boost_titan.hf_family.export import export_hf
 
     try:
-        args = export_hf(load_model_state(ns.checkpoint), ns.out, ns.hf_model, ns.arch)
+        state = load_model_state(ns.checkpoint)
+        args = export_hf(state, ns.out, ns.hf_model, ns.arch, ns.lax_base)
     except ConfigError as e:
         fail(str(e))
     rank = f", rank {args.rank}" if args.low_rank else ""
+    rank += f", lax_base {args.lax_base}" if args.crossing else ""
     print(
         f"exported {ns.checkpoint} -> {ns.out} (a Hugging Face folder of {ns.hf_model}'s "
         f"model: {args.arch}{rank}); load it with boost_titan.parallelize.load_hf",

@@ -79,8 +79,8 @@ def load_hf(folder: str | os.PathLike, **kwargs) -> nn.Module:
         **kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (full-rank models).
 
     Returns:
-        nn.Module: the unsharded model, with `to_low_rank`'s pairs when the config
-        records ``low_rank``.
+        nn.Module: the unsharded model, with `to_low_rank`'s pairs (LaX's crossing
+        included) when the config records ``low_rank``.
 
     Example::
 
@@ -109,7 +109,12 @@ def load_hf(folder: str | os.PathLike, **kwargs) -> nn.Module:
     model = AutoModelForCausalLM.from_config(config)
     layout = hf_layout(model)
     to_low_rank(
-        model, low_rank["rank"], layout=layout, init="random", activation=low_rank["activation"]
+        model,
+        low_rank["rank"],
+        layout=layout,
+        init="random",
+        activation=low_rank["activation"],
+        crossing=low_rank.get("crossing", False),
     )
     model.load_state_dict(load_file(os.path.join(folder, WEIGHTS)))
     return model

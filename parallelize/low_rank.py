@@ -8,6 +8,11 @@ between the factors (``up = U_r S_r^1/2``, ``down = S_r^1/2 V_r^T``; the bias go
 ``up``), so a pretrained checkpoint is where low-rank training starts: without an
 activation the relative error of each weight is the tail of its singular values, and at
 or above full rank the model is reproduced exactly.
+
+``crossing=True`` makes LaX pairs: every block after the first also feeds the previous
+block's latent of the same projection through ``cross`` (G, r x r) and a LayerNorm_r. A
+model whose blocks call ``pair(x)`` (transformers') cannot pass that latent, so the pairs
+of one projection share a `LatentRelay` that hands it from block to block within a forward.
 """
 
 from __future__ import annotations
@@ -22,6 +27,16 @@ from .styles import PlanError
 
 INITS = ("svd", "random")
 ACTIVATIONS = (None, "silu")
+
+
+class LatentRelay:
+    """The latent one block's pair of a projection leaves for the next block's (LaX on a
+    model that calls ``pair(x)``): blocks run in order, each pair reads then replaces it."""
+
+    __slots__ = ("latent",)
+
+    def __init__(self) -> None:
+        self.latent: torch.Tensor | None = None
 
 
 class LowRankLinear(nn.Module):
@@ -79,6 +94,9 @@ class LowRankLinear(nn.Module):
         self.act = nn.SiLU() if activation == "silu" else None
         self.cross = nn.Linear(rank, rank, bias=False, **kw) if crossing else None
         self.latent_norm = nn.LayerNorm(rank, **kw) if crossing else None
+        self.relay: LatentRelay | None = None
+        """Set by `to_low_rank(crossing=True)`: `forward` takes ``prev`` from it and leaves
+        its latent there."""
 
     @property
     def out_features(self) -> int:
@@ -107,7 +125,12 @@ class LowRankLinear(nn.Module):
         return self.up(h), h
 
     def forward(self, x: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
-        return self.project(x, prev)[0]
+        if self.relay is None:
+            return self.project(x, prev)[0]
+        if self.cross is not None and prev is None:
+            prev = self.relay.latent
+        y, self.relay.latent = self.project(x, prev)
+        return y
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -143,12 +166,15 @@ def to_low_rank(
     layout: ModelLayout,
     init: str = "svd",
     activation: str | None = None,
+    crossing: bool = False,
 ) -> nn.Module:
     """Replace each nn.Linear projection `layout` names with a `LowRankLinear`, in place.
 
     A projection whose smaller side is at most `rank` keeps its full rank (min(d_in,
-    d_out)). The model's ``config`` (if any) records ``low_rank = {"rank", "activation"}``
-    so that `load_hf` rebuilds the pairs. Convert before `apply_plan`.
+    d_out)). The model's ``config`` (if any) records ``low_rank = {"rank", "activation",
+    "crossing"}`` so that `load_hf` rebuilds the pairs. Convert before `apply_plan`; with
+    `crossing`, shard with a layout of ``crossing=("cross", "latent_norm")`` and
+    ``defer_latent_grads=False`` (a latent also feeds the next block).
 
     Args:
         model (nn.Module): an unsharded model, e.g. a transformers causal LM.
@@ -158,6 +184,10 @@ def to_low_rank(
             evenly; ``"random"``: nn.Linear's own initialisation. Default: ``"svd"``.
         activation (str | None): ``None`` (SVD-style pair) or ``"silu"`` (CoLA).
             Default: None.
+        crossing (bool): LaX: the pairs of every block after the first take the previous
+            block's latent (module docstring); ``cross`` starts at zero (``init="svd"``:
+            the pretrained pairs first, then LayerNorm_r) or as `LowRankLinear.init_weights`
+            (``"random"``). Default: False.
 
     Returns:
         nn.Module: `model`, converted.
@@ -201,22 +231,27 @@ def to_low_rank(
             raise PlanError(
                 f"{pattern!r} matches no module of {type(model).__name__}; fix the layout"
             )
-        for fqn in fqns:
+        relay = LatentRelay() if crossing else None
+        for block, fqn in enumerate(fqns):
             linear = modules[fqn]
             if type(linear) is not nn.Linear or _is_dtensor(linear.weight):
                 raise PlanError(
                     f"{fqn} is a {type(linear).__name__}, not an unsharded nn.Linear; "
                     "to_low_rank converts full-rank projections, before apply_plan"
                 )
+            pair = _pair(linear, rank, init, activation, crossing and block > 0)
+            pair.relay = relay
             parent, _, child = fqn.rpartition(".")
-            setattr(modules[parent], child, _pair(linear, rank, init, activation))
+            setattr(modules[parent], child, pair)
     config = getattr(model, "config", None)
     if config is not None:
-        config.low_rank = {"rank": rank, "activation": activation}
+        config.low_rank = {"rank": rank, "activation": activation, "crossing": crossing}
     return model
 
 
-def _pair(linear: nn.Linear, rank: int, init: str, activation: str | None) -> LowRankLinear:
+def _pair(
+    linear: nn.Linear, rank: int, init: str, activation: str | None, crossing: bool
+) -> LowRankLinear:
     weight = linear.weight
     r = min(rank, *weight.shape)
     pair = LowRankLinear(
@@ -225,16 +260,21 @@ def _pair(linear: nn.Linear, rank: int, init: str, activation: str | None) -> Lo
         r,
         bias=linear.bias is not None,
         activation=activation,
+        crossing=crossing,
         device=weight.device,
         dtype=weight.dtype,
     )
-    if init == "svd":
-        with torch.no_grad():
+    with torch.no_grad():
+        if init == "svd":
             up, down = svd_factors(weight, r)
             pair.up.weight.copy_(up)
             pair.down.weight.copy_(down)
             if linear.bias is not None:
                 pair.up.bias.copy_(linear.bias)
+        if crossing and init == "svd":
+            pair.cross.weight.zero_()
+        elif crossing and not weight.is_meta:
+            nn.init.normal_(pair.cross.weight, std=r**-0.25 * (2 * r) ** -0.25)
     return pair
 
 

@@ -13,9 +13,10 @@ from torchtitan.protocols.model import BaseModelArgs
 from boost_titan.config.errors import ConfigError
 from boost_titan.config.optimizer import LoroSettings
 
-ACTIVATIONS = {"fullrank": None, "svd": None, "cola": "silu"}
-"""`[boost] arch` -> the activation of `to_low_rank`'s pairs (fullrank: no conversion); the
-one list of the archs this family trains (LaX's cross-layer latents are boost_llama's)."""
+ACTIVATIONS = {"fullrank": None, "svd": None, "cola": "silu", "lax": None}
+"""`[boost] arch` -> the activation of `to_low_rank`'s pairs (fullrank: no conversion; lax:
+its `[boost] lax_base`'s, with `to_low_rank`'s crossing); the one list of the archs this
+family trains."""
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 
@@ -44,6 +45,7 @@ class HfModelArgs(BaseModelArgs):
     folder: str = ""
     arch: str = "cola"
     rank: int = 0
+    lax_base: str = "cola"
     config: dict = field(default_factory=dict)
 
     @property
@@ -63,12 +65,17 @@ class HfModelArgs(BaseModelArgs):
         return self.arch != "fullrank"
 
     @property
+    def crossing(self) -> bool:
+        """LaX: the pairs cross latents between blocks."""
+        return self.arch == "lax"
+
+    @property
     def activation(self) -> str | None:
-        return ACTIVATIONS[self.arch]
+        return ACTIVATIONS[self.lax_base if self.crossing else self.arch]
 
     def update_from_config(self, job_config, **kwargs) -> None:
-        """Read the folder's config; take arch, rank (0: hidden size / 4) and LORO's settings
-        from `[boost]`."""
+        """Read the folder's config; take arch, lax_base, rank (0: hidden size / 4) and LORO's
+        settings from `[boost]`."""
         boost = job_config.boost
         if boost.arch not in ACTIVATIONS:
             raise ConfigError(
@@ -80,6 +87,7 @@ class HfModelArgs(BaseModelArgs):
         self.folder = job_config.model.hf_assets_path
         self.config = read_config(self.folder)
         self.arch = boost.arch
+        self.lax_base = boost.lax_base
         self.rank = boost.rank or max(1, self.hidden_size // 4)
         self.loro = LoroSettings.of(boost)  # for the optimizer (`spec`), not the shape
         limit = self.config.get("max_position_embeddings")

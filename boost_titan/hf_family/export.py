@@ -26,12 +26,18 @@ TOKENIZER_FILES = (
 """Copied from the model folder when present."""
 RANK_KEY = "model.layers.0.self_attn.q_proj.down.weight"
 """A low-rank checkpoint's first pair: its rows are the rank."""
+CROSS_KEY = "model.layers.1.self_attn.q_proj.cross.weight"
+"""A LaX checkpoint's first crossing (from the second block on)."""
 
 
-def export_args(state: dict[str, torch.Tensor], folder: str, arch: str | None) -> HfModelArgs:
-    """The run's model args from the checkpoint's shapes, the folder and `--arch` (svd and
-    cola pairs have the same shapes)."""
+def export_args(
+    state: dict[str, torch.Tensor], folder: str, arch: str | None, lax_base: str | None = None
+) -> HfModelArgs:
+    """The run's model args from the checkpoint's shapes, the folder, `--arch` (svd and
+    cola pairs have the same shapes; crossing shows lax) and `--lax-base` (lax's pairs)."""
     low_rank = RANK_KEY in state
+    if arch is None and CROSS_KEY in state:
+        arch = "lax"
     if arch is None:
         if low_rank:
             raise ConfigError(
@@ -49,12 +55,24 @@ def export_args(state: dict[str, torch.Tensor], folder: str, arch: str | None) -
             f"--arch {arch} does not fit the checkpoint (it holds {holds}); pass the arch "
             "it was trained with"
         )
+    if arch == "lax" and lax_base is None:
+        raise ConfigError(
+            "the checkpoint's LaX pairs fit --lax-base svd or cola (same shapes); pass the "
+            "[boost] lax_base it was trained with"
+        )
     rank = int(state[RANK_KEY].shape[0]) if low_rank else 0
-    return HfModelArgs(folder=folder, arch=arch, rank=rank, config=read_config(folder))
+    config = read_config(folder)
+    return HfModelArgs(
+        folder=folder, arch=arch, rank=rank, lax_base=lax_base or "cola", config=config
+    )
 
 
 def export_hf(
-    state: dict[str, torch.Tensor], out: str, folder: str, arch: str | None
+    state: dict[str, torch.Tensor],
+    out: str,
+    folder: str,
+    arch: str | None,
+    lax_base: str | None = None,
 ) -> HfModelArgs:
     """Write `state` (a checkpoint's full model weights) as a Hugging Face folder `out`
     (absent or empty; written under a temporary name, then renamed), the model structure
@@ -63,7 +81,7 @@ def export_hf(
 
     from boost_titan.parallelize import save_hf
 
-    args = export_args(state, folder, arch)
+    args = export_args(state, folder, arch, lax_base)
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     model = convert(AutoModelForCausalLM.from_config(config), args, init="random")
     try:

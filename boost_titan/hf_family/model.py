@@ -5,19 +5,22 @@ model. The parameter names are transformers' own, so an export is a plain HF fol
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 from torch import nn
 
 from boost_titan.config.errors import ConfigError
-from boost_titan.parallelize import hf_layout, to_low_rank
+from boost_titan.parallelize import ModelLayout, hf_layout, to_low_rank
 from boost_titan.parallelize.styles import PlanError
 
 from .args import HfModelArgs
 
 ATTENTION = "sdpa"
 """transformers' attention implementation for training (causal SDPA, as TorchTitan's)."""
+CROSSING = ("cross", "latent_norm")
+"""LaX's modules inside each pair (`LowRankLinear`), replicated by the plans."""
 
 
 def hf_config(args: HfModelArgs):
@@ -32,13 +35,30 @@ def hf_config(args: HfModelArgs):
     return config
 
 
+def family_layout(model: nn.Module, args: HfModelArgs) -> ModelLayout:
+    """`hf_layout(model)` (PlanError as it); for lax it names the crossing modules, and
+    BTP's groups reduce each up's input grad themselves (a latent also feeds the next
+    block's crossing, so no group may defer it: `ModelLayout.defer_latent_grads`)."""
+    layout = hf_layout(model)
+    if not args.crossing:
+        return layout
+    return dataclasses.replace(layout, crossing=CROSSING, defer_latent_grads=False)
+
+
 def convert(model: nn.Module, args: HfModelArgs, init: str) -> nn.Module:
-    """`to_low_rank` for a low-rank arch (`init`: "svd" from the weights, "random" on meta);
-    a model the plans cannot describe is one ConfigError line."""
+    """`to_low_rank` for a low-rank arch (`init`: "svd" from the weights, "random" on meta;
+    lax crossing); a model the plans cannot describe is one ConfigError line."""
     try:
         layout = hf_layout(model)
         if args.low_rank:
-            to_low_rank(model, args.rank, layout=layout, init=init, activation=args.activation)
+            to_low_rank(
+                model,
+                args.rank,
+                layout=layout,
+                init=init,
+                activation=args.activation,
+                crossing=args.crossing,
+            )
     except PlanError as e:
         raise ConfigError(f"model.hf_assets_path {args.folder!r}: {e}") from None
     return model
@@ -111,4 +131,11 @@ def load_folder_weights(model: nn.Module, args: HfModelArgs) -> None:
         buffer.copy_(state[name.replace("_checkpoint_wrapped_module.", "")])
 
 
-__all__ = ["build_hf_model", "convert", "hf_config", "load_folder_weights", "logits_class"]
+__all__ = [
+    "build_hf_model",
+    "convert",
+    "family_layout",
+    "hf_config",
+    "load_folder_weights",
+    "logits_class",
+]

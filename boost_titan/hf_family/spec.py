@@ -3,11 +3,11 @@ optimizers (TorchTitan's, or LORO: `runtime.optimizers`), sharded by the library
 on `hf_layout`.
 
 The layouts it trains: tensor parallelism (`btp` for a low-rank arch, `megatron` for
-fullrank, or `[boost] tp_strategy` btp / megatron / vanilla), data parallelism by
-replication (DDP), fp32 or bf16 compute through `runtime.data_parallel`'s compute copies.
-What it does not (yet) is refused in one line by `validate_job`, before any worker starts:
-FSDP2 (TorchTitan's `apply_fsdp` wraps llama3's module names), PP, CP, compile,
-activation checkpointing and float8.
+fullrank, or `[boost] tp_strategy` btp / megatron / vanilla), FSDP2
+(`data_parallel_shard_degree`), data parallelism by replication (DDP), fp32 or bf16
+compute through `runtime.data_parallel`. What it does not (yet) is refused in one line by
+`validate_job`, before any worker starts: PP, CP, compile, activation checkpointing and
+float8.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from boost_titan.config.errors import ConfigError
 from boost_titan.config.optimizer import check_loro_pairs
 from boost_titan.config.precision import Precision
 from boost_titan.data import build_dataloader, tokenizer_vocab_size
-from boost_titan.parallelize import apply_plan, btp_plan, hf_layout, megatron_plan, vanilla_plan
+from boost_titan.parallelize import apply_plan, btp_plan, megatron_plan, vanilla_plan
 from boost_titan.parallelize.styles import PlanError
-from boost_titan.runtime.data_parallel import apply_data_parallel
+from boost_titan.runtime.data_parallel import FsdpUnits, apply_data_parallel
 from boost_titan.runtime.train_spec import recipe_spec
 
 from .args import HfModelArgs
-from .model import build_hf_model
+from .model import build_hf_model, family_layout
 
 SPEC_NAME = "hf"
 PLANS = {"btp": btp_plan, "megatron": megatron_plan, "vanilla": vanilla_plan}
@@ -74,7 +74,6 @@ def _refused(job_config) -> dict[str, bool]:
     p, training = job_config.parallelism, job_config.training
     casts = Precision.of(training).casts_for_compute
     return {
-        "data_parallel_shard_degree > 1 (FSDP2)": p.data_parallel_shard_degree > 1,
         "pipeline_parallel_degree > 1": p.pipeline_parallel_degree > 1,
         "context_parallel_degree > 1": p.context_parallel_degree > 1,
         "compile.enable": job_config.compile.enable,
@@ -95,12 +94,13 @@ def validate_job(job_config, world_size: int) -> None:
     refused = [what for what, on in _refused(job_config).items() if on]
     if refused:
         raise ConfigError(
-            f"model.name hf does not support {refused[0]} yet; turn it off (TP, DDP and "
+            f"model.name hf does not support {refused[0]} yet; turn it off (TP, FSDP2, DDP and "
             "fp32 / bf16 compute train: docs/huggingface.md)"
         )
     args = job_args(job_config)
     strategy_of(job_config, args)
-    check_loro_pairs(job_config.optimizer, args.arch, args.low_rank, args.activation is not None)
+    between = args.activation is not None or args.crossing  # SiLU, or LaX's crossing
+    check_loro_pairs(job_config.optimizer, args.arch, args.low_rank, between)
     tokens = tokenizer_vocab_size(job_config)
     if tokens > args.vocab_size:
         raise ConfigError(
@@ -110,19 +110,22 @@ def validate_job(job_config, world_size: int) -> None:
 
 
 def parallelize_hf(model, parallel_dims, job_config):
-    """TP by the job's plan on `hf_layout`, then DDP or compute copies (`runtime`)."""
+    """TP by the job's plan on `family_layout`, then FSDP2, DDP or compute copies
+    (`runtime.data_parallel`; FSDP2's units: the embedding, each block, norm and head)."""
     validate_job(job_config, parallel_dims.world_size)
     args = model.boost_args
     if parallel_dims.tp_enabled:
         strategy = strategy_of(job_config, args)
         loss_parallel = not job_config.parallelism.disable_loss_parallel
         try:
-            plan = PLANS[strategy](hf_layout(model), loss_parallel=loss_parallel)
+            plan = PLANS[strategy](family_layout(model, args), loss_parallel=loss_parallel)
             apply_plan(model, parallel_dims.get_mesh("tp"), plan)
         except PlanError as e:
             raise ConfigError(f"model.name hf at TP {parallel_dims.tp}: {e}") from None
         logger.info(f"Applied {strategy} tensor parallelism (TP={parallel_dims.tp}) to {args.arch}")
-    apply_data_parallel(model, list(model.model.layers), parallel_dims, job_config, False)
+    blocks = list(model.model.layers)
+    units = FsdpUnits(model.model.embed_tokens, blocks, [model.model.norm, model.lm_head])
+    apply_data_parallel(model, blocks, parallel_dims, job_config, False, units)
     return model
 
 

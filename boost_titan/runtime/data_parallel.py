@@ -47,10 +47,17 @@ FSDP2 reshards and reduces after each one there (a kept last micro-batch would d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
-from torchtitan.models.llama3.infra.parallelize import apply_ddp, apply_fsdp
+from torchtitan.models.llama3.infra.parallelize import (
+    apply_ddp,
+    apply_fsdp,
+    disable_fsdp_gradient_division,
+)
 from torchtitan.tools.logging import logger
 
 from boost_titan.config.precision import Precision
@@ -71,18 +78,45 @@ def _casts_without_fsdp(parallel_dims: ParallelDims, job_config) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class FsdpUnits:
+    """FSDP2's units of a model whose modules are not named as llama3's: its embedding,
+    each block, and the final norm with the head (one unit), then the model itself."""
+
+    embedding: nn.Module
+    blocks: list[nn.Module]
+    last: list[nn.Module]
+
+
+def apply_fsdp_units(
+    model: nn.Module, units: FsdpUnits, mesh, reshard_after_forward_policy: str, **fsdp
+) -> None:
+    """TorchTitan's llama3 `apply_fsdp` on `units` without PP (its resharding policy, its
+    gradient sums); `fsdp`: `fully_shard`'s mp_policy and offload_policy."""
+    if reshard_after_forward_policy not in ("default", "always", "never"):
+        raise ValueError(f"Invalid reshard_after_forward_policy: {reshard_after_forward_policy}.")
+    reshard = reshard_after_forward_policy != "never"  # "default" reshards without PP
+    for unit in (units.embedding, *units.blocks):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, **fsdp)
+    last = reshard_after_forward_policy == "always"  # FSDP prefetches it for backward
+    fully_shard(units.last, mesh=mesh, reshard_after_forward=last, **fsdp)
+    fully_shard(model, mesh=mesh, **fsdp)
+    disable_fsdp_gradient_division(model)
+
+
 def apply_data_parallel(
     model: nn.Module,
     blocks: list[nn.Module],
     parallel_dims: ParallelDims,
     job_config,
     compile_model: bool,
+    units: FsdpUnits | None = None,
 ) -> None:
     """FSDP2 / HSDP, compute copies or the 1-rank FSDP2 of mixed precision, or DDP (module
     docstring); `blocks` are the model's transformer blocks (the compute copies' units).
-    FSDP2 is TorchTitan's llama3 `apply_fsdp`: it wraps `model.layers` and the
-    `tok_embeddings` / `norm` / `output` it finds, so a model of other names takes the
-    paths without FSDP2 only."""
+    FSDP2 is TorchTitan's llama3 `apply_fsdp` (it wraps `model.layers` and the
+    `tok_embeddings` / `norm` / `output` it finds), or `apply_fsdp_units` on `units` for a
+    model of other names (no PP)."""
     training = job_config.training
     replicate = parallel_dims.dp_replicate_enabled
     names = ["dp_replicate", "fsdp"] if replicate else ["fsdp"]
@@ -98,18 +132,25 @@ def apply_data_parallel(
         )
         return
     sharded = parallel_dims.fsdp_enabled
-    apply_fsdp(
-        model,
-        parallel_dims.get_mesh(names) if sharded else one_rank_mesh(parallel_dims, names),
-        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
-        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
-        pp_enabled=parallel_dims.pp_enabled,
-        cpu_offload=training.enable_cpu_offload,
-        # a 1-rank shard dim has nothing to reshard (runtime.accumulation)
-        reshard_after_forward_policy=(
-            job_config.parallelism.fsdp_reshard_after_forward if sharded else "never"
-        ),
-    )
+    mesh = parallel_dims.get_mesh(names) if sharded else one_rank_mesh(parallel_dims, names)
+    param_dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
+    reduce_dtype = TORCH_DTYPE_MAP[training.mixed_precision_reduce]
+    # a 1-rank shard dim has nothing to reshard (runtime.accumulation)
+    policy = job_config.parallelism.fsdp_reshard_after_forward if sharded else "never"
+    if units is not None:
+        offload = {"offload_policy": CPUOffloadPolicy()} if training.enable_cpu_offload else {}
+        mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        apply_fsdp_units(model, units, mesh, policy, mp_policy=mp_policy, **offload)
+    else:
+        apply_fsdp(
+            model,
+            mesh,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+            pp_enabled=parallel_dims.pp_enabled,
+            cpu_offload=training.enable_cpu_offload,
+            reshard_after_forward_policy=policy,
+        )
     force_sum_reductions(model)  # gloo (CPU) has no PREMUL_SUM
     if replicate and not sharded:
         logger.info(
