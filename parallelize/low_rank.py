@@ -173,8 +173,8 @@ def to_low_rank(
     A projection whose smaller side is at most `rank` keeps its full rank (min(d_in,
     d_out)). The model's ``config`` (if any) records ``low_rank = {"rank", "activation",
     "crossing"}`` so that `load_hf` rebuilds the pairs. Convert before `apply_plan`; with
-    `crossing`, shard with a layout of ``crossing=("cross", "latent_norm")`` and
-    ``defer_latent_grads=False`` (a latent also feeds the next block).
+    `crossing`, shard with a layout of ``crossing=("cross", "latent_norm")``; BTP's groups
+    never defer a relayed latent's grad (it also feeds the next block).
 
     Args:
         model (nn.Module): an unsharded model, e.g. a transformers causal LM.

@@ -23,6 +23,7 @@ from boost_titan.parallelize import (
     apply_plan,
     btp_plan,
     megatron_plan,
+    to_low_rank,
     verify_plan,
 )
 from boost_titan.parallelize.debug import record_collectives
@@ -301,6 +302,24 @@ def test_latent_reaching_output_past_its_up():
     model.blocks[1].attn.k_proj.__class__ = LeakyLatent
     layout = dataclasses.replace(fm.PLAIN_LAYOUT, defer_latent_grads=False)
     _apply(model, btp_plan(layout), run=True)  # the suggested fix runs
+
+
+def test_relayed_latents_are_never_deferred():
+    """`to_low_rank(crossing=True)` relays each latent to the next block through module
+    state, past the graph check: the groups must not defer (the same collectives as with
+    defer_latent_grads=False, where a deferred block 0 would all-reduce 3r once, not r x 3)."""
+    runs = []
+    with fake_tp_mesh(2) as mesh:
+        for defer in (True, False):
+            model = fm.build("hf-llama", "megatron")  # nn.Linear projections
+            to_low_rank(model, fm.RANK, layout=fm.HF_LAYOUT, init="random", crossing=True)
+            layout = dataclasses.replace(
+                fm.HF_LAYOUT, crossing=("cross", "latent_norm"), defer_latent_grads=defer
+            )
+            apply_plan(model, mesh, btp_plan(layout, loss_parallel=False), src_data_rank=None)
+            runs.append(_collectives(model))
+    assert runs[0] == runs[1]
+    assert runs[0][1][("all_reduce", 3 * fm.RANK)] == 0  # no group deferred
 
 
 class SideChannel(fm.LowRank):
