@@ -157,10 +157,8 @@ def _self_contained(pair: nn.Module, down: nn.Linear, up: nn.Linear) -> bool:
     """No parameter of the pair lives outside its down and up (nothing trainable between),
     and its latent is not relayed to the next block (`to_low_rank(crossing=True)`'s
     `LatentRelay`: a path the first forward's graph check cannot see)."""
-    from .low_rank import LatentRelay  # low_rank imports plans, which import this module
-
     own = {id(p) for m in (down, up) for p in m.parameters()}
-    relayed = isinstance(getattr(pair, "relay", None), LatentRelay)
+    relayed = getattr(pair, "relay", None) is not None  # `LowRankLinear.relay`, if set
     return not relayed and all(id(p) in own for p in pair.parameters())
 
 
